@@ -1,0 +1,11 @@
+//! Wire types of gpulse, generated from `proto/gpulse/v1/*.proto`.
+//!
+//! Generated code only, no logic. `v1` is the agent -> ingest protocol; see
+//! `proto/gpulse/v1/ingest.proto` for the stream's contract.
+
+#![allow(unreachable_pub, missing_debug_implementations, clippy::all)]
+
+/// `gpulse.v1`: agent -> ingest streaming protocol.
+pub mod v1 {
+    tonic::include_proto!("gpulse.v1");
+}

@@ -1,0 +1,135 @@
+use super::*;
+use crate::series::Label;
+
+fn key(metric: &str, gpu: u32) -> SeriesKey {
+    SeriesKey::new(metric, vec![Label::new("gpu", gpu.to_string())]).unwrap()
+}
+
+fn read(s: &SelectedSeries) -> Vec<(i64, f64)> {
+    read_range(s, i64::MIN, i64::MAX)
+}
+
+fn read_range(s: &SelectedSeries, lo: i64, hi: i64) -> Vec<(i64, f64)> {
+    let (mut t, mut v) = (Vec::new(), Vec::new());
+    s.read_into(lo, hi, &mut t, &mut v).unwrap();
+    t.into_iter().zip(v).collect()
+}
+
+/// Appends `n` samples at 1 s spacing starting at `t0` to metric m/gpu.
+fn fill(st: &Storage, metric: &str, gpu: u32, t0: i64, n: i64) -> Vec<(i64, f64)> {
+    let r = st.series_ref(key(metric, gpu)).unwrap();
+    let samples: Vec<(i64, f64)> = (0..n)
+        .map(|i| (t0 + i * 1000, (gpu as i64 * 100 + i) as f64 / 4.0))
+        .collect();
+    let ts: Vec<i64> = samples.iter().map(|s| s.0).collect();
+    let vs: Vec<f64> = samples.iter().map(|s| s.1).collect();
+    let out = st.append(&vec![r; ts.len()], &ts, &vs).unwrap();
+    assert_eq!(out.accepted as i64, n);
+    samples
+}
+
+#[test]
+fn head_segments_and_reopen_answer_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.max_chunk_samples = 16;
+    let st = Storage::open(cfg.clone()).unwrap();
+    let mut want = fill(&st, "temp", 0, 0, 50);
+    st.flush().unwrap().expect("segment written");
+    want.extend(fill(&st, "temp", 0, 50_000, 30));
+    fill(&st, "power", 0, 0, 10);
+
+    // Head + segment, merged in time order.
+    let sel = st.select(&[Matcher::equal("__name__", "temp")], i64::MIN, i64::MAX);
+    assert_eq!(sel.len(), 1);
+    assert_eq!(read(&sel[0]), want);
+
+    // A time range cuts inside chunks.
+    let sel = st.select(&[Matcher::equal("__name__", "temp")], 10_000, 59_999);
+    let got = read_range(&sel[0], 10_000, 59_999);
+    assert_eq!(got.first().unwrap().0, 10_000);
+    assert_eq!(got.last().unwrap().0, 59_000);
+    assert_eq!(got.len(), 50);
+
+    // Out of order and duplicate samples are dropped and counted.
+    let r = st.series_ref(key("temp", 0)).unwrap();
+    let out = st
+        .append(&[r, r, r], &[79_000, 10, 80_000], &[0.0, 0.0, 1.0])
+        .unwrap();
+    assert_eq!(
+        out,
+        AppendOutcome {
+            accepted: 1,
+            out_of_order: 2
+        }
+    );
+    want.push((80_000, 1.0));
+
+    st.flush().unwrap().expect("second segment");
+    assert_eq!(st.flush().unwrap(), None, "nothing left to flush");
+    drop(st);
+
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.stats().segments, 2);
+    let sel = st.select(&[Matcher::equal("__name__", "temp")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want);
+    let all = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(all.len(), 2);
+}
+
+#[test]
+fn bad_batches_are_rejected_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Storage::open(StorageConfig::new(dir.path())).unwrap();
+    let r = st.series_ref(key("m", 0)).unwrap();
+    assert!(matches!(
+        st.append(&[r], &[1, 2], &[0.0]),
+        Err(Error::BadBatch { .. })
+    ));
+    assert!(matches!(
+        st.append(&[r, SeriesRef(99)], &[1, 2], &[0.0, 0.0]),
+        Err(Error::BadBatch { .. })
+    ));
+    assert!(st.select(&[], i64::MIN, i64::MAX).is_empty());
+}
+
+#[test]
+fn corrupt_segment_is_quarantined_and_the_rest_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig::new(dir.path());
+    let st = Storage::open(cfg.clone()).unwrap();
+    fill(&st, "a", 0, 0, 10);
+    st.flush().unwrap();
+    let want_b = fill(&st, "b", 1, 0, 10);
+    st.flush().unwrap();
+    drop(st);
+
+    // Damage the first segment's footer magic; leave a stray tmp file too.
+    let first = files::segment_path(dir.path(), SegmentId(1));
+    let mut bytes = fs::read(&first).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    fs::write(&first, bytes).unwrap();
+    fs::write(
+        files::segment_tmp_path(dir.path(), SegmentId(9)),
+        b"partial",
+    )
+    .unwrap();
+
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.metrics().segments_quarantined.load(Relaxed), 1);
+    assert!(
+        dir.path()
+            .join(QUARANTINE_DIR)
+            .join(files::segment_file_name(SegmentId(1)))
+            .exists()
+    );
+    assert!(!files::segment_tmp_path(dir.path(), SegmentId(9)).exists());
+    let sel = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(sel.len(), 1);
+    assert_eq!(read(&sel[0]), want_b);
+    // New segments never reuse a quarantined id.
+    fill(&st, "c", 2, 0, 1);
+    st.flush().unwrap();
+    assert!(files::segment_path(dir.path(), SegmentId(3)).exists());
+}

@@ -1,0 +1,54 @@
+//! Every on-disk file name and extension of a gpulse data directory.
+//!
+//! ```text
+//! <data-dir>/
+//!   segments/<id:016x>.gseg        sealed segment (docs/format/segment.md)
+//!   segments/<id:016x>.gseg.tmp    segment being written; deleted on open
+//!   quarantine/<id:016x>.gseg      segment that failed validation, kept for inspection
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use crate::SegmentId;
+
+pub const SEGMENTS_DIR: &str = "segments";
+pub const QUARANTINE_DIR: &str = "quarantine";
+pub const SEGMENT_EXT: &str = "gseg";
+pub const TMP_EXT: &str = "tmp";
+
+pub fn segment_file_name(id: SegmentId) -> String {
+    format!("{:016x}.{SEGMENT_EXT}", id.0)
+}
+
+pub fn segment_path(data_dir: &Path, id: SegmentId) -> PathBuf {
+    data_dir.join(SEGMENTS_DIR).join(segment_file_name(id))
+}
+
+pub fn segment_tmp_path(data_dir: &Path, id: SegmentId) -> PathBuf {
+    data_dir
+        .join(SEGMENTS_DIR)
+        .join(format!("{}.{TMP_EXT}", segment_file_name(id)))
+}
+
+/// Parses `<id:016x>.gseg`; anything else is `None`.
+pub fn parse_segment_file_name(name: &str) -> Option<SegmentId> {
+    let stem = name.strip_suffix(&format!(".{SEGMENT_EXT}"))?;
+    if stem.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(stem, 16).ok().map(SegmentId)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        let id = SegmentId(0x2a);
+        assert_eq!(segment_file_name(id), "000000000000002a.gseg");
+        assert_eq!(parse_segment_file_name("000000000000002a.gseg"), Some(id));
+        assert_eq!(parse_segment_file_name("000000000000002a.gseg.tmp"), None);
+        assert_eq!(parse_segment_file_name("2a.gseg"), None);
+    }
+}

@@ -1,0 +1,205 @@
+//! Bit-level writer and reader used by the Gorilla codec.
+//!
+//! Bits are written most significant first, as in the Gorilla paper and in the
+//! Prometheus `bstream`. The reader never panics: running past the end is an
+//! [`Eof`] error that the decoder turns into a located corruption error.
+
+/// Appends bits to a byte buffer, most significant bit first.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct BitWriter {
+    bytes: Vec<u8>,
+    /// Bits still free in the last byte of `bytes` (0 means "start a new byte").
+    free: u8,
+}
+
+impl BitWriter {
+    pub(crate) fn new() -> Self {
+        Self::default()
+    }
+
+    /// Writes the low `nbits` bits of `value` (`nbits` in 0..=64).
+    #[inline]
+    pub(crate) fn write_bits(&mut self, value: u64, mut nbits: u8) {
+        debug_assert!(nbits <= 64);
+        while nbits > 0 {
+            if self.free == 0 {
+                self.bytes.push(0);
+                self.free = 8;
+            }
+            let take = nbits.min(self.free);
+            // The `take` bits just below position `nbits` of `value`.
+            let chunk = ((value >> (nbits - take)) & ((1u64 << take) - 1)) as u8;
+            let last = self.bytes.len() - 1;
+            self.bytes[last] |= chunk << (self.free - take);
+            self.free -= take;
+            nbits -= take;
+        }
+    }
+
+    #[inline]
+    pub(crate) fn write_bit(&mut self, bit: bool) {
+        self.write_bits(bit as u64, 1);
+    }
+
+    /// Writes an unsigned LEB128 varint as whole 8-bit groups.
+    pub(crate) fn write_uvarint(&mut self, mut v: u64) {
+        loop {
+            let b = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                self.write_bits(b as u64, 8);
+                return;
+            }
+            self.write_bits((b | 0x80) as u64, 8);
+        }
+    }
+
+    pub(crate) fn write_varint(&mut self, v: i64) {
+        self.write_uvarint(zigzag(v));
+    }
+
+    /// The bytes written so far; the last byte is zero-padded.
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Ran past the end of the input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Eof;
+
+/// Reads bits written by [`BitWriter`].
+#[derive(Debug, Clone)]
+pub(crate) struct BitReader<'a> {
+    bytes: &'a [u8],
+    /// Position in bits from the start of `bytes`.
+    pos: usize,
+}
+
+impl<'a> BitReader<'a> {
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self { bytes, pos: 0 }
+    }
+
+    /// Current position in bits, for error reports.
+    pub(crate) fn bit_pos(&self) -> usize {
+        self.pos
+    }
+
+    #[inline]
+    pub(crate) fn read_bit(&mut self) -> Result<bool, Eof> {
+        let byte = *self.bytes.get(self.pos / 8).ok_or(Eof)?;
+        let bit = (byte >> (7 - (self.pos % 8))) & 1;
+        self.pos += 1;
+        Ok(bit == 1)
+    }
+
+    /// Reads `nbits` bits (0..=64) into the low bits of the result.
+    #[inline]
+    pub(crate) fn read_bits(&mut self, mut nbits: u8) -> Result<u64, Eof> {
+        debug_assert!(nbits <= 64);
+        if self.pos + nbits as usize > self.bytes.len() * 8 {
+            return Err(Eof);
+        }
+        let mut out: u64 = 0;
+        while nbits > 0 {
+            let byte = self.bytes[self.pos / 8];
+            let avail = 8 - (self.pos % 8) as u8;
+            let take = nbits.min(avail);
+            let chunk = (byte >> (avail - take)) & (((1u16 << take) - 1) as u8);
+            // `take` <= 8 and the total is <= 64 bits, so nothing is shifted out.
+            out = (out << take) | chunk as u64;
+            self.pos += take as usize;
+            nbits -= take;
+        }
+        Ok(out)
+    }
+
+    pub(crate) fn read_uvarint(&mut self) -> Result<u64, Eof> {
+        let mut out: u64 = 0;
+        for shift in (0..70).step_by(7) {
+            let b = self.read_bits(8)?;
+            if shift == 63 && b > 1 {
+                return Err(Eof); // would overflow u64: treat as malformed input
+            }
+            out |= (b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Ok(out);
+            }
+        }
+        Err(Eof)
+    }
+
+    pub(crate) fn read_varint(&mut self) -> Result<i64, Eof> {
+        self.read_uvarint().map(unzigzag)
+    }
+}
+
+#[inline]
+pub(crate) fn zigzag(v: i64) -> u64 {
+    ((v << 1) ^ (v >> 63)) as u64
+}
+
+#[inline]
+pub(crate) fn unzigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bits_round_trip_across_byte_boundaries() {
+        let mut w = BitWriter::new();
+        w.write_bits(0b101, 3);
+        w.write_bits(u64::MAX, 64);
+        w.write_bit(false);
+        w.write_bits(0x1234, 13);
+        // 3 + 64 + 1 + 13 = 81 bits -> 11 bytes.
+        assert_eq!(w.len_bytes(), 11);
+        let mut r = BitReader::new(w.bytes());
+        assert_eq!(r.read_bits(3), Ok(0b101));
+        assert_eq!(r.read_bits(64), Ok(u64::MAX));
+        assert_eq!(r.read_bit(), Ok(false));
+        assert_eq!(r.read_bits(13), Ok(0x1234 & 0x1fff));
+        // 7 padding bits remain, then EOF.
+        assert_eq!(r.read_bits(7), Ok(0));
+        assert_eq!(r.read_bit(), Err(Eof));
+    }
+
+    #[test]
+    fn known_bit_pattern() {
+        let mut w = BitWriter::new();
+        w.write_bits(0b1, 1);
+        w.write_bits(0b0000001, 7);
+        w.write_bits(0xff, 8);
+        assert_eq!(w.bytes(), &[0x81, 0xff]);
+    }
+
+    #[test]
+    fn varints() {
+        for v in [0i64, 1, -1, 63, -64, 1000, i64::MAX, i64::MIN] {
+            let mut w = BitWriter::new();
+            w.write_bit(true); // unaligned on purpose
+            w.write_varint(v);
+            let mut r = BitReader::new(w.bytes());
+            assert_eq!(r.read_bit(), Ok(true));
+            assert_eq!(r.read_varint(), Ok(v), "{v}");
+        }
+        // 2000 = 0x7d0 -> LEB128 d0 0f (zigzag(1000) = 2000).
+        let mut w = BitWriter::new();
+        w.write_varint(1000);
+        assert_eq!(w.bytes(), &[0xd0, 0x0f]);
+    }
+
+    #[test]
+    fn overlong_varint_is_an_error_not_a_panic() {
+        let bytes = [0xffu8; 12];
+        assert_eq!(BitReader::new(&bytes).read_uvarint(), Err(Eof));
+    }
+}

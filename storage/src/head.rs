@@ -1,0 +1,254 @@
+//! The head: in-memory, Gorilla-compressed chunks of recent samples.
+//!
+//! Every series has one open chunk that samples are appended to; at
+//! `max_chunk_samples` it is sealed into an immutable [`MemChunk`] and a new one
+//! is opened. A flush takes all chunks out of the head ([`Head::freeze`]) and
+//! writes them to a segment; the series themselves stay, so [`SeriesRef`]s held
+//! by ingest streams remain valid and the per-series order check survives.
+//!
+//! Ordering policy: per series, timestamps must strictly increase. A sample at
+//! or before the series' last timestamp (a duplicate or an out-of-order sample)
+//! is dropped and counted. Issue #3 replaces this with an out-of-order window.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::gorilla::GorillaEncoder;
+use crate::series::SeriesKey;
+use crate::{Error, Result};
+
+/// Handle of a series in the head, valid for the life of the process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SeriesRef(pub u32);
+
+/// A sealed, immutable Gorilla chunk held in memory.
+#[derive(Debug, Clone)]
+pub struct MemChunk {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    pub count: u32,
+    pub bytes: Arc<[u8]>,
+}
+
+#[derive(Debug)]
+struct HeadSeries {
+    key: Arc<SeriesKey>,
+    closed: Vec<MemChunk>,
+    open: GorillaEncoder,
+    open_min_ts: i64,
+    last_ts: Option<i64>,
+}
+
+impl HeadSeries {
+    fn open_chunk(&self) -> Option<MemChunk> {
+        let max_ts = self.open.last_ts()?;
+        Some(MemChunk {
+            min_ts: self.open_min_ts,
+            max_ts,
+            count: self.open.count(),
+            bytes: Arc::from(self.open.bytes()),
+        })
+    }
+
+    fn seal_open(&mut self) {
+        if let Some(c) = self.open_chunk() {
+            self.closed.push(c);
+        }
+        self.open = GorillaEncoder::new();
+    }
+}
+
+/// The chunks of one series taken out of the head by [`Head::freeze`].
+pub(crate) type FrozenSeries = (Arc<SeriesKey>, Vec<MemChunk>);
+
+#[derive(Debug)]
+pub(crate) struct Head {
+    series: Vec<HeadSeries>,
+    by_key: HashMap<Arc<SeriesKey>, SeriesRef>,
+    max_chunk_samples: u32,
+    max_series: usize,
+    samples: u64,
+}
+
+impl Head {
+    pub(crate) fn new(max_chunk_samples: u32, max_series: usize) -> Self {
+        Self {
+            series: Vec::new(),
+            by_key: HashMap::new(),
+            max_chunk_samples: max_chunk_samples.max(1),
+            max_series,
+            samples: 0,
+        }
+    }
+
+    pub(crate) fn lookup(&self, key: &SeriesKey) -> Option<SeriesRef> {
+        self.by_key.get(key).copied()
+    }
+
+    /// Returns the series' handle, creating the series if it is new.
+    pub(crate) fn get_or_create(&mut self, key: SeriesKey) -> Result<SeriesRef> {
+        if let Some(r) = self.by_key.get(&key) {
+            return Ok(*r);
+        }
+        if self.series.len() >= self.max_series {
+            return Err(Error::SeriesLimit {
+                limit: self.max_series,
+            });
+        }
+        let r = SeriesRef(self.series.len() as u32);
+        let key = Arc::new(key);
+        self.series.push(HeadSeries {
+            key: key.clone(),
+            closed: Vec::new(),
+            open: GorillaEncoder::new(),
+            open_min_ts: 0,
+            last_ts: None,
+        });
+        self.by_key.insert(key, r);
+        Ok(r)
+    }
+
+    pub(crate) fn contains(&self, r: SeriesRef) -> bool {
+        (r.0 as usize) < self.series.len()
+    }
+
+    /// Appends one sample; false if it was dropped as a duplicate or out of order.
+    ///
+    /// # Panics
+    /// If `r` did not come from this head (callers check with [`Self::contains`]).
+    pub(crate) fn append(&mut self, r: SeriesRef, ts_ms: i64, value: f64) -> bool {
+        let max = self.max_chunk_samples;
+        let s = &mut self.series[r.0 as usize];
+        if s.last_ts.is_some_and(|last| ts_ms <= last) {
+            return false;
+        }
+        if s.open.count() >= max {
+            s.seal_open();
+        }
+        if s.open.count() == 0 {
+            s.open_min_ts = ts_ms;
+        }
+        s.open.append(ts_ms, value);
+        s.last_ts = Some(ts_ms);
+        self.samples += 1;
+        true
+    }
+
+    pub(crate) fn num_series(&self) -> usize {
+        self.series.len()
+    }
+
+    /// Samples currently held (since the last freeze).
+    pub(crate) fn num_samples(&self) -> u64 {
+        self.samples
+    }
+
+    /// Takes every chunk out of the head, sorted by series key. Series with
+    /// no samples are left out.
+    pub(crate) fn freeze(&mut self) -> Vec<FrozenSeries> {
+        let mut out: Vec<FrozenSeries> = Vec::new();
+        for s in &mut self.series {
+            s.seal_open();
+            if !s.closed.is_empty() {
+                out.push((s.key.clone(), std::mem::take(&mut s.closed)));
+            }
+        }
+        self.samples = 0;
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// Calls `f` with each series that `pred` accepts and a copy of its chunks
+    /// (the open chunk included). Chunks are shared, except the open one's bytes.
+    pub(crate) fn for_each_series(
+        &self,
+        mut pred: impl FnMut(&SeriesKey) -> bool,
+        mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
+    ) {
+        for s in &self.series {
+            if !pred(&s.key) {
+                continue;
+            }
+            let mut chunks = s.closed.clone();
+            chunks.extend(s.open_chunk());
+            if !chunks.is_empty() {
+                f(&s.key, chunks);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gorilla::GorillaDecoder;
+    use crate::series::Label;
+
+    fn key(g: &str) -> SeriesKey {
+        SeriesKey::new("m", vec![Label::new("gpu", g)]).unwrap()
+    }
+
+    fn decode_all(chunks: &[MemChunk]) -> Vec<(i64, f64)> {
+        chunks
+            .iter()
+            .flat_map(|c| {
+                GorillaDecoder::new(&c.bytes, c.count)
+                    .map(|r| r.unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn cuts_chunks_and_freezes_everything() {
+        let mut h = Head::new(3, 10);
+        let a = h.get_or_create(key("0")).unwrap();
+        assert_eq!(h.get_or_create(key("0")).unwrap(), a);
+        for t in 0..7 {
+            assert!(h.append(a, t, t as f64));
+        }
+        let mut seen = Vec::new();
+        h.for_each_series(|_| true, |_, c| seen.push(c));
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            seen[0].iter().map(|c| c.count).collect::<Vec<_>>(),
+            [3, 3, 1]
+        );
+        assert_eq!(
+            decode_all(&seen[0]),
+            (0..7).map(|t| (t, t as f64)).collect::<Vec<_>>()
+        );
+
+        let frozen = h.freeze();
+        assert_eq!(frozen.len(), 1);
+        assert_eq!(decode_all(&frozen[0].1).len(), 7);
+        assert_eq!(h.num_samples(), 0);
+        // The series survives the freeze, and so does its order check.
+        assert!(!h.append(a, 6, 0.0));
+        assert!(h.append(a, 7, 0.0));
+    }
+
+    #[test]
+    fn drops_duplicates_and_out_of_order() {
+        let mut h = Head::new(100, 10);
+        let a = h.get_or_create(key("0")).unwrap();
+        assert!(h.append(a, 10, 1.0));
+        assert!(!h.append(a, 10, 2.0));
+        assert!(!h.append(a, 9, 2.0));
+        assert!(h.append(a, 11, 2.0));
+        assert_eq!(h.num_samples(), 2);
+    }
+
+    #[test]
+    fn series_limit() {
+        let mut h = Head::new(100, 2);
+        h.get_or_create(key("0")).unwrap();
+        h.get_or_create(key("1")).unwrap();
+        assert!(matches!(
+            h.get_or_create(key("2")),
+            Err(Error::SeriesLimit { limit: 2 })
+        ));
+        // An existing series is still found at the limit.
+        assert!(h.get_or_create(key("1")).is_ok());
+    }
+}

@@ -1,0 +1,27 @@
+//! gpulse storage: codecs, the in-memory head, and memory-mapped segment files.
+//!
+//! Where it sits: `ingest` appends agent batches through [`Storage`]; `query`
+//! reads them back through [`Storage::select`]. This crate knows nothing of
+//! gRPC, HTTP or DataFusion.
+//!
+//! Guarantees: samples are stored bit-exact (NaN payloads included); a sample
+//! is durable once a [`Storage::flush`] that contains it returns; corrupt files
+//! are reported with their path and offset and never cause a panic.
+
+mod db;
+pub mod error;
+pub mod files;
+pub mod gorilla;
+mod head;
+pub mod segment;
+pub mod series;
+
+pub use db::{AppendOutcome, SelectedSeries, Storage, StorageConfig, StorageMetrics, StorageStats};
+pub use error::{Error, Result};
+pub use head::{MemChunk, SeriesRef};
+pub use segment::writer::SegmentSummary;
+pub use series::{Label, Matcher, SeriesKey};
+
+/// Identifies a segment file; ids grow with every flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct SegmentId(pub u64);

@@ -1,0 +1,426 @@
+//! Sealed segment files: immutable, memory-mapped, self-checking.
+//!
+//! A segment holds the Gorilla chunks of many series for one flush period, a
+//! series index (key -> chunk refs) and label postings (label pair -> series).
+//! Layout (`docs/format/segment.md`), integers little-endian:
+//!
+//! ```text
+//! +--------------------------------------------------------------+
+//! | header   magic "GPLSSEG1" | version u32 | crc32c(header) u32 |  16 B
+//! +--------------------------------------------------------------+
+//! | chunk data   Gorilla chunks, back to back                    |
+//! +--------------------------------------------------------------+
+//! | series index  (series -> labels, chunk refs + crc32c each)   |
+//! +--------------------------------------------------------------+
+//! | postings      (label name, value) -> ascending series ids    |
+//! +--------------------------------------------------------------+
+//! | footer   offsets, lengths, counts, time range, crc32cs,      |
+//! |          crc32c(footer), magic "GPLSEND1"                    |  84 B
+//! +--------------------------------------------------------------+
+//! ```
+//!
+//! Opening validates magic, version, every section checksum and every chunk
+//! offset; chunk checksums are verified when a chunk is decoded. Any failure is
+//! [`Error::Corrupt`] with the file and offset, never a panic.
+
+mod codec;
+pub(crate) mod writer;
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+use crate::error::Corruption;
+use crate::gorilla::GorillaDecoder;
+use crate::series::{Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::{Error, Result, SegmentId};
+use codec::Reader;
+
+pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
+pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
+pub(crate) const VERSION: u32 = 1;
+pub(crate) const HEADER_LEN: usize = 16;
+pub(crate) const FOOTER_LEN: usize = 8 * 8 + 3 * 4 + 8;
+
+/// Where one chunk lives in the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkRef {
+    pub min_ts: i64,
+    pub max_ts: i64,
+    pub count: u32,
+    offset: u64,
+    len: u32,
+    crc: u32,
+}
+
+#[derive(Debug)]
+struct SegmentSeries {
+    key: Arc<SeriesKey>,
+    chunks: Vec<ChunkRef>,
+}
+
+/// An open, validated, memory-mapped segment.
+#[derive(Debug)]
+pub struct Segment {
+    id: SegmentId,
+    path: PathBuf,
+    map: Mmap,
+    series: Vec<SegmentSeries>,
+    /// label name -> label value -> ascending series ordinals.
+    postings: HashMap<String, HashMap<String, Vec<u32>>>,
+    samples: u64,
+    min_ts: i64,
+    max_ts: i64,
+}
+
+impl Segment {
+    /// Opens and validates a segment file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if the file can't be read, [`Error::Corrupt`] with the
+    /// offset of the first problem if it doesn't validate.
+    pub fn open(path: &Path, id: SegmentId) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: sealed segments are never modified or truncated in place: they
+        // are written as *.tmp, fsynced and renamed, and only deleted whole.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::from_map(path, id, map)
+    }
+
+    fn from_map(path: &Path, id: SegmentId, map: Mmap) -> Result<Self> {
+        let corrupt = |offset: u64, kind: Corruption| Error::Corrupt {
+            path: path.to_path_buf(),
+            offset,
+            kind,
+        };
+        let len = map.len();
+        if len < HEADER_LEN + FOOTER_LEN {
+            return Err(corrupt(0, Corruption::TooShort { len: len as u64 }));
+        }
+        if &map[..8] != MAGIC {
+            return Err(corrupt(0, Corruption::BadMagic));
+        }
+        let stored = u32::from_le_bytes(map[12..16].try_into().expect("BUG: 4 bytes"));
+        let actual = crc32c::crc32c(&map[..12]);
+        if stored != actual {
+            return Err(corrupt(
+                12,
+                Corruption::ChecksumMismatch {
+                    section: "header",
+                    expected: stored,
+                    actual,
+                },
+            ));
+        }
+        let version = u32::from_le_bytes(map[8..12].try_into().expect("BUG: 4 bytes"));
+        if version != VERSION {
+            return Err(corrupt(8, Corruption::UnsupportedVersion { version }));
+        }
+
+        let fstart = len - FOOTER_LEN;
+        let footer = &map[fstart..];
+        if &footer[FOOTER_LEN - 8..] != FOOTER_MAGIC {
+            return Err(corrupt((len - 8) as u64, Corruption::BadMagic));
+        }
+        let u64_at = |i: usize| {
+            u64::from_le_bytes(footer[i * 8..i * 8 + 8].try_into().expect("BUG: 8 bytes"))
+        };
+        let u32_at =
+            |o: usize| u32::from_le_bytes(footer[o..o + 4].try_into().expect("BUG: 4 bytes"));
+        let (stored, actual) = (u32_at(72), crc32c::crc32c(&footer[..72]));
+        if stored != actual {
+            return Err(corrupt(
+                (fstart + 72) as u64,
+                Corruption::ChecksumMismatch {
+                    section: "footer",
+                    expected: stored,
+                    actual,
+                },
+            ));
+        }
+        let (index_off, index_len, post_off, post_len) =
+            (u64_at(0), u64_at(1), u64_at(2), u64_at(3));
+        let (series_count, samples) = (u64_at(4), u64_at(5));
+        let (min_ts, max_ts) = (u64_at(6) as i64, u64_at(7) as i64);
+        let section = |off: u64, n: u64, what: &'static str| -> Result<&[u8]> {
+            off.checked_add(n)
+                .filter(|&end| off >= HEADER_LEN as u64 && end <= fstart as u64)
+                .map(|end| &map[off as usize..end as usize])
+                .ok_or_else(|| corrupt(fstart as u64, Corruption::OutOfBounds { what }))
+        };
+        let index = section(index_off, index_len, "index section")?;
+        let post = section(post_off, post_len, "postings section")?;
+        for (bytes, off, stored, name) in [
+            (index, index_off, u32_at(64), "index"),
+            (post, post_off, u32_at(68), "postings"),
+        ] {
+            let actual = crc32c::crc32c(bytes);
+            if actual != stored {
+                return Err(corrupt(
+                    off,
+                    Corruption::ChecksumMismatch {
+                        section: name,
+                        expected: stored,
+                        actual,
+                    },
+                ));
+            }
+        }
+
+        let data_end = index_off;
+        let series = parse_index(index, index_off, data_end, series_count)
+            .map_err(|(o, k)| corrupt(o, k))?;
+        let postings =
+            parse_postings(post, post_off, series.len()).map_err(|(o, k)| corrupt(o, k))?;
+        Ok(Self {
+            id,
+            path: path.to_path_buf(),
+            map,
+            series,
+            postings,
+            samples,
+            min_ts,
+            max_ts,
+        })
+    }
+
+    pub fn id(&self) -> SegmentId {
+        self.id
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn num_series(&self) -> usize {
+        self.series.len()
+    }
+
+    pub fn num_samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Inclusive time range of the samples in the segment.
+    pub fn time_range(&self) -> (i64, i64) {
+        (self.min_ts, self.max_ts)
+    }
+
+    /// Ordinals of the series matching all `matchers`, ascending. Equality
+    /// matchers on a non-empty value go through the postings; the rest are
+    /// checked against each candidate's labels.
+    pub fn select(&self, matchers: &[Matcher]) -> Vec<u32> {
+        let mut candidates: Option<Vec<u32>> = None;
+        for m in matchers {
+            if let Matcher::Equal { name, value } = m
+                && !value.is_empty()
+            {
+                let list = self
+                    .postings
+                    .get(name)
+                    .and_then(|vals| vals.get(value))
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]);
+                candidates = Some(match candidates {
+                    None => list.to_vec(),
+                    Some(c) => intersect(&c, list),
+                });
+            }
+        }
+        let all = || (0..self.series.len() as u32).collect();
+        candidates
+            .unwrap_or_else(all)
+            .into_iter()
+            .filter(|&i| {
+                matchers
+                    .iter()
+                    .all(|m| m.matches(&self.series[i as usize].key))
+            })
+            .collect()
+    }
+
+    pub fn series_key(&self, ordinal: u32) -> &Arc<SeriesKey> {
+        &self.series[ordinal as usize].key
+    }
+
+    pub fn chunks(&self, ordinal: u32) -> &[ChunkRef] {
+        &self.series[ordinal as usize].chunks
+    }
+
+    /// Checks the chunk's checksum and returns a decoder over it.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if the checksum does not match.
+    pub fn chunk_decoder(&self, c: &ChunkRef) -> Result<GorillaDecoder<'_>> {
+        // Bounds were validated at open.
+        let bytes = &self.map[c.offset as usize..c.offset as usize + c.len as usize];
+        let actual = crc32c::crc32c(bytes);
+        if actual != c.crc {
+            return Err(Error::Corrupt {
+                path: self.path.clone(),
+                offset: c.offset,
+                kind: Corruption::ChecksumMismatch {
+                    section: "chunk",
+                    expected: c.crc,
+                    actual,
+                },
+            });
+        }
+        Ok(GorillaDecoder::new(bytes, c.count))
+    }
+}
+
+fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out
+}
+
+fn parse_index(
+    buf: &[u8],
+    base: u64,
+    data_end: u64,
+    expect: u64,
+) -> codec::ReadResult<Vec<SegmentSeries>> {
+    let mut r = Reader::new(buf, base);
+    // Every series takes at least 3 bytes, so a count above that is corrupt;
+    // checking it first keeps a forged count from driving a huge allocation.
+    let n = r.len("series count", buf.len() / 3)?;
+    if n as u64 != expect {
+        return Err((
+            base,
+            Corruption::OutOfBounds {
+                what: "series count",
+            },
+        ));
+    }
+    let mut out = Vec::with_capacity(n);
+    for _ in 0..n {
+        let at = r.offset();
+        let metric = r.string("metric name")?;
+        let nl = r.len("label count", buf.len())?;
+        let mut labels = Vec::with_capacity(nl.min(64));
+        for _ in 0..nl {
+            labels.push(Label::new(
+                r.string("label name")?,
+                r.string("label value")?,
+            ));
+        }
+        let key = SeriesKey::new(metric, labels).map_err(|e| (at, Corruption::BadSeries(e)))?;
+        let nc = r.len("chunk count", buf.len())?;
+        let mut chunks = Vec::with_capacity(nc.min(1024));
+        for _ in 0..nc {
+            let at = r.offset();
+            let min_ts = r.varint("chunk min_ts")?;
+            let span = r.uvarint("chunk span")?;
+            let count = r.len("chunk sample count", u32::MAX as usize)? as u32;
+            let offset = r.uvarint("chunk offset")?;
+            let len = r.len("chunk length", u32::MAX as usize)? as u32;
+            let crc = r.u32_le("chunk crc")?;
+            let in_bounds = offset >= HEADER_LEN as u64
+                && offset
+                    .checked_add(len as u64)
+                    .is_some_and(|end| end <= data_end);
+            if !in_bounds {
+                return Err((
+                    at,
+                    Corruption::OutOfBounds {
+                        what: "chunk offset",
+                    },
+                ));
+            }
+            chunks.push(ChunkRef {
+                min_ts,
+                max_ts: min_ts.wrapping_add(span as i64),
+                count,
+                offset,
+                len,
+                crc,
+            });
+        }
+        out.push(SegmentSeries {
+            key: Arc::new(key),
+            chunks,
+        });
+    }
+    if !r.is_empty() {
+        return Err((
+            r.offset(),
+            Corruption::OutOfBounds {
+                what: "index trailing bytes",
+            },
+        ));
+    }
+    Ok(out)
+}
+
+type Postings = HashMap<String, HashMap<String, Vec<u32>>>;
+
+fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Postings> {
+    let mut r = Reader::new(buf, base);
+    let n = r.len("postings count", buf.len())?;
+    let mut out: Postings = HashMap::new();
+    for _ in 0..n {
+        let name = r.string("postings label name")?;
+        let value = r.string("postings label value")?;
+        let k = r.len("postings list length", nseries)?;
+        let mut ids = Vec::with_capacity(k);
+        let mut cur: u64 = 0;
+        for i in 0..k {
+            let at = r.offset();
+            let d = r.uvarint("postings delta")?;
+            cur = cur.saturating_add(d);
+            if cur >= nseries as u64 || (i > 0 && d == 0) {
+                return Err((
+                    at,
+                    Corruption::OutOfBounds {
+                        what: "postings series id",
+                    },
+                ));
+            }
+            ids.push(cur as u32);
+        }
+        out.entry(name).or_default().insert(value, ids);
+    }
+    if !r.is_empty() {
+        return Err((
+            r.offset(),
+            Corruption::OutOfBounds {
+                what: "postings trailing bytes",
+            },
+        ));
+    }
+    // The metric name must be indexed for every series; this catches a postings
+    // section that was valid but belongs to another file.
+    let named: usize = out
+        .get(METRIC_NAME_LABEL)
+        .map_or(0, |v| v.values().map(Vec::len).sum());
+    if named != nseries {
+        return Err((
+            base,
+            Corruption::OutOfBounds {
+                what: "metric name postings",
+            },
+        ));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,194 @@
+//! Series identity: a metric name plus a label set sorted by name (the
+//! Prometheus data model), and the label matchers used to select series.
+
+use std::fmt;
+
+/// The reserved label name that matchers use for the metric name.
+pub const METRIC_NAME_LABEL: &str = "__name__";
+
+/// One label pair.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label {
+    pub name: String,
+    pub value: String,
+}
+
+impl Label {
+    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+}
+
+/// Why a series key was rejected.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidSeries {
+    #[error("metric name is empty")]
+    EmptyMetric,
+    #[error("label name is empty")]
+    EmptyLabelName,
+    #[error("label name {0:?} is reserved")]
+    ReservedLabel(String),
+    #[error("label {0:?} appears more than once")]
+    DuplicateLabel(String),
+}
+
+/// A series: metric name and labels sorted by name, with unique names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeriesKey {
+    metric: String,
+    labels: Vec<Label>,
+}
+
+impl SeriesKey {
+    /// Builds a key; sorts the labels and drops labels with an empty value
+    /// (Prometheus treats an empty value as an absent label).
+    ///
+    /// # Errors
+    /// An empty metric or label name, the reserved `__name__`, or a label name
+    /// given twice.
+    pub fn new(metric: impl Into<String>, labels: Vec<Label>) -> Result<Self, InvalidSeries> {
+        let metric = metric.into();
+        if metric.is_empty() {
+            return Err(InvalidSeries::EmptyMetric);
+        }
+        let mut labels: Vec<Label> = labels.into_iter().filter(|l| !l.value.is_empty()).collect();
+        labels.sort();
+        for (i, l) in labels.iter().enumerate() {
+            if l.name.is_empty() {
+                return Err(InvalidSeries::EmptyLabelName);
+            }
+            if l.name == METRIC_NAME_LABEL {
+                return Err(InvalidSeries::ReservedLabel(l.name.clone()));
+            }
+            if i > 0 && labels[i - 1].name == l.name {
+                return Err(InvalidSeries::DuplicateLabel(l.name.clone()));
+            }
+        }
+        Ok(Self { metric, labels })
+    }
+
+    pub fn metric(&self) -> &str {
+        &self.metric
+    }
+
+    /// Labels sorted by name, metric name excluded.
+    pub fn labels(&self) -> &[Label] {
+        &self.labels
+    }
+
+    /// Value of a label; `__name__` gives the metric name.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        if name == METRIC_NAME_LABEL {
+            return Some(&self.metric);
+        }
+        self.labels
+            .binary_search_by(|l| l.name.as_str().cmp(name))
+            .ok()
+            .map(|i| self.labels[i].value.as_str())
+    }
+}
+
+impl fmt::Display for SeriesKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}{{", self.metric)?;
+        for (i, l) in self.labels.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{}={:?}", l.name, l.value)?;
+        }
+        f.write_str("}")
+    }
+}
+
+/// Selects series by one label (`__name__` for the metric name). An absent
+/// label has the value "", as in Prometheus.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Matcher {
+    Equal { name: String, value: String },
+    NotEqual { name: String, value: String },
+}
+
+impl Matcher {
+    pub fn equal(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Self::Equal {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    pub fn not_equal(name: impl Into<String>, value: impl Into<String>) -> Self {
+        Self::NotEqual {
+            name: name.into(),
+            value: value.into(),
+        }
+    }
+
+    pub fn matches(&self, key: &SeriesKey) -> bool {
+        match self {
+            Self::Equal { name, value } => key.get(name).unwrap_or("") == value,
+            Self::NotEqual { name, value } => key.get(name).unwrap_or("") != value,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> SeriesKey {
+        SeriesKey::new(
+            "DCGM_FI_DEV_GPU_TEMP",
+            vec![
+                Label::new("gpu", "3"),
+                Label::new("Hostname", "h1"),
+                Label::new("pod", ""),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn labels_are_sorted_and_empty_values_dropped() {
+        let k = key();
+        let names: Vec<&str> = k.labels().iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["Hostname", "gpu"]);
+        assert_eq!(k.get("gpu"), Some("3"));
+        assert_eq!(k.get("__name__"), Some("DCGM_FI_DEV_GPU_TEMP"));
+        assert_eq!(k.get("pod"), None);
+        assert_eq!(
+            k.to_string(),
+            r#"DCGM_FI_DEV_GPU_TEMP{Hostname="h1",gpu="3"}"#
+        );
+    }
+
+    #[test]
+    fn invalid_keys() {
+        assert_eq!(SeriesKey::new("", vec![]), Err(InvalidSeries::EmptyMetric));
+        assert_eq!(
+            SeriesKey::new("m", vec![Label::new("a", "1"), Label::new("a", "2")]),
+            Err(InvalidSeries::DuplicateLabel("a".into()))
+        );
+        assert_eq!(
+            SeriesKey::new("m", vec![Label::new("__name__", "x")]),
+            Err(InvalidSeries::ReservedLabel("__name__".into()))
+        );
+        assert_eq!(
+            SeriesKey::new("m", vec![Label::new("", "x")]),
+            Err(InvalidSeries::EmptyLabelName)
+        );
+    }
+
+    #[test]
+    fn matchers_treat_absent_as_empty() {
+        let k = key();
+        assert!(Matcher::equal("gpu", "3").matches(&k));
+        assert!(!Matcher::equal("gpu", "4").matches(&k));
+        assert!(Matcher::equal("pod", "").matches(&k));
+        assert!(Matcher::not_equal("pod", "x").matches(&k));
+        assert!(!Matcher::not_equal("__name__", "DCGM_FI_DEV_GPU_TEMP").matches(&k));
+    }
+}
