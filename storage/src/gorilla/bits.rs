@@ -13,10 +13,6 @@ pub(crate) struct BitWriter {
 }
 
 impl BitWriter {
-    pub(crate) fn new() -> Self {
-        Self::default()
-    }
-
     /// Writes the low `nbits` bits of `value` (`nbits` in 0..=64).
     #[inline]
     pub(crate) fn write_bits(&mut self, value: u64, mut nbits: u8) {
@@ -61,10 +57,6 @@ impl BitWriter {
     /// The bytes written so far; the last byte is zero-padded.
     pub(crate) fn bytes(&self) -> &[u8] {
         &self.bytes
-    }
-
-    pub(crate) fn len_bytes(&self) -> usize {
-        self.bytes.len()
     }
 }
 
@@ -155,13 +147,13 @@ mod tests {
 
     #[test]
     fn bits_round_trip_across_byte_boundaries() {
-        let mut w = BitWriter::new();
+        let mut w = BitWriter::default();
         w.write_bits(0b101, 3);
         w.write_bits(u64::MAX, 64);
         w.write_bit(false);
         w.write_bits(0x1234, 13);
         // 3 + 64 + 1 + 13 = 81 bits -> 11 bytes.
-        assert_eq!(w.len_bytes(), 11);
+        assert_eq!(w.bytes().len(), 11);
         let mut r = BitReader::new(w.bytes());
         assert_eq!(r.read_bits(3), Ok(0b101));
         assert_eq!(r.read_bits(64), Ok(u64::MAX));
@@ -174,7 +166,7 @@ mod tests {
 
     #[test]
     fn known_bit_pattern() {
-        let mut w = BitWriter::new();
+        let mut w = BitWriter::default();
         w.write_bits(0b1, 1);
         w.write_bits(0b0000001, 7);
         w.write_bits(0xff, 8);
@@ -184,7 +176,7 @@ mod tests {
     #[test]
     fn varints() {
         for v in [0i64, 1, -1, 63, -64, 1000, i64::MAX, i64::MIN] {
-            let mut w = BitWriter::new();
+            let mut w = BitWriter::default();
             w.write_bit(true); // unaligned on purpose
             w.write_varint(v);
             let mut r = BitReader::new(w.bytes());
@@ -192,7 +184,7 @@ mod tests {
             assert_eq!(r.read_varint(), Ok(v), "{v}");
         }
         // 2000 = 0x7d0 -> LEB128 d0 0f (zigzag(1000) = 2000).
-        let mut w = BitWriter::new();
+        let mut w = BitWriter::default();
         w.write_varint(1000);
         assert_eq!(w.bytes(), &[0xd0, 0x0f]);
     }

@@ -1,0 +1,224 @@
+//! gpulse node agent: samples a node's GPUs and streams the samples to ingest.
+//!
+//! Data flow: a [`GpuSource`] (NVML, or the simulated fleet) is polled every
+//! `interval` on a dedicated thread, so that sampling never waits on the
+//! network; polls go through a bounded queue to the shipper, which batches
+//! them and streams them over gRPC (`gpulse.v1.Ingest/Stream`), keeping each
+//! batch until ingest acks it. See [`shipper`] for the delivery guarantees.
+
+pub mod catalog;
+pub mod nvml;
+mod shipper;
+pub mod sim;
+pub mod source;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, watch};
+use tracing::{info, warn};
+
+pub use shipper::ShipperStats;
+pub use source::{GpuInfo, GpuSource, Reading, SourceError};
+
+/// Where a host sits in the fleet; attached once per stream by ingest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Topology {
+    pub cluster: String,
+    pub row: String,
+    pub rack: String,
+}
+
+/// Configuration of one agent.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Ingest endpoint: `grpc://host:port` or `http://host:port`.
+    pub ingest_url: String,
+    /// Stable agent identity. Default: the host name.
+    pub agent_id: String,
+    /// Host name, stored as the `Hostname` label. Default: the OS host name.
+    pub host: String,
+    pub topology: Topology,
+    /// Time between polls. Default 1 s.
+    pub interval: Duration,
+    /// Stop after this many polls (tests, load generators); `None` runs until shutdown.
+    pub max_polls: Option<u64>,
+    /// Polls queued between sampler and shipper before the sampler drops. Default 600.
+    pub queue_polls: usize,
+    /// Most batches sent and not yet acked. Default 256.
+    pub max_in_flight: usize,
+    /// Largest batch when a backlog is coalesced, in samples. Default 16,384.
+    pub max_batch_samples: usize,
+    /// First reconnect wait; doubles up to `reconnect_max`. Default 100 ms.
+    pub reconnect_min: Duration,
+    /// Longest reconnect wait. Default 10 s.
+    pub reconnect_max: Duration,
+    /// How long shutdown waits for outstanding acks. Default 5 s.
+    pub drain_timeout: Duration,
+}
+
+impl AgentConfig {
+    pub fn new(ingest_url: impl Into<String>) -> Self {
+        let host = gethostname::gethostname().to_string_lossy().into_owned();
+        Self {
+            ingest_url: ingest_url.into(),
+            agent_id: host.clone(),
+            host,
+            topology: Topology::default(),
+            interval: Duration::from_secs(1),
+            max_polls: None,
+            queue_polls: 600,
+            max_in_flight: 256,
+            max_batch_samples: 16_384,
+            reconnect_min: Duration::from_millis(100),
+            reconnect_max: Duration::from_secs(10),
+            drain_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One poll of every GPU of the node.
+#[derive(Debug, Clone)]
+pub struct Poll {
+    pub ts_ms: i64,
+    pub readings: Vec<Reading>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("invalid ingest URL {url:?}: {reason}")]
+    InvalidUrl { url: String, reason: String },
+    #[error("the sampling thread panicked")]
+    SamplerPanicked,
+}
+
+/// What an agent run did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AgentReport {
+    pub polls: u64,
+    /// Polls dropped because the queue to the shipper was full.
+    pub polls_dropped: u64,
+    /// Polls whose source call failed as a whole.
+    pub poll_errors: u64,
+    pub shipper: ShipperStats,
+}
+
+/// Runs an agent until `max_polls` polls are delivered or `shutdown`
+/// resolves; on shutdown it waits up to `drain_timeout` for outstanding acks.
+///
+/// # Errors
+/// An invalid URL. Network errors are retried, never returned.
+pub async fn run(
+    config: AgentConfig,
+    source: Box<dyn GpuSource>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<AgentReport, AgentError> {
+    shipper::endpoint(&config.ingest_url)?;
+    let inventory = source.inventory().to_vec();
+    let name = source.name();
+    info!(source = name, gpus = inventory.len(), host = %config.host, interval_ms = config.interval.as_millis() as u64, url = %config.ingest_url, "agent starting");
+
+    let (tx, rx) = mpsc::channel::<Poll>(config.queue_polls.max(1));
+    let stop = Arc::new(AtomicBool::new(false));
+    let counters = Arc::new(SamplerCounters::default());
+    let sampler = {
+        let (stop, counters, interval, max_polls) = (
+            stop.clone(),
+            counters.clone(),
+            config.interval,
+            config.max_polls,
+        );
+        std::thread::Builder::new()
+            .name("gpulse-sampler".into())
+            .spawn(move || sample_loop(source, tx, interval, max_polls, &stop, &counters))
+            .expect("BUG: cannot spawn the sampling thread")
+    };
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let shipper = shipper::Shipper::new(config, inventory, name);
+    let ship = shipper.run(rx, stop_rx);
+    tokio::pin!(ship);
+    tokio::pin!(shutdown);
+    let stats = tokio::select! {
+        r = &mut ship => r,
+        _ = &mut shutdown => {
+            stop.store(true, Relaxed);
+            let _ = stop_tx.send(true);
+            ship.await
+        }
+    };
+    stop.store(true, Relaxed);
+    let joined = tokio::task::spawn_blocking(move || sampler.join()).await;
+    if !matches!(joined, Ok(Ok(()))) {
+        return Err(AgentError::SamplerPanicked);
+    }
+    let report = AgentReport {
+        polls: counters.polls.load(Relaxed),
+        polls_dropped: counters.dropped.load(Relaxed),
+        poll_errors: counters.errors.load(Relaxed),
+        shipper: stats?,
+    };
+    info!(?report, "agent stopped");
+    Ok(report)
+}
+
+#[derive(Debug, Default)]
+struct SamplerCounters {
+    polls: AtomicU64,
+    dropped: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// Polls `source` on a fixed schedule (`start + k * interval`), never
+/// blocking on the queue: a full queue drops the poll and counts it.
+fn sample_loop(
+    mut source: Box<dyn GpuSource>,
+    tx: mpsc::Sender<Poll>,
+    interval: Duration,
+    max_polls: Option<u64>,
+    stop: &AtomicBool,
+    counters: &SamplerCounters,
+) {
+    let start = Instant::now();
+    let mut k: u32 = 0;
+    let mut last_drop_log = Instant::now() - Duration::from_secs(60);
+    while !stop.load(Relaxed) && max_polls.is_none_or(|m| counters.polls.load(Relaxed) < m) {
+        let due = start + interval * k;
+        let now = Instant::now();
+        if due > now {
+            // Sleep in short steps so that shutdown is prompt at long intervals.
+            std::thread::sleep((due - now).min(Duration::from_millis(100)));
+            continue;
+        }
+        k += 1;
+        let ts_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_millis() as i64)
+            .unwrap_or(0);
+        let mut readings =
+            Vec::with_capacity(source.inventory().len() * catalog::Metric::ALL.len());
+        if let Err(e) = source.sample(&mut readings) {
+            counters.errors.fetch_add(1, Relaxed);
+            warn!(error = %e, "sampling failed");
+            continue;
+        }
+        counters.polls.fetch_add(1, Relaxed);
+        match tx.try_send(Poll { ts_ms, readings }) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                let n = counters.dropped.fetch_add(1, Relaxed) + 1;
+                if last_drop_log.elapsed() >= Duration::from_secs(10) {
+                    last_drop_log = Instant::now();
+                    warn!(dropped_total = n, "send queue full; dropping polls");
+                }
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => return,
+        }
+        // After a stall (suspended process, slow NVML), skip the missed ticks
+        // instead of sampling in a burst.
+        let behind = start.elapsed().as_nanos() / interval.as_nanos().max(1);
+        k = k.max(behind as u32);
+    }
+}

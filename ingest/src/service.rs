@@ -1,0 +1,274 @@
+//! The `Ingest` service implementation: one task per agent stream.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use gpulse_proto::v1::ingest_server::Ingest;
+use gpulse_proto::v1::{
+    Ack, AgentMessage, Batch, Hello, IngestReply, Reject, agent_message, ingest_reply,
+};
+use storage::{Label, SeriesKey, SeriesRef, Storage};
+use tokio::sync::{mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{info, warn};
+
+use crate::IngestConfig;
+
+/// Counters of the ingest service (`gpulse_ingest_*` once exported).
+#[derive(Debug, Default)]
+pub struct IngestMetrics {
+    pub streams_opened: AtomicU64,
+    pub streams_active: AtomicU64,
+    pub batches_acked: AtomicU64,
+    pub batches_rejected: AtomicU64,
+    pub samples_accepted: AtomicU64,
+    /// Samples in acked batches that storage dropped (duplicates, out of order).
+    pub samples_dropped: AtomicU64,
+}
+
+/// The gRPC service. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct IngestService {
+    storage: Arc<Storage>,
+    config: Arc<IngestConfig>,
+    metrics: Arc<IngestMetrics>,
+    shutdown: watch::Sender<bool>,
+}
+
+impl IngestService {
+    pub fn new(storage: Arc<Storage>, config: IngestConfig) -> Self {
+        Self {
+            storage,
+            config: Arc::new(config),
+            metrics: Arc::new(IngestMetrics::default()),
+            shutdown: watch::Sender::new(false),
+        }
+    }
+
+    pub fn config(&self) -> &IngestConfig {
+        &self.config
+    }
+
+    pub fn metrics(&self) -> &Arc<IngestMetrics> {
+        &self.metrics
+    }
+
+    /// Setting it to `true` ends every open stream.
+    pub(crate) fn shutdown_handle(&self) -> watch::Sender<bool> {
+        self.shutdown.clone()
+    }
+}
+
+type ReplyStream = ReceiverStream<Result<IngestReply, Status>>;
+
+#[tonic::async_trait]
+impl Ingest for IngestService {
+    type StreamStream = ReplyStream;
+
+    async fn stream(
+        &self,
+        request: Request<Streaming<AgentMessage>>,
+    ) -> Result<Response<ReplyStream>, Status> {
+        let peer = request
+            .remote_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(256);
+        let svc = self.clone();
+        tokio::spawn(async move {
+            svc.metrics.streams_opened.fetch_add(1, Relaxed);
+            svc.metrics.streams_active.fetch_add(1, Relaxed);
+            if let Err(status) = svc.run_stream(inbound, &tx, &peer).await {
+                warn!(%peer, code = ?status.code(), message = status.message(), "agent stream failed");
+                let _ = tx.send(Err(status)).await;
+            }
+            svc.metrics.streams_active.fetch_sub(1, Relaxed);
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+/// State of one agent stream.
+struct StreamState {
+    /// Labels attached to every series of the stream: Hostname and topology.
+    stream_labels: Vec<Label>,
+    /// Stream-local series id -> storage series.
+    refs: HashMap<u32, SeriesRef>,
+}
+
+impl IngestService {
+    async fn run_stream(
+        &self,
+        mut inbound: Streaming<AgentMessage>,
+        tx: &mpsc::Sender<Result<IngestReply, Status>>,
+        peer: &str,
+    ) -> Result<(), Status> {
+        let mut stop = self.shutdown.subscribe();
+        let hello = match inbound.message().await? {
+            Some(AgentMessage {
+                msg: Some(agent_message::Msg::Hello(h)),
+            }) => h,
+            Some(_) => {
+                return Err(Status::invalid_argument(
+                    "the first message of a stream must be a hello",
+                ));
+            }
+            None => return Ok(()),
+        };
+        let mut state = self.open_stream(&hello)?;
+        info!(%peer, agent = %hello.agent_id, host = %hello.host, gpus = hello.gpus.len(), "agent stream opened");
+        loop {
+            let msg = tokio::select! {
+                m = inbound.message() => m?,
+                _ = stop.wait_for(|s| *s) => {
+                    info!(%peer, agent = %hello.agent_id, "closing agent stream for shutdown");
+                    return Err(Status::unavailable("ingest is shutting down"));
+                }
+            };
+            let reply = match msg {
+                None => {
+                    info!(%peer, agent = %hello.agent_id, "agent stream closed");
+                    return Ok(());
+                }
+                Some(AgentMessage {
+                    msg: Some(agent_message::Msg::Batch(batch)),
+                }) => self.on_batch(&mut state, batch),
+                Some(AgentMessage {
+                    msg: Some(agent_message::Msg::Hello(_)),
+                }) => return Err(Status::invalid_argument("hello sent twice on one stream")),
+                Some(AgentMessage { msg: None }) => {
+                    return Err(Status::invalid_argument("empty agent message"));
+                }
+            };
+            if tx.send(Ok(reply)).await.is_err() {
+                return Ok(()); // the agent went away
+            }
+        }
+    }
+
+    fn open_stream(&self, hello: &Hello) -> Result<StreamState, Status> {
+        let topo = hello.topology.clone().unwrap_or_default();
+        let mut stream_labels = Vec::new();
+        for (name, value) in [
+            ("Hostname", &hello.host),
+            ("cluster", &topo.cluster),
+            ("row", &topo.row),
+            ("rack", &topo.rack),
+        ] {
+            if value.len() > self.config.max_label_bytes {
+                return Err(Status::invalid_argument(format!(
+                    "hello: {name} is {} bytes, over the limit of {}",
+                    value.len(),
+                    self.config.max_label_bytes
+                )));
+            }
+            stream_labels.push(Label::new(name, value.clone()));
+        }
+        Ok(StreamState {
+            stream_labels,
+            refs: HashMap::new(),
+        })
+    }
+
+    fn on_batch(&self, state: &mut StreamState, batch: Batch) -> IngestReply {
+        let seq = batch.seq;
+        match self.store_batch(state, batch) {
+            Ok(ack) => {
+                self.metrics.batches_acked.fetch_add(1, Relaxed);
+                self.metrics
+                    .samples_accepted
+                    .fetch_add(ack.accepted as u64, Relaxed);
+                self.metrics
+                    .samples_dropped
+                    .fetch_add(ack.dropped as u64, Relaxed);
+                IngestReply {
+                    reply: Some(ingest_reply::Reply::Ack(ack)),
+                }
+            }
+            Err(message) => {
+                self.metrics.batches_rejected.fetch_add(1, Relaxed);
+                warn!(seq, reason = %message, "rejected batch");
+                IngestReply {
+                    reply: Some(ingest_reply::Reply::Reject(Reject { seq, message })),
+                }
+            }
+        }
+    }
+
+    /// Validates the whole batch first, then defines its series and appends.
+    /// Nothing is stored for a batch that is rejected.
+    fn store_batch(&self, state: &mut StreamState, batch: Batch) -> Result<Ack, String> {
+        let n = batch.series_ids.len();
+        if batch.timestamps_ms.len() != n || batch.values.len() != n {
+            return Err(format!(
+                "columns differ in length: {n} series ids, {} timestamps, {} values",
+                batch.timestamps_ms.len(),
+                batch.values.len()
+            ));
+        }
+        let limits = &self.config;
+        if state.refs.len() + batch.new_series.len() > limits.max_series_per_stream {
+            return Err(format!(
+                "series limit: the stream would define {} series, over the limit of {}",
+                state.refs.len() + batch.new_series.len(),
+                limits.max_series_per_stream
+            ));
+        }
+        let mut keys = Vec::with_capacity(batch.new_series.len());
+        for def in &batch.new_series {
+            if state.refs.contains_key(&def.id) || keys.iter().any(|(id, _)| *id == def.id) {
+                return Err(format!("series id {} is defined twice", def.id));
+            }
+            let nlabels = def.labels.len() + state.stream_labels.len();
+            if nlabels > limits.max_labels {
+                return Err(format!(
+                    "series {}: {nlabels} labels, over the limit of {}",
+                    def.id, limits.max_labels
+                ));
+            }
+            let too_long = std::iter::once(&def.metric)
+                .chain(def.labels.iter().flat_map(|l| [&l.name, &l.value]))
+                .find(|s| s.len() > limits.max_label_bytes);
+            if let Some(s) = too_long {
+                return Err(format!(
+                    "series {}: a name or value is {} bytes, over the limit of {}",
+                    def.id,
+                    s.len(),
+                    limits.max_label_bytes
+                ));
+            }
+            let mut labels: Vec<Label> = def
+                .labels
+                .iter()
+                .map(|l| Label::new(&l.name, &l.value))
+                .collect();
+            labels.extend(state.stream_labels.iter().cloned());
+            let key = SeriesKey::new(&def.metric, labels)
+                .map_err(|e| format!("series {}: {e}", def.id))?;
+            keys.push((def.id, key));
+        }
+        let defined = |id: &u32| state.refs.contains_key(id) || keys.iter().any(|(k, _)| k == id);
+        if let Some(id) = batch.series_ids.iter().find(|id| !defined(id)) {
+            return Err(format!(
+                "series id {id} is used but was never defined on this stream"
+            ));
+        }
+        for (id, key) in keys {
+            let r = self.storage.series_ref(key).map_err(|e| e.to_string())?;
+            state.refs.insert(id, r);
+        }
+        let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
+        let out = self
+            .storage
+            .append(&refs, &batch.timestamps_ms, &batch.values)
+            .map_err(|e| e.to_string())?;
+        Ok(Ack {
+            seq: batch.seq,
+            accepted: out.accepted,
+            dropped: out.out_of_order,
+        })
+    }
+}

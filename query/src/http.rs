@@ -1,0 +1,273 @@
+//! HTTP query API.
+//!
+//! `POST /api/v1/sql` runs one SQL statement. The query is the body (plain
+//! text), a JSON body `{"query": "..."}`, or the `query` URL parameter (GET
+//! too). The output format is picked by the `format` parameter or the `Accept`
+//! header: `json` (default), `csv` or `arrow` (Arrow IPC stream).
+//!
+//! JSON answer:
+//! `{"columns":[{"name":"ts","type":"Timestamp(ms, \"UTC\")"},...],"rows":[[...],...],"row_count":N}`.
+//! Non-finite floats are the strings `"NaN"`, `"+Inf"`, `"-Inf"`; timestamps
+//! are RFC 3339 strings. Errors: HTTP 400 (bad query) or 500 with
+//! `{"status":"error","errorType":"bad_data"|"execution","error":"..."}`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::{Value, json};
+use tracing::debug;
+
+use crate::{QueryEngine, QueryError, QueryResult};
+
+/// Builds the router of the HTTP API.
+pub fn router(engine: QueryEngine) -> Router {
+    Router::new()
+        .route("/api/v1/sql", get(sql).post(sql))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(Arc::new(engine))
+}
+
+/// Serves the HTTP API on `listener` until `shutdown` resolves, then lets
+/// in-flight requests finish.
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    engine: QueryEngine,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(engine))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Csv,
+    Arrow,
+}
+
+fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
+    let body = json!({"status": "error", "errorType": kind, "error": message});
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// Maps query errors onto HTTP, in one place.
+fn http_status(e: &QueryError) -> (StatusCode, &'static str) {
+    match e {
+        QueryError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_data"),
+        QueryError::Execution(_) => (StatusCode::INTERNAL_SERVER_ERROR, "execution"),
+    }
+}
+
+async fn sql(
+    State(engine): State<Arc<QueryEngine>>,
+    Query(params): Query<HashMap<String, String>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let query = if let Some(q) = params.get("query") {
+        q.clone()
+    } else if content_type.starts_with("application/json") {
+        match serde_json::from_slice::<Value>(&body) {
+            Ok(Value::Object(o)) => match o.get("query") {
+                Some(Value::String(q)) => q.clone(),
+                _ => {
+                    return error_response(
+                        StatusCode::BAD_REQUEST,
+                        "bad_data",
+                        "JSON body needs a string field \"query\"",
+                    );
+                }
+            },
+            _ => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "bad_data",
+                    "body is not a JSON object",
+                );
+            }
+        }
+    } else {
+        match String::from_utf8(body.to_vec()) {
+            Ok(q) => q,
+            Err(_) => {
+                return error_response(StatusCode::BAD_REQUEST, "bad_data", "query is not UTF-8");
+            }
+        }
+    };
+    if query.trim().is_empty() {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "bad_data",
+            "empty query: send SQL as the body or the query parameter",
+        );
+    }
+    let format = match pick_format(params.get("format").map(String::as_str), &headers) {
+        Ok(f) => f,
+        Err(msg) => return error_response(StatusCode::BAD_REQUEST, "bad_data", &msg),
+    };
+    debug!(%query, ?format, "sql");
+    let result = match engine.sql(&query).await {
+        Ok(r) => r,
+        Err(e) => {
+            let (status, kind) = http_status(&e);
+            return error_response(status, kind, &e.to_string());
+        }
+    };
+    let rendered = match format {
+        Format::Json => to_json(&result).map(|v| ("application/json", v.to_string().into_bytes())),
+        Format::Csv => to_csv(&result).map(|b| ("text/csv; charset=utf-8", b)),
+        Format::Arrow => to_arrow_ipc(&result).map(|b| ("application/vnd.apache.arrow.stream", b)),
+    };
+    match rendered {
+        Ok((ct, bytes)) => ([(header::CONTENT_TYPE, ct)], bytes).into_response(),
+        Err(e) => error_response(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "execution",
+            &e.to_string(),
+        ),
+    }
+}
+
+fn pick_format(param: Option<&str>, headers: &HeaderMap) -> Result<Format, String> {
+    if let Some(p) = param {
+        return match p {
+            "json" => Ok(Format::Json),
+            "csv" => Ok(Format::Csv),
+            "arrow" => Ok(Format::Arrow),
+            other => Err(format!("unknown format {other:?}: use json, csv or arrow")),
+        };
+    }
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    Ok(if accept.contains("application/vnd.apache.arrow.stream") {
+        Format::Arrow
+    } else if accept.contains("text/csv") {
+        Format::Csv
+    } else {
+        Format::Json
+    })
+}
+
+/// Renders a result as the JSON described in the module docs.
+pub fn to_json(result: &QueryResult) -> Result<Value, arrow::error::ArrowError> {
+    let columns: Vec<Value> = result
+        .schema
+        .fields()
+        .iter()
+        .map(|f| json!({"name": f.name(), "type": f.data_type().to_string()}))
+        .collect();
+    let mut rows: Vec<Value> = Vec::with_capacity(result.num_rows());
+    let options = FormatOptions::default();
+    for batch in &result.batches {
+        let cells: Vec<Box<dyn Fn(usize) -> Value + '_>> = batch
+            .columns()
+            .iter()
+            .map(|a| json_column(a.as_ref(), &options))
+            .collect::<Result<_, _>>()?;
+        for r in 0..batch.num_rows() {
+            rows.push(Value::Array(cells.iter().map(|c| c(r)).collect()));
+        }
+    }
+    Ok(json!({"columns": columns, "rows": rows, "row_count": result.num_rows()}))
+}
+
+fn float_json(v: f64) -> Value {
+    if v.is_nan() {
+        json!("NaN")
+    } else if v.is_infinite() {
+        json!(if v > 0.0 { "+Inf" } else { "-Inf" })
+    } else {
+        json!(v)
+    }
+}
+
+/// A per-row JSON converter for one column.
+fn json_column<'a>(
+    a: &'a dyn Array,
+    options: &'a FormatOptions<'a>,
+) -> Result<Box<dyn Fn(usize) -> Value + 'a>, arrow::error::ArrowError> {
+    let with_nulls =
+        move |f: Box<dyn Fn(usize) -> Value + 'a>| -> Box<dyn Fn(usize) -> Value + 'a> {
+            Box::new(move |i| if a.is_null(i) { Value::Null } else { f(i) })
+        };
+    Ok(match a.data_type() {
+        DataType::Boolean => {
+            let b = a.as_boolean();
+            with_nulls(Box::new(move |i| json!(b.value(i))))
+        }
+        DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
+            let c = arrow::compute::cast(a, &DataType::Int64)?;
+            with_nulls(Box::new(move |i| {
+                json!(c.as_primitive::<Int64Type>().value(i))
+            }))
+        }
+        DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
+            let c = arrow::compute::cast(a, &DataType::UInt64)?;
+            with_nulls(Box::new(move |i| {
+                json!(c.as_primitive::<UInt64Type>().value(i))
+            }))
+        }
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let c = arrow::compute::cast(a, &DataType::Float64)?;
+            with_nulls(Box::new(move |i| {
+                float_json(c.as_primitive::<Float64Type>().value(i))
+            }))
+        }
+        _ => {
+            let f = ArrayFormatter::try_new(a, options)?;
+            with_nulls(Box::new(move |i| json!(f.value(i).to_string())))
+        }
+    })
+}
+
+fn to_csv(result: &QueryResult) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    let mut out = Vec::new();
+    {
+        let mut w = arrow::csv::WriterBuilder::new()
+            .with_header(true)
+            .build(&mut out);
+        if result.batches.is_empty() {
+            w.write(&RecordBatch::new_empty(result.schema.clone()))?;
+        }
+        for b in &result.batches {
+            w.write(b)?;
+        }
+    }
+    Ok(out)
+}
+
+fn to_arrow_ipc(result: &QueryResult) -> Result<Vec<u8>, arrow::error::ArrowError> {
+    let mut out = Vec::new();
+    {
+        let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &result.schema)?;
+        for b in &result.batches {
+            w.write(b)?;
+        }
+        w.finish()?;
+    }
+    Ok(out)
+}

@@ -1,0 +1,509 @@
+//! The `samples` table: every raw sample as one row, over [`Storage`].
+//!
+//! Columns: `ts TIMESTAMP(ms, UTC)`, `metric`, the topology and dcgm-exporter
+//! labels as columns (`cluster, row, rack, host, gpu, uuid, pci_bus_id,
+//! device, model_name, driver_version`), any other labels as a JSON object in
+//! `labels`, and `value DOUBLE`.
+//!
+//! Pushdown: time bounds on `ts` and equality on label columns are used to
+//! pick series and chunks before anything is decoded (reported as `Inexact`,
+//! so DataFusion still applies them row by row). Scans are lazy: a partition
+//! decodes one series at a time as its stream is polled.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, Float64Builder, RecordBatch, StringBuilder, TimestampMillisecondBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::{DataFusionError, ScalarValue};
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::{
+    Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown, TableType,
+};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use storage::{Matcher, SelectedSeries, SeriesKey, Storage};
+
+/// Rows per record batch produced by a scan.
+const BATCH_ROWS: usize = 8192;
+
+/// A column of `samples` and where its value comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Col {
+    Ts,
+    Metric,
+    /// A label column: the label names it reads, in order of preference
+    /// (dcgm-exporter changed `Hostname` to `hostname` in 4.8.3).
+    Label(&'static str, &'static [&'static str]),
+    Labels,
+    Value,
+}
+
+const COLUMNS: [Col; 14] = [
+    Col::Ts,
+    Col::Metric,
+    Col::Label("cluster", &["cluster"]),
+    Col::Label("row", &["row"]),
+    Col::Label("rack", &["rack"]),
+    Col::Label("host", &["Hostname", "hostname"]),
+    Col::Label("gpu", &["gpu"]),
+    Col::Label("uuid", &["UUID", "uuid"]),
+    Col::Label("pci_bus_id", &["pci_bus_id"]),
+    Col::Label("device", &["device"]),
+    Col::Label("model_name", &["modelName"]),
+    Col::Label("driver_version", &["DCGM_FI_DRIVER_VERSION"]),
+    Col::Labels,
+    Col::Value,
+];
+
+impl Col {
+    fn name(self) -> &'static str {
+        match self {
+            Col::Ts => "ts",
+            Col::Metric => "metric",
+            Col::Label(name, _) => name,
+            Col::Labels => "labels",
+            Col::Value => "value",
+        }
+    }
+
+    /// The value of a label column for one series.
+    fn label_value(self, key: &SeriesKey) -> Option<&str> {
+        match self {
+            Col::Metric => Some(key.metric()),
+            Col::Label(_, sources) => sources.iter().find_map(|s| key.get(s)),
+            _ => None,
+        }
+    }
+
+    fn by_name(name: &str) -> Option<Col> {
+        COLUMNS.iter().copied().find(|c| c.name() == name)
+    }
+}
+
+/// Labels that have no column of their own, as a JSON object; `None` if none.
+fn other_labels(key: &SeriesKey) -> Option<String> {
+    let mapped = |n: &str| {
+        COLUMNS.iter().any(|c| match c {
+            Col::Label(_, sources) => sources.contains(&n),
+            _ => false,
+        })
+    };
+    let rest: BTreeMap<&str, &str> = key
+        .labels()
+        .iter()
+        .filter(|l| !mapped(&l.name))
+        .map(|l| (l.name.as_str(), l.value.as_str()))
+        .collect();
+    (!rest.is_empty()).then(|| serde_json::to_string(&rest).expect("BUG: string map serializes"))
+}
+
+pub(crate) fn samples_schema() -> SchemaRef {
+    let fields: Vec<Field> = COLUMNS
+        .iter()
+        .map(|c| match c {
+            Col::Ts => Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                false,
+            ),
+            Col::Metric => Field::new("metric", DataType::Utf8, false),
+            Col::Value => Field::new("value", DataType::Float64, false),
+            c => Field::new(c.name(), DataType::Utf8, true),
+        })
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// The `samples` table provider.
+#[derive(Debug)]
+pub struct SamplesTable {
+    storage: Arc<Storage>,
+    schema: SchemaRef,
+}
+
+impl SamplesTable {
+    pub fn new(storage: Arc<Storage>) -> Self {
+        Self {
+            storage,
+            schema: samples_schema(),
+        }
+    }
+}
+
+/// What a scan's filters allow it to skip.
+#[derive(Debug, Clone, PartialEq)]
+struct Pushdown {
+    min_ts: i64,
+    max_ts: i64,
+    /// Label column = value.
+    equal: Vec<(Col, String)>,
+}
+
+impl Default for Pushdown {
+    fn default() -> Self {
+        Self {
+            min_ts: i64::MIN,
+            max_ts: i64::MAX,
+            equal: Vec::new(),
+        }
+    }
+}
+
+impl Pushdown {
+    fn from_filters(filters: &[Expr]) -> Self {
+        let mut p = Self::default();
+        for f in filters {
+            p.absorb(f);
+        }
+        p
+    }
+
+    /// Narrows the pushdown by `e`; true if `e` was understood.
+    fn absorb(&mut self, e: &Expr) -> bool {
+        match e {
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::And => {
+                // Both sides must be understood for the conjunction to count as pushed,
+                // but narrowing by either side alone is still correct.
+                let l = self.absorb(left);
+                let r = self.absorb(right);
+                l && r
+            }
+            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
+                let (col, lit, op) = match (column_of(left), literal_of(right)) {
+                    (Some(c), Some(l)) => (c, l, *op),
+                    _ => match (column_of(right), literal_of(left), op.swap()) {
+                        (Some(c), Some(l), Some(op)) => (c, l, op),
+                        _ => return false,
+                    },
+                };
+                self.absorb_cmp(col, op, lit)
+            }
+            Expr::Between(Between {
+                expr,
+                negated: false,
+                low,
+                high,
+            }) => match (column_of(expr), literal_of(low), literal_of(high)) {
+                (Some(Col::Ts), Some(lo), Some(hi)) => {
+                    self.absorb_cmp(Col::Ts, Operator::GtEq, lo)
+                        && self.absorb_cmp(Col::Ts, Operator::LtEq, hi)
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    fn absorb_cmp(&mut self, col: Col, op: Operator, lit: &ScalarValue) -> bool {
+        match col {
+            Col::Ts => {
+                let Some((lo_ms, hi_ms)) = timestamp_ms_bounds(lit) else {
+                    return false;
+                };
+                match op {
+                    Operator::Gt | Operator::GtEq => self.min_ts = self.min_ts.max(lo_ms),
+                    Operator::Lt | Operator::LtEq => self.max_ts = self.max_ts.min(hi_ms),
+                    Operator::Eq => {
+                        self.min_ts = self.min_ts.max(lo_ms);
+                        self.max_ts = self.max_ts.min(hi_ms);
+                    }
+                    _ => return false,
+                }
+                true
+            }
+            Col::Metric | Col::Label(..) if op == Operator::Eq => match lit {
+                ScalarValue::Utf8(Some(s))
+                | ScalarValue::Utf8View(Some(s))
+                | ScalarValue::LargeUtf8(Some(s)) => {
+                    self.equal.push((col, s.clone()));
+                    true
+                }
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Storage matchers for the columns that map to exactly one label.
+    fn matchers(&self) -> Vec<Matcher> {
+        self.equal
+            .iter()
+            .filter_map(|(col, v)| match col {
+                Col::Metric => Some(Matcher::equal("__name__", v.clone())),
+                Col::Label(_, [only]) => Some(Matcher::equal(*only, v.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn accepts(&self, key: &SeriesKey) -> bool {
+        self.equal
+            .iter()
+            .all(|(col, v)| col.label_value(key) == Some(v.as_str()))
+    }
+}
+
+/// The column an expression reads, looking through casts (which are
+/// monotonic for timestamps and identity-like for strings).
+fn column_of(e: &Expr) -> Option<Col> {
+    match e {
+        Expr::Column(c) => Col::by_name(&c.name),
+        Expr::Cast(c) => column_of(&c.expr),
+        Expr::TryCast(c) => column_of(&c.expr),
+        _ => None,
+    }
+}
+
+fn literal_of(e: &Expr) -> Option<&ScalarValue> {
+    match e {
+        Expr::Literal(v, _) => Some(v),
+        _ => None,
+    }
+}
+
+/// A timestamp literal as a millisecond range `[floor, ceil]` that contains it.
+fn timestamp_ms_bounds(v: &ScalarValue) -> Option<(i64, i64)> {
+    let (raw, per_ms): (i64, i64) = match v {
+        ScalarValue::TimestampSecond(Some(s), _) => {
+            return Some((s.saturating_mul(1000), s.saturating_mul(1000)));
+        }
+        ScalarValue::TimestampMillisecond(Some(v), _) => (*v, 1),
+        ScalarValue::TimestampMicrosecond(Some(v), _) => (*v, 1_000),
+        ScalarValue::TimestampNanosecond(Some(v), _) => (*v, 1_000_000),
+        _ => return None,
+    };
+    Some((
+        raw.div_euclid(per_ms),
+        raw.div_euclid(per_ms) + i64::from(raw.rem_euclid(per_ms) != 0),
+    ))
+}
+
+#[async_trait]
+impl TableProvider for SamplesTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> datafusion::error::Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if Pushdown::default().absorb(f) {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        let pushdown = Pushdown::from_filters(filters);
+        let cols: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..COLUMNS.len()).collect(),
+        };
+        let schema = Arc::new(self.schema.project(&cols)?);
+        let series: Vec<SelectedSeries> = self
+            .storage
+            .select(&pushdown.matchers(), pushdown.min_ts, pushdown.max_ts)
+            .into_iter()
+            .filter(|s| pushdown.accepts(&s.key))
+            .collect();
+
+        // Spread series over the session's partitions, balancing by sample count.
+        let n = state
+            .config()
+            .target_partitions()
+            .max(1)
+            .min(series.len().max(1));
+        let mut parts: Vec<Vec<SelectedSeries>> = vec![Vec::new(); n];
+        let mut load = vec![0usize; n];
+        let mut by_size = series;
+        by_size.sort_by_key(|s| std::cmp::Reverse(s.max_samples()));
+        for s in by_size {
+            let i = (0..n).min_by_key(|&i| load[i]).expect("BUG: n >= 1");
+            load[i] += s.max_samples();
+            parts[i].push(s);
+        }
+        let partitions: Vec<Arc<dyn PartitionStream>> = parts
+            .into_iter()
+            .map(|series| {
+                Arc::new(SamplesPartition {
+                    schema: schema.clone(),
+                    cols: cols.iter().map(|&i| COLUMNS[i]).collect(),
+                    series: Arc::new(series),
+                    min_ts: pushdown.min_ts,
+                    max_ts: pushdown.max_ts,
+                }) as Arc<dyn PartitionStream>
+            })
+            .collect();
+        Ok(Arc::new(StreamingTableExec::try_new(
+            schema,
+            partitions,
+            None,
+            [],
+            false,
+            None,
+        )?))
+    }
+}
+
+#[derive(Debug)]
+struct SamplesPartition {
+    schema: SchemaRef,
+    cols: Vec<Col>,
+    series: Arc<Vec<SelectedSeries>>,
+    min_ts: i64,
+    max_ts: i64,
+}
+
+impl PartitionStream for SamplesPartition {
+    fn schema(&self) -> &SchemaRef {
+        &self.schema
+    }
+
+    fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
+        let iter = BatchIter {
+            schema: self.schema.clone(),
+            cols: self.cols.clone(),
+            series: self.series.clone(),
+            next: 0,
+            min_ts: self.min_ts,
+            max_ts: self.max_ts,
+            ts: Vec::new(),
+            values: Vec::new(),
+            pos: 0,
+            failed: false,
+        };
+        Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            futures::stream::iter(iter),
+        ))
+    }
+}
+
+/// Decodes one series at a time and appends its rows to Arrow builders,
+/// cutting a record batch every [`BATCH_ROWS`] rows.
+struct BatchIter {
+    schema: SchemaRef,
+    cols: Vec<Col>,
+    series: Arc<Vec<SelectedSeries>>,
+    /// Next series to decode.
+    next: usize,
+    min_ts: i64,
+    max_ts: i64,
+    /// Decoded samples of series `next - 1`, consumed from `pos`.
+    ts: Vec<i64>,
+    values: Vec<f64>,
+    pos: usize,
+    failed: bool,
+}
+
+enum ColBuilder {
+    Ts(TimestampMillisecondBuilder),
+    Value(Float64Builder),
+    Str(Col, StringBuilder),
+}
+
+impl Iterator for BatchIter {
+    type Item = datafusion::error::Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        let mut builders: Vec<ColBuilder> = self
+            .cols
+            .iter()
+            .map(|&c| match c {
+                Col::Ts => ColBuilder::Ts(
+                    TimestampMillisecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC"),
+                ),
+                Col::Value => ColBuilder::Value(Float64Builder::with_capacity(BATCH_ROWS)),
+                c => ColBuilder::Str(c, StringBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8)),
+            })
+            .collect();
+        let mut rows = 0;
+        while rows < BATCH_ROWS {
+            if self.pos >= self.ts.len() {
+                if self.next >= self.series.len() {
+                    break;
+                }
+                self.ts.clear();
+                self.values.clear();
+                self.pos = 0;
+                let s = &self.series[self.next];
+                self.next += 1;
+                if let Err(e) =
+                    s.read_into(self.min_ts, self.max_ts, &mut self.ts, &mut self.values)
+                {
+                    self.failed = true;
+                    return Some(Err(DataFusionError::External(Box::new(e))));
+                }
+                continue;
+            }
+            let (a, z) = (
+                self.pos,
+                self.pos + (BATCH_ROWS - rows).min(self.ts.len() - self.pos),
+            );
+            let key = &self.series[self.next - 1].key;
+            for b in &mut builders {
+                match b {
+                    ColBuilder::Ts(b) => b.append_slice(&self.ts[a..z]),
+                    ColBuilder::Value(b) => b.append_slice(&self.values[a..z]),
+                    ColBuilder::Str(col, b) => {
+                        let owned;
+                        let v = if *col == Col::Labels {
+                            owned = other_labels(key);
+                            owned.as_deref()
+                        } else {
+                            col.label_value(key)
+                        };
+                        for _ in a..z {
+                            b.append_option(v);
+                        }
+                    }
+                }
+            }
+            rows += z - a;
+            self.pos = z;
+        }
+        if rows == 0 {
+            return None;
+        }
+        let arrays: Vec<ArrayRef> = builders
+            .into_iter()
+            .map(|b| -> ArrayRef {
+                match b {
+                    ColBuilder::Ts(mut b) => Arc::new(b.finish()),
+                    ColBuilder::Value(mut b) => Arc::new(b.finish()),
+                    ColBuilder::Str(_, mut b) => Arc::new(b.finish()),
+                }
+            })
+            .collect();
+        Some(RecordBatch::try_new(self.schema.clone(), arrays).map_err(Into::into))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,128 @@
+//! Command-line interface: every flag also reads a `GPULSE_*` environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::server::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gpulse",
+    version,
+    about = "GPU-fleet telemetry: NVML agent, gRPC ingest, compressed storage, SQL"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run an ingest + query node.
+    Serve(ServeArgs),
+    /// Run a node agent that streams GPU samples to ingest.
+    Agent(AgentArgs),
+    /// Run one SQL query against a node and print the result.
+    Sql(SqlArgs),
+    /// Run a node plus a simulated fleet of 128 GPUs streaming to it over gRPC.
+    Demo(DemoArgs),
+}
+
+fn duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d.is_zero() {
+        return Err("must be greater than zero".into());
+    }
+    Ok(d)
+}
+
+#[derive(Debug, Clone, Args)]
+pub(crate) struct NodeArgs {
+    /// Data directory (segments); created if missing.
+    #[arg(long, env = "GPULSE_DATA_DIR", default_value = "./gpulse-data")]
+    pub(crate) data_dir: PathBuf,
+    /// Address of the ingest gRPC listener (port 0 picks a free port).
+    #[arg(long, env = "GPULSE_GRPC_LISTEN", default_value = DEFAULT_GRPC_LISTEN)]
+    pub(crate) grpc_listen: SocketAddr,
+    /// Address of the HTTP query listener (port 0 picks a free port).
+    #[arg(long, env = "GPULSE_HTTP_LISTEN", default_value = DEFAULT_HTTP_LISTEN)]
+    pub(crate) http_listen: SocketAddr,
+    /// How often the in-memory head is sealed into a segment file. Without a
+    /// WAL (issue #3), this bounds what a crash can lose.
+    #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]
+    pub(crate) flush_interval: Duration,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) node: NodeArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// Ingest endpoint.
+    #[arg(
+        long,
+        env = "GPULSE_INGEST_URL",
+        default_value = "grpc://127.0.0.1:7400"
+    )]
+    pub(crate) ingest: String,
+    /// Use the simulated GPU source even if NVML is available.
+    #[arg(long)]
+    pub(crate) simulate: bool,
+    /// GPUs of the simulated source.
+    #[arg(long, env = "GPULSE_SIM_GPUS", default_value_t = 8)]
+    pub(crate) gpus: u32,
+    /// Seed of the simulated source.
+    #[arg(long, env = "GPULSE_SIM_SEED", default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Time between polls, e.g. 1s or 100ms.
+    #[arg(long, env = "GPULSE_INTERVAL", default_value = "1s", value_parser = duration)]
+    pub(crate) interval: Duration,
+    /// Host name reported as the Hostname label (default: the OS host name).
+    #[arg(long, env = "GPULSE_HOST")]
+    pub(crate) host: Option<String>,
+    #[arg(long, env = "GPULSE_CLUSTER", default_value = "")]
+    pub(crate) cluster: String,
+    #[arg(long, env = "GPULSE_ROW", default_value = "")]
+    pub(crate) row: String,
+    #[arg(long, env = "GPULSE_RACK", default_value = "")]
+    pub(crate) rack: String,
+    /// Stop after this many polls (default: run until interrupted).
+    #[arg(long)]
+    pub(crate) polls: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Table,
+    Csv,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SqlArgs {
+    /// The SQL statement.
+    pub(crate) query: String,
+    /// Base URL of the node's HTTP API.
+    #[arg(long, env = "GPULSE_URL", default_value = "http://127.0.0.1:7401")]
+    pub(crate) url: String,
+    #[arg(long, value_enum, default_value = "table")]
+    pub(crate) format: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DemoArgs {
+    #[command(flatten)]
+    pub(crate) node: NodeArgs,
+    /// Poll interval of the simulated agents.
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub(crate) interval: Duration,
+    /// Seed of the simulated fleet.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+}

@@ -1,0 +1,294 @@
+//! The `gpulse` binary: `serve`, `agent`, `sql` and `demo`.
+//!
+//! Logs go to stderr (`RUST_LOG` sets the filter, default `info`); what a
+//! user asked for (endpoints, query results) goes to stdout.
+
+// A command-line program: printing to stdout is its job.
+#![allow(clippy::print_stdout)]
+
+mod cli;
+mod server;
+
+use std::io::Write;
+use std::time::Duration;
+
+use agent::sim::{SimConfig, SimulatedSource};
+use agent::{AgentConfig, GpuSource, Topology};
+use anyhow::{Context, bail};
+use clap::Parser;
+use tracing::{info, warn};
+
+use cli::{AgentArgs, Cli, Command, DemoArgs, NodeArgs, OutputFormat, ServeArgs, SqlArgs};
+use server::{ServeConfig, Server};
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line, without a backtrace.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        match cli.command {
+            Command::Serve(a) => serve(a).await,
+            Command::Agent(a) => run_agent(a).await,
+            Command::Sql(a) => sql(a).await,
+            Command::Demo(a) => demo(a).await,
+        }
+    })
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("BUG: installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn serve_config(node: &NodeArgs) -> ServeConfig {
+    ServeConfig {
+        data_dir: node.data_dir.clone(),
+        grpc_listen: node.grpc_listen,
+        http_listen: node.http_listen,
+        flush_interval: node.flush_interval,
+    }
+}
+
+fn print_endpoints(s: &Server, node: &NodeArgs) {
+    println!("gpulse {} serving", env!("CARGO_PKG_VERSION"));
+    println!("  ingest (gRPC)   grpc://{}", s.grpc_addr);
+    println!(
+        "  query (HTTP)    http://{}   (POST /api/v1/sql)",
+        s.http_addr
+    );
+    println!("  data dir        {}", node.data_dir.display());
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let server = Server::start(&serve_config(&args.node)).await?;
+    print_endpoints(&server, &args.node);
+    println!("gpulse ready");
+    std::io::stdout().flush()?;
+    shutdown_signal().await;
+    server.shutdown().await
+}
+
+async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
+    let source: Box<dyn GpuSource> = if args.simulate {
+        info!("simulated GPU source selected by --simulate");
+        Box::new(SimulatedSource::new(sim_config(&args)))
+    } else {
+        match agent::nvml::NvmlSource::open() {
+            Ok(s) => Box::new(s),
+            Err(e) => {
+                warn!(reason = %e, "NVML is not available; using the simulated GPU source");
+                Box::new(SimulatedSource::new(sim_config(&args)))
+            }
+        }
+    };
+    let mut config = AgentConfig::new(&args.ingest);
+    if let Some(h) = &args.host {
+        config.host = h.clone();
+        config.agent_id = h.clone();
+    }
+    config.topology = Topology {
+        cluster: args.cluster.clone(),
+        row: args.row.clone(),
+        rack: args.rack.clone(),
+    };
+    config.interval = args.interval;
+    config.max_polls = args.polls;
+    let report = agent::run(config, source, shutdown_signal()).await?;
+    if report.shipper.batches_unacked > 0 {
+        bail!(
+            "{} batches were not acknowledged before shutdown",
+            report.shipper.batches_unacked
+        );
+    }
+    Ok(())
+}
+
+fn sim_config(args: &AgentArgs) -> SimConfig {
+    let mut c = SimConfig::new(args.seed, args.gpus);
+    c.interval_ms = args.interval.as_millis() as u64;
+    c
+}
+
+async fn sql(args: SqlArgs) -> anyhow::Result<()> {
+    let url = format!("{}/api/v1/sql", args.url.trim_end_matches('/'));
+    let format = match args.format {
+        OutputFormat::Json => "json",
+        OutputFormat::Table | OutputFormat::Csv => "arrow",
+    };
+    let query = args.query.clone();
+    let (status, body) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u16, Vec<u8>)> {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(300)))
+            .build()
+            .into();
+        let mut resp = agent
+            .post(&url)
+            .query("format", format)
+            .header("content-type", "text/plain; charset=utf-8")
+            .send(query.as_bytes())
+            .with_context(|| format!("sending the query to {url}"))?;
+        let status = resp.status().as_u16();
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(u64::MAX)
+            .read_to_vec()?;
+        Ok((status, body))
+    })
+    .await??;
+    if status != 200 {
+        let msg = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        bail!("query failed (HTTP {status}): {msg}");
+    }
+    let mut out = std::io::stdout().lock();
+    match args.format {
+        OutputFormat::Json => {
+            out.write_all(&body)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Table | OutputFormat::Csv => {
+            let reader =
+                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)?;
+            let schema = reader.schema();
+            let batches = reader.collect::<Result<Vec<_>, _>>()?;
+            if matches!(args.format, OutputFormat::Table) {
+                writeln!(
+                    out,
+                    "{}",
+                    arrow::util::pretty::pretty_format_batches(&batches)?
+                )?;
+                let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+                writeln!(out, "{rows} row{}", if rows == 1 { "" } else { "s" })?;
+            } else {
+                let mut w = arrow::csv::WriterBuilder::new()
+                    .with_header(true)
+                    .build(&mut out);
+                if batches.is_empty() {
+                    w.write(&arrow::array::RecordBatch::new_empty(schema))?;
+                }
+                for b in &batches {
+                    w.write(b)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The demo fleet: 2 rows x 2 racks x 4 hosts x 8 GPUs = 128 GPUs.
+const DEMO_ROWS: u32 = 2;
+const DEMO_RACKS_PER_ROW: u32 = 2;
+const DEMO_HOSTS_PER_RACK: u32 = 4;
+const DEMO_GPUS_PER_HOST: u32 = 8;
+
+async fn demo(args: DemoArgs) -> anyhow::Result<()> {
+    let server = Server::start(&serve_config(&args.node)).await?;
+    let url = format!("grpc://{}", server.grpc_addr);
+    let (stop_tx, _) = tokio::sync::watch::channel(false);
+    let mut agents = Vec::new();
+    let mut host_index = 0u64;
+    for row in 0..DEMO_ROWS {
+        for rack in 0..DEMO_RACKS_PER_ROW {
+            for h in 0..DEMO_HOSTS_PER_RACK {
+                let host = format!("node-r{row}k{rack}-{h:02}");
+                let mut config = AgentConfig::new(&url);
+                config.host = host.clone();
+                config.agent_id = host;
+                config.topology = Topology {
+                    cluster: "demo".into(),
+                    row: format!("row-{row}"),
+                    rack: format!("rack-{row}-{rack}"),
+                };
+                config.interval = args.interval;
+                let mut sim = SimConfig::new(
+                    args.seed.wrapping_mul(1000).wrapping_add(host_index),
+                    DEMO_GPUS_PER_HOST,
+                );
+                sim.interval_ms = args.interval.as_millis() as u64;
+                host_index += 1;
+                let mut stop = stop_tx.subscribe();
+                let shutdown = async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                };
+                agents.push(tokio::spawn(agent::run(
+                    config,
+                    Box::new(SimulatedSource::new(sim)),
+                    shutdown,
+                )));
+            }
+        }
+    }
+    print_endpoints(&server, &args.node);
+    let gpus = DEMO_ROWS * DEMO_RACKS_PER_ROW * DEMO_HOSTS_PER_RACK * DEMO_GPUS_PER_HOST;
+    println!(
+        "  fleet           {} simulated hosts, {gpus} GPUs, 1 cluster / {DEMO_ROWS} rows / {} racks, polled every {}",
+        agents.len(),
+        DEMO_ROWS * DEMO_RACKS_PER_ROW,
+        humantime::format_duration(args.interval)
+    );
+    let sql_url = if server.http_addr.to_string() == server::DEFAULT_HTTP_LISTEN {
+        String::new()
+    } else {
+        format!(" --url http://{}", server.http_addr)
+    };
+    println!();
+    println!("Try (in another terminal):");
+    for q in [
+        "SELECT count(DISTINCT gpu || host) AS gpus FROM samples",
+        "SELECT rack, round(avg(value), 1) AS avg_temp_c FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY rack ORDER BY rack",
+        "SELECT host, gpu, max(value) AS watts FROM samples WHERE metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts > now() - INTERVAL '1 minute' GROUP BY host, gpu ORDER BY watts DESC LIMIT 5",
+    ] {
+        println!("  cargo run --release -- sql{sql_url} \"{q}\"");
+    }
+    println!();
+    println!("gpulse ready (Ctrl-C to stop)");
+    std::io::stdout().flush()?;
+
+    shutdown_signal().await;
+    // Agents first, so that what they sampled is acked before the final flush.
+    stop_tx.send_replace(true);
+    for a in agents {
+        match a.await {
+            Ok(Ok(r)) if r.shipper.batches_unacked > 0 => warn!(
+                unacked = r.shipper.batches_unacked,
+                "agent stopped with unacked batches"
+            ),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => warn!(error = %e, "agent failed"),
+            Err(e) => warn!(error = %e, "agent task panicked"),
+        }
+    }
+    server.shutdown().await
+}

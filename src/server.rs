@@ -1,0 +1,139 @@
+//! `gpulse serve`: ingest (gRPC) and query (HTTP) over one data directory,
+//! with a periodic flush of the head to segments and a final flush on
+//! shutdown.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use storage::{Storage, StorageConfig};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{error, info, warn};
+
+/// Default ports, documented in the README.
+pub(crate) const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7400";
+pub(crate) const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7401";
+
+#[derive(Debug, Clone)]
+pub(crate) struct ServeConfig {
+    pub(crate) data_dir: PathBuf,
+    pub(crate) grpc_listen: SocketAddr,
+    pub(crate) http_listen: SocketAddr,
+    pub(crate) flush_interval: Duration,
+}
+
+/// A running node. Dropping it does not stop it: call [`Self::shutdown`].
+pub(crate) struct Server {
+    pub(crate) grpc_addr: SocketAddr,
+    pub(crate) http_addr: SocketAddr,
+    pub(crate) storage: Arc<Storage>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+impl Server {
+    /// Opens storage, binds both listeners and starts serving.
+    pub(crate) async fn start(config: &ServeConfig) -> anyhow::Result<Self> {
+        let storage_config = StorageConfig::new(&config.data_dir);
+        let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
+            .await?
+            .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
+        let storage = Arc::new(storage);
+
+        let grpc = TcpListener::bind(config.grpc_listen)
+            .await
+            .with_context(|| format!("binding the gRPC listener on {}", config.grpc_listen))?;
+        let http = TcpListener::bind(config.http_listen)
+            .await
+            .with_context(|| format!("binding the HTTP listener on {}", config.http_listen))?;
+        let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+        let (stop, _) = watch::channel(false);
+        let stopped = |stop: &watch::Sender<bool>| {
+            let mut rx = stop.subscribe();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+
+        let mut tasks = Vec::new();
+        let service = ingest::service(storage.clone(), ingest::IngestConfig::default());
+        let fut = ingest::serve(grpc, service, stopped(&stop));
+        tasks.push((
+            "ingest",
+            tokio::spawn(async move {
+                if let Err(e) = fut.await {
+                    error!(error = %e, "gRPC server failed");
+                }
+            }),
+        ));
+
+        let fut = query::http::serve(
+            http,
+            query::QueryEngine::new(storage.clone()),
+            stopped(&stop),
+        );
+        tasks.push((
+            "http",
+            tokio::spawn(async move {
+                if let Err(e) = fut.await {
+                    error!(error = %e, "HTTP server failed");
+                }
+            }),
+        ));
+
+        let (st, every, mut rx) = (storage.clone(), config.flush_interval, stop.subscribe());
+        tasks.push((
+            "flush",
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {
+                            let st = st.clone();
+                            match tokio::task::spawn_blocking(move || st.flush()).await {
+                                Ok(Err(e)) => error!(error = %e, "periodic flush failed"),
+                                Err(e) => error!(error = %e, "flush task panicked"),
+                                Ok(Ok(_)) => {}
+                            }
+                        }
+                        _ = rx.changed() => return,
+                    }
+                }
+            }),
+        ));
+        info!(grpc = %grpc_addr, http = %http_addr, "serving");
+        Ok(Self {
+            grpc_addr,
+            http_addr,
+            storage,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops accepting, ends open streams and requests (waiting at most 10 s
+    /// per server), then flushes the head so that a restart answers for it.
+    pub(crate) async fn shutdown(self) -> anyhow::Result<()> {
+        info!("shutting down");
+        self.stop.send_replace(true);
+        for (name, task) in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .is_err()
+            {
+                warn!(task = name, "did not stop within 10 s; abandoning it");
+            }
+        }
+        let st = self.storage.clone();
+        match tokio::task::spawn_blocking(move || st.flush()).await? {
+            Ok(Some(s)) => info!(samples = s.samples, "final flush done"),
+            Ok(None) => info!("final flush: nothing to write"),
+            Err(e) => return Err(e).context("final flush"),
+        }
+        Ok(())
+    }
+}

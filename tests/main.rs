@@ -1,0 +1,6 @@
+//! End-to-end tests: each module is a scenario that starts real `gpulse`
+//! processes on 127.0.0.1 and talks to them over gRPC and HTTP.
+
+mod ingest_protocol;
+mod support;
+mod write_path;

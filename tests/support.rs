@@ -1,0 +1,133 @@
+//! Starting and stopping a real `gpulse serve` process.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A `gpulse serve` child process on ephemeral ports.
+pub(crate) struct Node {
+    child: Child,
+    pub(crate) grpc_url: String,
+    pub(crate) http_url: String,
+    pub(crate) log: PathBuf,
+}
+
+impl Node {
+    /// Starts `gpulse serve` on `data_dir` and waits for its ready line.
+    pub(crate) fn start(data_dir: &Path) -> Node {
+        let log = data_dir.with_extension(format!("{}.log", std::process::id()));
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+            .args([
+                "serve",
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(data_dir)
+            // Flushes come from shutdown only, so a restart test proves the final flush.
+            .args(["--flush-interval", "1h"])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn gpulse serve");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (mut grpc_url, mut http_url) = (None, None);
+        let started = Instant::now();
+        for line in BufReader::new(stdout).lines() {
+            let line = line.expect("read stdout");
+            if let Some(i) = line.find("grpc://") {
+                grpc_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
+            }
+            if let Some(i) = line.find("http://") {
+                http_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
+            }
+            if line.starts_with("gpulse ready") {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "serve did not become ready; see {}",
+                log.display()
+            );
+        }
+        Node {
+            child,
+            grpc_url: grpc_url
+                .unwrap_or_else(|| panic!("no grpc:// endpoint printed; see {}", log.display())),
+            http_url: http_url
+                .unwrap_or_else(|| panic!("no http:// endpoint printed; see {}", log.display())),
+            log,
+        }
+    }
+
+    /// Runs SQL through `POST /api/v1/sql`; returns the JSON rows.
+    pub(crate) fn sql(&self, query: &str) -> Vec<Vec<Value>> {
+        let (status, body) = self.sql_raw(query);
+        assert_eq!(status, 200, "query {query:?} failed: {body}");
+        body["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .map(|r| r.as_array().expect("row").clone())
+            .collect()
+    }
+
+    pub(crate) fn sql_raw(&self, query: &str) -> (u16, Value) {
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut resp = agent
+            .post(&format!("{}/api/v1/sql", self.http_url))
+            .header("content-type", "text/plain")
+            .send(query.as_bytes())
+            .expect("HTTP request");
+        let status = resp.status().as_u16();
+        let body = resp.body_mut().read_to_string().expect("body");
+        (
+            status,
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad JSON {body:?}: {e}")),
+        )
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub(crate) fn stop(mut self) {
+        let pid = self.child.id().to_string();
+        let ok = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -TERM {pid} failed");
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                assert!(
+                    status.success(),
+                    "serve exited with {status}; see {}",
+                    self.log.display()
+                );
+                return;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "serve did not stop; see {}",
+                self.log.display()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
