@@ -50,10 +50,15 @@ pub(crate) struct NodeArgs {
     /// Address of the HTTP query listener (port 0 picks a free port).
     #[arg(long, env = "GPULSE_HTTP_LISTEN", default_value = DEFAULT_HTTP_LISTEN)]
     pub(crate) http_listen: SocketAddr,
-    /// How often the in-memory head is sealed into a segment file. Without a
-    /// WAL (issue #3), this bounds what a crash can lose.
+    /// How often the in-memory head is sealed into a segment file (and the
+    /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]
     pub(crate) flush_interval: Duration,
+    /// fsync the WAL before acknowledging a batch, so acked samples survive
+    /// power loss. Without it an ack means the batch reached the OS, which
+    /// survives a crash of the process (kill -9) but not of the machine.
+    #[arg(long, env = "GPULSE_WAL_FSYNC")]
+    pub(crate) wal_fsync: bool,
 }
 
 #[derive(Debug, Args)]

@@ -24,6 +24,7 @@ pub(crate) struct ServeConfig {
     pub(crate) grpc_listen: SocketAddr,
     pub(crate) http_listen: SocketAddr,
     pub(crate) flush_interval: Duration,
+    pub(crate) wal_sync: storage::SyncPolicy,
 }
 
 /// A running node. Dropping it does not stop it: call [`Self::shutdown`].
@@ -38,7 +39,8 @@ pub(crate) struct Server {
 impl Server {
     /// Opens storage, binds both listeners and starts serving.
     pub(crate) async fn start(config: &ServeConfig) -> anyhow::Result<Self> {
-        let storage_config = StorageConfig::new(&config.data_dir);
+        let mut storage_config = StorageConfig::new(&config.data_dir);
+        storage_config.wal_sync = config.wal_sync;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;

@@ -1,6 +1,7 @@
 //! End-to-end tests: each module is a scenario that starts real `gpulse`
 //! processes on 127.0.0.1 and talks to them over gRPC and HTTP.
 
+mod crash;
 mod ingest_protocol;
 mod support;
 mod write_path;

@@ -17,8 +17,14 @@ pub(crate) struct Node {
 
 impl Node {
     /// Starts `gpulse serve` on `data_dir` and waits for its ready line.
+    /// Flushes happen only at shutdown, so a restart test proves the final flush.
     pub(crate) fn start(data_dir: &Path) -> Node {
-        let log = data_dir.with_extension(format!("{}.log", std::process::id()));
+        Self::start_with(data_dir, "1h")
+    }
+
+    /// As [`Self::start`], with the given `--flush-interval`.
+    pub(crate) fn start_with(data_dir: &Path, flush_interval: &str) -> Node {
+        let log = data_dir.with_extension("log");
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
             .args([
                 "serve",
@@ -29,11 +35,16 @@ impl Node {
             ])
             .arg("--data-dir")
             .arg(data_dir)
-            // Flushes come from shutdown only, so a restart test proves the final flush.
-            .args(["--flush-interval", "1h"])
+            .args(["--flush-interval", flush_interval])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log).expect("log file"))
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&log)
+                    .expect("log file"),
+            )
             .spawn()
             .expect("spawn gpulse serve");
         let stdout = child.stdout.take().expect("piped stdout");
@@ -94,6 +105,29 @@ impl Node {
             status,
             serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad JSON {body:?}: {e}")),
         )
+    }
+
+    /// SIGKILL: no shutdown code runs.
+    pub(crate) fn kill9(mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("wait");
+    }
+
+    /// Runs SQL and returns the Arrow IPC answer, decoded (exact bits).
+    pub(crate) fn sql_arrow(&self, query: &str) -> Vec<arrow::array::RecordBatch> {
+        let mut resp = ureq::post(&format!("{}/api/v1/sql?format=arrow", self.http_url))
+            .header("content-type", "text/plain")
+            .send(query.as_bytes())
+            .expect("HTTP request");
+        let body = resp
+            .body_mut()
+            .with_config()
+            .limit(u64::MAX)
+            .read_to_vec()
+            .expect("body");
+        let reader = arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(body), None)
+            .expect("Arrow IPC");
+        reader.collect::<Result<_, _>>().expect("batches")
     }
 
     /// SIGTERM, then waits for a clean exit.

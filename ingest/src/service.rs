@@ -12,7 +12,7 @@ use storage::{Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::IngestConfig;
 
@@ -91,6 +91,24 @@ impl Ingest for IngestService {
     }
 }
 
+/// Why a batch was not stored.
+enum BatchError {
+    /// The batch is invalid; re-sending it cannot succeed.
+    Invalid(String),
+    /// Storage failed in a way that may pass (I/O).
+    Storage(storage::Error),
+}
+
+impl From<storage::Error> for BatchError {
+    fn from(e: storage::Error) -> Self {
+        if e.is_retryable() {
+            BatchError::Storage(e)
+        } else {
+            BatchError::Invalid(e.to_string())
+        }
+    }
+}
+
 /// State of one agent stream.
 struct StreamState {
     /// Labels attached to every series of the stream: Hostname and topology.
@@ -135,7 +153,10 @@ impl IngestService {
                 }
                 Some(AgentMessage {
                     msg: Some(agent_message::Msg::Batch(batch)),
-                }) => self.on_batch(&mut state, batch),
+                }) => {
+                    // Storage blocks on the WAL write; keep it off the async workers' hot loop.
+                    tokio::task::block_in_place(|| self.on_batch(&mut state, batch))?
+                }
                 Some(AgentMessage {
                     msg: Some(agent_message::Msg::Hello(_)),
                 }) => return Err(Status::invalid_argument("hello sent twice on one stream")),
@@ -173,7 +194,10 @@ impl IngestService {
         })
     }
 
-    fn on_batch(&self, state: &mut StreamState, batch: Batch) -> IngestReply {
+    /// Stores a batch and builds the reply. A batch that can never succeed
+    /// gets a reject; a storage failure that may pass (I/O) fails the stream
+    /// with `UNAVAILABLE`, so that the agent reconnects and re-sends it.
+    fn on_batch(&self, state: &mut StreamState, batch: Batch) -> Result<IngestReply, Status> {
         let seq = batch.seq;
         match self.store_batch(state, batch) {
             Ok(ack) => {
@@ -184,61 +208,68 @@ impl IngestService {
                 self.metrics
                     .samples_dropped
                     .fetch_add(ack.dropped as u64, Relaxed);
-                IngestReply {
+                Ok(IngestReply {
                     reply: Some(ingest_reply::Reply::Ack(ack)),
-                }
+                })
             }
-            Err(message) => {
+            Err(BatchError::Invalid(message)) => {
                 self.metrics.batches_rejected.fetch_add(1, Relaxed);
                 warn!(seq, reason = %message, "rejected batch");
-                IngestReply {
+                Ok(IngestReply {
                     reply: Some(ingest_reply::Reply::Reject(Reject { seq, message })),
-                }
+                })
+            }
+            Err(BatchError::Storage(e)) => {
+                error!(seq, error = %e, "storage failed; asking the agent to retry");
+                Err(Status::unavailable(format!("storage unavailable: {e}")))
             }
         }
     }
 
     /// Validates the whole batch first, then defines its series and appends.
     /// Nothing is stored for a batch that is rejected.
-    fn store_batch(&self, state: &mut StreamState, batch: Batch) -> Result<Ack, String> {
+    fn store_batch(&self, state: &mut StreamState, batch: Batch) -> Result<Ack, BatchError> {
         let n = batch.series_ids.len();
         if batch.timestamps_ms.len() != n || batch.values.len() != n {
-            return Err(format!(
+            return Err(BatchError::Invalid(format!(
                 "columns differ in length: {n} series ids, {} timestamps, {} values",
                 batch.timestamps_ms.len(),
                 batch.values.len()
-            ));
+            )));
         }
         let limits = &self.config;
         if state.refs.len() + batch.new_series.len() > limits.max_series_per_stream {
-            return Err(format!(
+            return Err(BatchError::Invalid(format!(
                 "series limit: the stream would define {} series, over the limit of {}",
                 state.refs.len() + batch.new_series.len(),
                 limits.max_series_per_stream
-            ));
+            )));
         }
         let mut keys = Vec::with_capacity(batch.new_series.len());
         for def in &batch.new_series {
             if state.refs.contains_key(&def.id) || keys.iter().any(|(id, _)| *id == def.id) {
-                return Err(format!("series id {} is defined twice", def.id));
+                return Err(BatchError::Invalid(format!(
+                    "series id {} is defined twice",
+                    def.id
+                )));
             }
             let nlabels = def.labels.len() + state.stream_labels.len();
             if nlabels > limits.max_labels {
-                return Err(format!(
+                return Err(BatchError::Invalid(format!(
                     "series {}: {nlabels} labels, over the limit of {}",
                     def.id, limits.max_labels
-                ));
+                )));
             }
             let too_long = std::iter::once(&def.metric)
                 .chain(def.labels.iter().flat_map(|l| [&l.name, &l.value]))
                 .find(|s| s.len() > limits.max_label_bytes);
             if let Some(s) = too_long {
-                return Err(format!(
+                return Err(BatchError::Invalid(format!(
                     "series {}: a name or value is {} bytes, over the limit of {}",
                     def.id,
                     s.len(),
                     limits.max_label_bytes
-                ));
+                )));
             }
             let mut labels: Vec<Label> = def
                 .labels
@@ -247,24 +278,24 @@ impl IngestService {
                 .collect();
             labels.extend(state.stream_labels.iter().cloned());
             let key = SeriesKey::new(&def.metric, labels)
-                .map_err(|e| format!("series {}: {e}", def.id))?;
+                .map_err(|e| BatchError::Invalid(format!("series {}: {e}", def.id)))?;
             keys.push((def.id, key));
         }
         let defined = |id: &u32| state.refs.contains_key(id) || keys.iter().any(|(k, _)| k == id);
         if let Some(id) = batch.series_ids.iter().find(|id| !defined(id)) {
-            return Err(format!(
+            return Err(BatchError::Invalid(format!(
                 "series id {id} is used but was never defined on this stream"
-            ));
+            )));
         }
         for (id, key) in keys {
-            let r = self.storage.series_ref(key).map_err(|e| e.to_string())?;
+            let r = self.storage.series_ref(key).map_err(BatchError::from)?;
             state.refs.insert(id, r);
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
         let out = self
             .storage
             .append(&refs, &batch.timestamps_ms, &batch.values)
-            .map_err(|e| e.to_string())?;
+            .map_err(BatchError::from)?;
         Ok(Ack {
             seq: batch.seq,
             accepted: out.accepted,

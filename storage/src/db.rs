@@ -5,13 +5,20 @@
 //! head into a new segment. Read path: [`Storage::select`] returns, per matching
 //! series, handles to every chunk overlapping the time range, in time order.
 //!
-//! Durability in this version: a sample is durable once a flush that includes
-//! it returns. There is no WAL yet (issue #3), so a crash loses the head; a
-//! graceful shutdown flushes it.
+//! Durability: [`Storage::series_ref`] and [`Storage::append`] write to the
+//! WAL ([`crate::wal`]) before they touch the head, and return only when the
+//! WAL write is done under the configured [`SyncPolicy`]. [`Storage::open`]
+//! replays the WAL into the head. A flush cuts the WAL and, once the new
+//! segment file is durable, deletes the WAL before the cut.
 //!
-//! Locks are always taken in the order `state` -> `head`, so a query sees
-//! every sample exactly once, whether a flush is running or not.
+//! Locks are always taken in the order `gate` -> `state` -> `head`. Appends
+//! hold `gate` shared from their WAL write to their head append, and a flush
+//! holds it exclusively while it freezes the head and cuts the WAL; so every
+//! sample in the head at a freeze is in the WAL before the cut, and every
+//! sample after it is in the WAL after the cut. A query sees every sample
+//! exactly once, whether a flush is running or not.
 
+use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -27,6 +34,8 @@ use crate::head::{FrozenSeries, Head, MemChunk, SeriesRef};
 use crate::segment::writer::{SegmentSummary, write_segment};
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{Matcher, SeriesKey};
+use crate::wal::record::{self, Record};
+use crate::wal::{self, ReplayReport, SyncPolicy, Wal};
 use crate::{Result, SegmentId};
 
 /// Configuration of a [`Storage`].
@@ -38,6 +47,10 @@ pub struct StorageConfig {
     pub max_chunk_samples: u32,
     /// Most series the head holds; more are rejected. Default 5,000,000.
     pub max_series: usize,
+    /// When a WAL write (and so an append) counts as done. Default [`SyncPolicy::Os`].
+    pub wal_sync: SyncPolicy,
+    /// Size at which a WAL segment is closed and the next one started. Default 128 MiB.
+    pub wal_segment_bytes: u64,
 }
 
 impl StorageConfig {
@@ -46,6 +59,8 @@ impl StorageConfig {
             data_dir: data_dir.into(),
             max_chunk_samples: 240,
             max_series: 5_000_000,
+            wal_sync: SyncPolicy::Os,
+            wal_segment_bytes: 128 << 20,
         }
     }
 }
@@ -57,6 +72,10 @@ pub struct StorageMetrics {
     pub samples_out_of_order: AtomicU64,
     pub segments_quarantined: AtomicU64,
     pub flushes: AtomicU64,
+    /// Samples put back into the head by WAL replay at open.
+    pub wal_replayed_samples: AtomicU64,
+    /// WAL samples that referenced a series whose definition was lost to corruption.
+    pub wal_orphan_samples: AtomicU64,
 }
 
 /// What [`Storage::append`] did with a batch.
@@ -91,8 +110,12 @@ pub struct Storage {
     state: RwLock<State>,
     head: RwLock<Head>,
     flush_lock: Mutex<()>,
+    /// Shared by appends from WAL write to head append; exclusive for a freeze + cut.
+    gate: RwLock<()>,
+    wal: Wal,
     next_segment: AtomicU64,
     metrics: StorageMetrics,
+    replay: ReplayReport,
 }
 
 /// Panics only if another thread panicked while holding the lock, which is a bug.
@@ -148,14 +171,26 @@ impl Storage {
             }
         }
         let samples: u64 = segments.iter().map(|s| s.num_samples()).sum();
+        let mut head = Head::new(config.max_chunk_samples, config.max_series);
+        let replay = replay_wal(&config.data_dir, &segments, &mut head, &metrics)?;
+        let mut checkpoint = Vec::new();
+        head.checkpoint(&mut checkpoint);
+        let wal = Wal::start(
+            &config.data_dir,
+            replay.last_segment + 1,
+            &checkpoint,
+            config.wal_sync,
+            config.wal_segment_bytes,
+        )?;
         info!(
             dir = %config.data_dir.display(),
             segments = segments.len(),
             samples,
+            wal_segments = replay.segments,
+            wal_replayed_samples = metrics.wal_replayed_samples.load(Relaxed),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "storage opened"
         );
-        let head = Head::new(config.max_chunk_samples, config.max_series);
         Ok(Self {
             config,
             state: RwLock::new(State {
@@ -164,9 +199,17 @@ impl Storage {
             }),
             head: RwLock::new(head),
             flush_lock: Mutex::new(()),
+            gate: RwLock::new(()),
+            wal,
             next_segment: AtomicU64::new(max_id + 1),
             metrics,
+            replay,
         })
+    }
+
+    /// What WAL replay found when this storage was opened.
+    pub fn replay_report(&self) -> &ReplayReport {
+        &self.replay
     }
 
     pub fn data_dir(&self) -> &Path {
@@ -182,18 +225,40 @@ impl Storage {
     /// # Errors
     /// [`Error::SeriesLimit`] when the head is full.
     pub fn series_ref(&self, key: SeriesKey) -> Result<SeriesRef> {
-        if let Some(r) = lock!(self.head.read()).lookup(&key) {
-            return Ok(r);
+        {
+            let head = lock!(self.head.read());
+            if let Some(r) = head.lookup(&key).filter(|&r| head.is_logged(r)) {
+                return Ok(r);
+            }
         }
-        lock!(self.head.write()).get_or_create(key)
+        let _gate = lock!(self.gate.read());
+        let mut head = lock!(self.head.write());
+        let r = head.get_or_create(key)?;
+        if !head.is_logged(r) {
+            // Logged under the head lock, so no sample can reference `r` in the
+            // WAL before its definition does.
+            let mut buf = Vec::new();
+            record::encode_series(&mut buf, r.0, head.key(r));
+            self.wal
+                .write(buf)
+                .map_err(|e| Error::io(self.wal_dir(), e))?;
+            head.set_logged(r);
+        }
+        Ok(r)
+    }
+
+    fn wal_dir(&self) -> PathBuf {
+        self.config.data_dir.join(files::WAL_DIR)
     }
 
     /// Appends a columnar batch to the head. Row `i` is
     /// `(refs[i], ts_ms[i], values[i])`. When this returns, the accepted
-    /// samples are visible to queries. All-or-nothing on errors.
+    /// samples are in the WAL (durable under the [`SyncPolicy`]) and visible to
+    /// queries. All-or-nothing on errors. Blocks for the WAL write.
     ///
     /// # Errors
-    /// [`Error::BadBatch`] if the columns differ in length or a ref is unknown.
+    /// [`Error::BadBatch`] if the columns differ in length or a ref is unknown;
+    /// [`Error::Io`] if the WAL write failed (nothing was stored).
     pub fn append(
         &self,
         refs: &[SeriesRef],
@@ -205,12 +270,19 @@ impl Storage {
                 reason: "columns differ in length",
             });
         }
-        let mut head = lock!(self.head.write());
-        if !refs.iter().all(|&r| head.contains(r)) {
+        if !refs.iter().all(|&r| lock!(self.head.read()).contains(r)) {
             return Err(Error::BadBatch {
                 reason: "unknown series ref",
             });
         }
+        let wal_refs: Vec<u32> = refs.iter().map(|r| r.0).collect();
+        let mut buf = Vec::with_capacity(refs.len() * 12 + 16);
+        record::encode_samples(&mut buf, &wal_refs, ts_ms, values);
+        let _gate = lock!(self.gate.read());
+        self.wal
+            .write(buf)
+            .map_err(|e| Error::io(self.wal_dir(), e))?;
+        let mut head = lock!(self.head.write());
         let mut out = AppendOutcome::default();
         for ((&r, &t), &v) in refs.iter().zip(ts_ms).zip(values) {
             if head.append(r, t, v) {
@@ -238,14 +310,19 @@ impl Storage {
     /// retried by the next flush.
     pub fn flush(&self) -> Result<Option<SegmentSummary>> {
         let _one_at_a_time = lock!(self.flush_lock.lock());
-        let frozen = {
+        let (frozen, cut) = {
+            let _gate = lock!(self.gate.write());
             let mut state = lock!(self.state.write());
             let mut carried = state
                 .frozen
                 .take()
                 .map(|f| (*f).clone())
                 .unwrap_or_default();
-            let mut fresh = lock!(self.head.write()).freeze();
+            let mut head = lock!(self.head.write());
+            let mut fresh = head.freeze();
+            let mut checkpoint = Vec::new();
+            head.checkpoint(&mut checkpoint);
+            drop(head);
             if carried.is_empty() {
                 carried = fresh;
             } else if !fresh.is_empty() {
@@ -256,7 +333,12 @@ impl Storage {
             }
             let frozen = Arc::new(carried);
             state.frozen = Some(frozen.clone());
-            frozen
+            // Samples from here on go to WAL segments at or after `cut`.
+            let cut = self
+                .wal
+                .cut(checkpoint)
+                .map_err(|e| Error::io(self.wal_dir(), e))?;
+            (frozen, cut)
         };
 
         let started = Instant::now();
@@ -277,6 +359,10 @@ impl Storage {
         state.segments.push(Arc::new(segment));
         state.frozen = None;
         drop(state);
+        // The segment is durable: the WAL before the cut is no longer needed.
+        if let Err(e) = self.wal.truncate(cut) {
+            warn!(error = %e, "could not delete old WAL segments; replay will skip their samples as duplicates");
+        }
         self.metrics.flushes.fetch_add(1, Relaxed);
         info!(
             segment = %dst.display(),
@@ -368,6 +454,85 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
         map.entry(k).or_default().extend(chunks);
     }
     carried.extend(map);
+}
+
+/// Replays the WAL into `head`. Series that also live in segments start with
+/// their last flushed timestamp, so samples that were both flushed and still
+/// in the WAL (a crash between a flush and the WAL truncation) are not stored
+/// twice.
+fn replay_wal(
+    data_dir: &Path,
+    segments: &[Arc<Segment>],
+    head: &mut Head,
+    metrics: &StorageMetrics,
+) -> Result<ReplayReport> {
+    let mut flushed_until: HashMap<Arc<SeriesKey>, i64> = HashMap::new();
+    for seg in segments {
+        for ord in 0..seg.num_series() as u32 {
+            if let Some(max) = seg.chunks(ord).iter().map(|c| c.max_ts).max() {
+                let e = flushed_until
+                    .entry(seg.series_key(ord).clone())
+                    .or_insert(max);
+                *e = (*e).max(max);
+            }
+        }
+    }
+    let mut refs: HashMap<u32, SeriesRef> = HashMap::new();
+    let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
+    let report = wal::replay(data_dir, |rec| match rec {
+        Record::Series { wal_ref, key } => {
+            let until = flushed_until.get(&key).copied();
+            match head.get_or_create(key) {
+                Ok(r) => {
+                    if let Some(t) = until {
+                        head.raise_last_ts(r, t);
+                    }
+                    refs.insert(wal_ref, r);
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        Record::Samples {
+            refs: rs,
+            ts_ms,
+            values,
+        } => {
+            for ((wr, t), v) in rs.iter().zip(ts_ms).zip(values) {
+                match refs.get(wr) {
+                    Some(&r) => replayed += head.append(r, t, v) as u64,
+                    None => orphans += 1,
+                }
+            }
+        }
+    })?;
+    if let Some(t) = &report.torn_tail {
+        warn!(file = %t.path.display(), offset = t.offset, "truncated a torn WAL tail (a write cut short by a crash; it was never acknowledged)");
+    }
+    for c in &report.corruption {
+        error!(file = %c.path.display(), offset = c.offset, problem = c.what, "corrupt WAL record; kept the records before it and went on with the next segment");
+        let q = data_dir.join(QUARANTINE_DIR);
+        let name = c
+            .path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        if fs::create_dir_all(&q)
+            .and_then(|_| fs::copy(&c.path, q.join(format!("wal-{name}"))))
+            .is_err()
+        {
+            warn!(file = %c.path.display(), "could not copy the corrupt WAL segment to quarantine/");
+        }
+    }
+    if orphans > 0 || refused > 0 {
+        error!(
+            orphan_samples = orphans,
+            refused_series = refused,
+            "WAL samples without a usable series definition were not replayed"
+        );
+    }
+    metrics.wal_replayed_samples.fetch_add(replayed, Relaxed);
+    metrics.wal_orphan_samples.fetch_add(orphans, Relaxed);
+    Ok(report)
 }
 
 fn max_segment_id(dir: &Path) -> Result<u64> {

@@ -5,6 +5,7 @@
 //!   segments/<id:016x>.gseg        sealed segment (docs/format/segment.md)
 //!   segments/<id:016x>.gseg.tmp    segment being written; deleted on open
 //!   quarantine/<id:016x>.gseg      segment that failed validation, kept for inspection
+//!   wal/<n:016x>.wal               write-ahead log segment (docs/format/wal.md)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -15,6 +16,20 @@ pub const SEGMENTS_DIR: &str = "segments";
 pub const QUARANTINE_DIR: &str = "quarantine";
 pub const SEGMENT_EXT: &str = "gseg";
 pub const TMP_EXT: &str = "tmp";
+pub const WAL_DIR: &str = "wal";
+pub const WAL_EXT: &str = "wal";
+
+pub fn wal_segment_path_in(wal_dir: &Path, n: u64) -> PathBuf {
+    wal_dir.join(format!("{n:016x}.{WAL_EXT}"))
+}
+
+/// Parses `<n:016x>.wal`; anything else is `None`.
+pub fn parse_wal_file_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(&format!(".{WAL_EXT}"))?;
+    (stem.len() == 16)
+        .then(|| u64::from_str_radix(stem, 16).ok())
+        .flatten()
+}
 
 pub fn segment_file_name(id: SegmentId) -> String {
     format!("{:016x}.{SEGMENT_EXT}", id.0)

@@ -37,6 +37,8 @@ struct HeadSeries {
     open: GorillaEncoder,
     open_min_ts: i64,
     last_ts: Option<i64>,
+    /// Defined in the current WAL generation (by a series record or a checkpoint).
+    logged: bool,
 }
 
 impl HeadSeries {
@@ -103,9 +105,37 @@ impl Head {
             open: GorillaEncoder::new(),
             open_min_ts: 0,
             last_ts: None,
+            logged: false,
         });
         self.by_key.insert(key, r);
         Ok(r)
+    }
+
+    pub(crate) fn key(&self, r: SeriesRef) -> &SeriesKey {
+        &self.series[r.0 as usize].key
+    }
+
+    pub(crate) fn is_logged(&self, r: SeriesRef) -> bool {
+        self.series[r.0 as usize].logged
+    }
+
+    pub(crate) fn set_logged(&mut self, r: SeriesRef) {
+        self.series[r.0 as usize].logged = true;
+    }
+
+    /// Samples at or before `ts_ms` will be dropped as duplicates.
+    pub(crate) fn raise_last_ts(&mut self, r: SeriesRef, ts_ms: i64) {
+        let s = &mut self.series[r.0 as usize];
+        s.last_ts = Some(s.last_ts.map_or(ts_ms, |t| t.max(ts_ms)));
+    }
+
+    /// Encodes a WAL series record for every series (their refs as WAL refs)
+    /// and marks them all logged: the checkpoint that starts a WAL segment.
+    pub(crate) fn checkpoint(&mut self, dst: &mut Vec<u8>) {
+        for (i, s) in self.series.iter_mut().enumerate() {
+            crate::wal::record::encode_series(dst, i as u32, &s.key);
+            s.logged = true;
+        }
     }
 
     pub(crate) fn contains(&self, r: SeriesRef) -> bool {

@@ -5,9 +5,11 @@
 //! gRPC, HTTP or DataFusion.
 //!
 //! Guarantees: samples are stored bit-exact (NaN payloads included); a sample
-//! is durable once a [`Storage::flush`] that contains it returns; corrupt files
-//! are reported with their path and offset and never cause a panic.
+//! is durable once [`Storage::append`] returns (in the WAL, under the
+//! configured [`SyncPolicy`]); corrupt files are reported with their path and
+//! offset and never cause a panic.
 
+mod codec;
 mod db;
 pub mod error;
 pub mod files;
@@ -15,12 +17,14 @@ pub mod gorilla;
 mod head;
 pub mod segment;
 pub mod series;
+pub mod wal;
 
 pub use db::{AppendOutcome, SelectedSeries, Storage, StorageConfig, StorageMetrics, StorageStats};
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
 pub use segment::writer::SegmentSummary;
 pub use series::{Label, Matcher, SeriesKey};
+pub use wal::{ReplayReport, SyncPolicy, WalDamage};
 
 /// Identifies a segment file; ids grow with every flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

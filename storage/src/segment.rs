@@ -23,7 +23,6 @@
 //! offset; chunk checksums are verified when a chunk is decoded. Any failure is
 //! [`Error::Corrupt`] with the file and offset, never a panic.
 
-mod codec;
 pub(crate) mod writer;
 
 use std::collections::HashMap;
@@ -33,11 +32,11 @@ use std::sync::Arc;
 
 use memmap2::Mmap;
 
+use crate::codec::{self, Reader};
 use crate::error::Corruption;
 use crate::gorilla::GorillaDecoder;
 use crate::series::{Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result, SegmentId};
-use codec::Reader;
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
@@ -88,6 +87,27 @@ impl Segment {
         // are written as *.tmp, fsynced and renamed, and only deleted whole.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
         Self::from_map(path, id, map)
+    }
+
+    /// Validates a segment held in memory (fuzzing, tools). The bytes are copied
+    /// into an anonymous map; the segment reports the path `<memory>`.
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let path = Path::new("<memory>");
+        let mut anon =
+            memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io(path, e))?;
+        anon[..bytes.len()].copy_from_slice(bytes);
+        let map = anon.make_read_only().map_err(|e| Error::io(path, e))?;
+        if bytes.is_empty() {
+            return Err(Error::Corrupt {
+                path: path.into(),
+                offset: 0,
+                kind: Corruption::TooShort { len: 0 },
+            });
+        }
+        Self::from_map(path, SegmentId(0), map)
     }
 
     fn from_map(path: &Path, id: SegmentId, map: Mmap) -> Result<Self> {

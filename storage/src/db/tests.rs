@@ -133,3 +133,57 @@ fn corrupt_segment_is_quarantined_and_the_rest_served() {
     st.flush().unwrap();
     assert!(files::segment_path(dir.path(), SegmentId(3)).exists());
 }
+
+/// Appends without a flush are replayed from the WAL by the next open.
+#[test]
+fn unflushed_appends_survive_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig::new(dir.path());
+    let st = Storage::open(cfg.clone()).unwrap();
+    let a = fill(&st, "a", 0, 0, 30);
+    st.flush().unwrap();
+    let mut a2 = a.clone();
+    a2.extend(fill(&st, "a", 0, 30_000, 5));
+    let b = fill(&st, "b", 1, 0, 7);
+    drop(st); // no flush: only the WAL has the last samples
+
+    let st = Storage::open(cfg.clone()).unwrap();
+    assert_eq!(st.metrics().wal_replayed_samples.load(Relaxed), 12);
+    let sel = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(sel.len(), 2);
+    assert_eq!(read(&sel[0]), a2);
+    assert_eq!(read(&sel[1]), b);
+    // New samples after the replay go on from where the series stopped.
+    let more = fill(&st, "b", 1, 7_000, 3);
+    drop(st);
+    let st = Storage::open(cfg).unwrap();
+    let sel = st.select(&[Matcher::equal("__name__", "b")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), [b, more].concat());
+}
+
+/// A crash after a flush wrote its segment but before the WAL was truncated
+/// must not store the flushed samples twice.
+#[test]
+fn flushed_samples_left_in_the_wal_are_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig::new(dir.path());
+    let st = Storage::open(cfg.clone()).unwrap();
+    let want = fill(&st, "a", 0, 0, 20);
+    let wal_copy = tempfile::tempdir().unwrap();
+    let wal_dir = dir.path().join(files::WAL_DIR);
+    for e in fs::read_dir(&wal_dir).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), wal_copy.path().join(e.file_name())).unwrap();
+    }
+    st.flush().unwrap();
+    drop(st);
+    // Put the pre-flush WAL back, as if the truncation never happened.
+    for e in fs::read_dir(wal_copy.path()).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), wal_dir.join(e.file_name())).unwrap();
+    }
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.metrics().wal_replayed_samples.load(Relaxed), 0);
+    let sel = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want);
+}

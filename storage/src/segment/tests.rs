@@ -124,3 +124,19 @@ fn bit_flips_are_detected() {
         }
     }
 }
+
+#[test]
+fn from_bytes_reads_what_open_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(write(dir.path())).unwrap();
+    let seg = Segment::from_bytes(&bytes).unwrap();
+    assert_eq!((seg.num_series(), seg.num_samples()), (4, 751));
+    assert!(matches!(
+        Segment::from_bytes(&[]),
+        Err(Error::Corrupt { offset: 0, .. })
+    ));
+    assert!(matches!(
+        Segment::from_bytes(&bytes[..50]),
+        Err(Error::Corrupt { .. })
+    ));
+}

@@ -6,8 +6,8 @@ use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::Path;
 
-use super::codec::{put_str, put_uvarint, put_varint};
 use super::{FOOTER_MAGIC, HEADER_LEN, MAGIC, VERSION};
+use crate::codec::{put_str, put_uvarint, put_varint};
 use crate::head::FrozenSeries;
 use crate::series::METRIC_NAME_LABEL;
 use crate::{Error, Result};

@@ -1,4 +1,4 @@
-//! Little helpers to write and read the segment's index sections: LEB128
+//! Little helpers to write and read index sections and WAL records: LEB128
 //! varints and length-prefixed strings. The reader never panics; every
 //! failure carries the absolute file offset where it happened.
 

@@ -1,0 +1,399 @@
+//! Write-ahead log: every series definition and sample batch is written here
+//! before it reaches the head, so an acknowledged sample survives a crash.
+//!
+//! Layout (`docs/format/wal.md`): `wal/<n:016x>.wal` segments, each a 16-byte
+//! header (`"GPLSWAL1"`, version, CRC32C) followed by records framed with a
+//! length and a CRC32C ([`record`]).
+//!
+//! Group commit: one writer thread owns the open segment. Callers hand it
+//! encoded records and block until their bytes are written; the thread takes
+//! every request queued at that moment, writes them with one `write(2)` and,
+//! under [`SyncPolicy::Fsync`], one `fdatasync`, then wakes them all.
+//!
+//! Durability: with [`SyncPolicy::Os`] (the default) a returned write is in
+//! the kernel's page cache and survives `kill -9` of the process, not a power
+//! loss; [`SyncPolicy::Fsync`] survives power loss too.
+//!
+//! Checkpoints: a flush *cuts* the WAL: it opens a new segment that starts with
+//! a series record for every head series, so that segments after the cut
+//! replay on their own; once the flushed segment file is durable, every WAL
+//! segment before the cut is deleted.
+
+pub(crate) mod record;
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
+use tracing::{error, warn};
+
+use crate::files::{self, WAL_DIR};
+use crate::{Error, Result};
+use record::{Bad, Record};
+
+const MAGIC: &[u8; 8] = b"GPLSWAL1";
+const VERSION: u32 = 1;
+pub(crate) const HEADER_LEN: usize = 16;
+
+/// When a WAL write counts as done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncPolicy {
+    /// After `write(2)`: survives a crash of the process (`kill -9`), not of the machine.
+    #[default]
+    Os,
+    /// After `write(2)` and `fdatasync`: survives power loss.
+    Fsync,
+}
+
+enum Request {
+    Write {
+        bytes: Vec<u8>,
+        done: Sender<io::Result<()>>,
+    },
+    /// Open segment `next`, write `checkpoint` at its start, and return `next`.
+    Cut {
+        checkpoint: Vec<u8>,
+        done: Sender<io::Result<u64>>,
+    },
+    /// Delete every segment numbered below `before`.
+    Truncate {
+        before: u64,
+        done: Sender<io::Result<usize>>,
+    },
+}
+
+/// Handle to the WAL writer thread. Dropping it stops the thread after the
+/// requests already queued.
+#[derive(Debug)]
+pub(crate) struct Wal {
+    tx: Option<Sender<Request>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+fn clone_err(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
+impl Wal {
+    /// Starts a writer on a new segment `first`, beginning with `checkpoint`.
+    pub(crate) fn start(
+        data_dir: &Path,
+        first: u64,
+        checkpoint: &[u8],
+        policy: SyncPolicy,
+        max_segment_bytes: u64,
+    ) -> Result<Self> {
+        let dir = data_dir.join(WAL_DIR);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let mut w = Writer {
+            dir,
+            file: None,
+            seg: first,
+            size: 0,
+            policy,
+            max_segment_bytes,
+        };
+        w.open_segment(first)
+            .and_then(|_| w.write_all(checkpoint))
+            .map_err(|e| Error::io(w.path(), e))?;
+        let (tx, rx) = unbounded();
+        let thread = std::thread::Builder::new()
+            .name("gpulse-wal".into())
+            .spawn(move || w.run(rx))
+            .map_err(|e| Error::io(data_dir, e))?;
+        Ok(Self {
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    fn call<T>(&self, make: impl FnOnce(Sender<io::Result<T>>) -> Request) -> io::Result<T> {
+        let (done, rx) = bounded(1);
+        let tx = self.tx.as_ref().expect("BUG: WAL used after close");
+        tx.send(make(done))
+            .map_err(|_| io::Error::other("WAL writer stopped"))?;
+        rx.recv()
+            .map_err(|_| io::Error::other("WAL writer stopped"))?
+    }
+
+    /// Writes encoded records; returns once they are durable under the policy.
+    pub(crate) fn write(&self, bytes: Vec<u8>) -> io::Result<()> {
+        self.call(|done| Request::Write { bytes, done })
+    }
+
+    /// Starts a new segment with `checkpoint` at its head; returns its number.
+    pub(crate) fn cut(&self, checkpoint: Vec<u8>) -> io::Result<u64> {
+        self.call(|done| Request::Cut { checkpoint, done })
+    }
+
+    /// Deletes the segments before `before`; returns how many.
+    pub(crate) fn truncate(&self, before: u64) -> io::Result<usize> {
+        self.call(|done| Request::Truncate { before, done })
+    }
+}
+
+impl Drop for Wal {
+    fn drop(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct Writer {
+    dir: PathBuf,
+    file: Option<File>,
+    seg: u64,
+    size: u64,
+    policy: SyncPolicy,
+    max_segment_bytes: u64,
+}
+
+impl Writer {
+    fn path(&self) -> PathBuf {
+        files::wal_segment_path_in(&self.dir, self.seg)
+    }
+
+    fn open_segment(&mut self, n: u64) -> io::Result<()> {
+        self.seg = n;
+        let path = self.path();
+        let mut f = OpenOptions::new()
+            .create_new(true)
+            .write(true)
+            .open(&path)?;
+        let mut header = Vec::with_capacity(HEADER_LEN);
+        header.extend_from_slice(MAGIC);
+        header.extend_from_slice(&VERSION.to_le_bytes());
+        header.extend_from_slice(&crc32c::crc32c(&header).to_le_bytes());
+        f.write_all(&header)?;
+        f.sync_all()?;
+        File::open(&self.dir)?.sync_all()?;
+        self.file = Some(f);
+        self.size = HEADER_LEN as u64;
+        Ok(())
+    }
+
+    /// Writes `bytes` to the open segment and syncs under the policy. On
+    /// failure the segment is cut back to its last good length, so a partial
+    /// write never sits in front of later records.
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        if self.size + bytes.len() as u64 > self.max_segment_bytes && self.size > HEADER_LEN as u64
+        {
+            self.open_segment(self.seg + 1)?;
+        }
+        let f = self.file.as_mut().expect("BUG: WAL segment open");
+        let r = f.write_all(bytes).and_then(|_| match self.policy {
+            SyncPolicy::Os => Ok(()),
+            SyncPolicy::Fsync => f.sync_data(),
+        });
+        match r {
+            Ok(()) => {
+                self.size += bytes.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(e2) = f.set_len(self.size) {
+                    error!(file = %self.path().display(), error = %e2, "cannot cut a failed WAL write back");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Request>) {
+        while let Ok(first) = rx.recv() {
+            let mut buf: Vec<u8> = Vec::new();
+            let mut waiting: Vec<Sender<io::Result<()>>> = Vec::new();
+            for req in std::iter::once(first).chain(rx.try_iter().take(4096)) {
+                match req {
+                    Request::Write { bytes, done } => {
+                        buf.extend_from_slice(&bytes);
+                        waiting.push(done);
+                    }
+                    Request::Cut { checkpoint, done } => {
+                        self.commit(&mut buf, &mut waiting);
+                        let next = self.seg + 1;
+                        let r = self
+                            .open_segment(next)
+                            .and_then(|_| self.write_all(&checkpoint))
+                            .map(|_| next);
+                        let _ = done.send(r);
+                    }
+                    Request::Truncate { before, done } => {
+                        self.commit(&mut buf, &mut waiting);
+                        let _ = done.send(self.truncate(before));
+                    }
+                }
+            }
+            self.commit(&mut buf, &mut waiting);
+        }
+        if let Some(f) = &self.file
+            && let Err(e) = f.sync_all()
+        {
+            warn!(error = %e, "syncing the WAL at close");
+        }
+    }
+
+    fn commit(&mut self, buf: &mut Vec<u8>, waiting: &mut Vec<Sender<io::Result<()>>>) {
+        let r = self.write_all(buf);
+        if let Err(e) = &r {
+            error!(file = %self.path().display(), error = %e, "WAL write failed; the writes are refused");
+        }
+        for w in waiting.drain(..) {
+            let _ = w.send(r.as_ref().map(|_| ()).map_err(clone_err));
+        }
+        buf.clear();
+    }
+
+    fn truncate(&self, before: u64) -> io::Result<usize> {
+        let mut n = 0;
+        for (seg, path) in list_segments(&self.dir)? {
+            if seg < before && seg != self.seg {
+                fs::remove_file(&path)?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// WAL segments in `dir`, ascending.
+pub(crate) fn list_segments(dir: &Path) -> io::Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        if let Some(n) = files::parse_wal_file_name(&entry.file_name().to_string_lossy()) {
+            out.push((n, entry.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// A problem found while replaying, with the file and byte offset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WalDamage {
+    pub path: PathBuf,
+    pub offset: u64,
+    pub what: &'static str,
+}
+
+/// What a replay found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    pub segments: usize,
+    pub records: u64,
+    /// The last segment ended inside a record (a write cut short by a crash);
+    /// the file was truncated there.
+    pub torn_tail: Option<WalDamage>,
+    /// Records that failed their checksum or did not parse, before the end.
+    /// Replay kept the good records before each and went on with the next segment.
+    pub corruption: Vec<WalDamage>,
+    /// Highest segment number seen (0 if none).
+    pub last_segment: u64,
+}
+
+/// Replays every WAL segment in order, calling `apply` for each good record.
+///
+/// A torn tail of the last segment is truncated (logged with file and offset).
+/// Corruption elsewhere stops that segment at the bad record; the damage is
+/// reported with file and offset and replay goes on with the next segment.
+/// Never panics on any file content.
+///
+/// # Errors
+/// I/O errors reading the directory or files.
+pub(crate) fn replay(data_dir: &Path, mut apply: impl FnMut(Record)) -> Result<ReplayReport> {
+    let dir = data_dir.join(WAL_DIR);
+    let segments = list_segments(&dir).map_err(|e| Error::io(&dir, e))?;
+    let mut report = ReplayReport {
+        segments: segments.len(),
+        ..Default::default()
+    };
+    let last = segments.last().map(|s| s.0);
+    report.last_segment = last.unwrap_or(0);
+    for (n, path) in segments {
+        let is_last = Some(n) == last;
+        let buf = fs::read(&path).map_err(|e| Error::io(&path, e))?;
+        let damage = |offset: usize, what| WalDamage {
+            path: path.clone(),
+            offset: offset as u64,
+            what,
+        };
+        let header_ok = buf.len() >= HEADER_LEN
+            && &buf[..8] == MAGIC
+            && buf[12..16] == crc32c::crc32c(&buf[..12]).to_le_bytes()
+            && buf[8..12] == VERSION.to_le_bytes();
+        if !header_ok {
+            if is_last && buf.len() < HEADER_LEN {
+                // Created but never completely written: nothing to lose.
+                report.torn_tail = Some(damage(0, "segment header cut short"));
+                fs::remove_file(&path).map_err(|e| Error::io(&path, e))?;
+            } else {
+                report.corruption.push(damage(0, "bad segment header"));
+            }
+            continue;
+        }
+        let mut pos = HEADER_LEN;
+        while pos < buf.len() {
+            match record::decode(&buf[pos..]) {
+                Ok((rec, len)) => {
+                    apply(rec);
+                    report.records += 1;
+                    pos += len;
+                }
+                Err(bad) => {
+                    let reaches_end = bad == Bad::Truncated
+                        || (bad == Bad::Checksum
+                            && declared_end(&buf[pos..]).is_some_and(|e| pos + e >= buf.len()));
+                    if is_last && reaches_end {
+                        report.torn_tail =
+                            Some(damage(pos, "record cut short at the end of the log"));
+                        truncate_file(&path, pos as u64)?;
+                    } else {
+                        let what = match bad {
+                            Bad::Truncated => {
+                                "record runs past the end of a segment that is not the last"
+                            }
+                            Bad::Length => "impossible record length",
+                            Bad::Checksum => "record checksum mismatch",
+                            Bad::Payload => "record does not parse",
+                        };
+                        report.corruption.push(damage(pos, what));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// End of the record at the start of `buf` according to its length field.
+fn declared_end(buf: &[u8]) -> Option<usize> {
+    let len = u32::from_le_bytes(buf.get(0..4)?.try_into().ok()?) as usize;
+    Some(8 + len)
+}
+
+fn truncate_file(path: &Path, len: u64) -> Result<()> {
+    let f = OpenOptions::new()
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(path, e))?;
+    f.set_len(len)
+        .and_then(|_| f.sync_all())
+        .map_err(|e| Error::io(path, e))
+}
+
+#[cfg(test)]
+mod tests;
