@@ -29,6 +29,36 @@ pub(crate) enum Command {
     Sql(SqlArgs),
     /// Run a node plus a simulated fleet of 128 GPUs streaming to it over gRPC.
     Demo(DemoArgs),
+    /// Load a long-format CSV (labels,timestamp_ms,value) into a data directory.
+    Import(ImportArgs),
+    /// Print series, samples and bytes on disk (per sample) of a data directory.
+    Stats(StatsArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum ImportFormat {
+    /// Header `labels,timestamp_ms,value`; labels `k=v;k=v`, `metric=` names the metric.
+    Csv,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ImportArgs {
+    /// Input file, or `-` for standard input.
+    pub(crate) input: String,
+    #[arg(long, value_enum, default_value = "csv")]
+    pub(crate) format: ImportFormat,
+    /// Data directory to load into; must not be in use by a running serve.
+    #[arg(long, env = "GPULSE_DATA_DIR", default_value = "./gpulse-data")]
+    pub(crate) data_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct StatsArgs {
+    #[arg(long, env = "GPULSE_DATA_DIR", default_value = "./gpulse-data")]
+    pub(crate) data_dir: PathBuf,
+    /// Also break bytes per sample down by metric.
+    #[arg(long)]
+    pub(crate) by_metric: bool,
 }
 
 fn duration(s: &str) -> Result<Duration, String> {

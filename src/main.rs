@@ -7,7 +7,9 @@
 #![allow(clippy::print_stdout)]
 
 mod cli;
+mod import;
 mod server;
+mod stats;
 
 use std::io::Write;
 use std::time::Duration;
@@ -48,6 +50,24 @@ fn run() -> anyhow::Result<()> {
             Command::Agent(a) => run_agent(a).await,
             Command::Sql(a) => sql(a).await,
             Command::Demo(a) => demo(a).await,
+            Command::Import(a) => {
+                let cli::ImportFormat::Csv = a.format;
+                let (input, dir) = (a.input, a.data_dir);
+                let r = tokio::task::spawn_blocking(move || import::import(&input, dir)).await??;
+                println!(
+                    "imported {} of {} rows into {} series ({} bad rows skipped, {} duplicate or out-of-order samples dropped)",
+                    r.imported, r.rows, r.series, r.bad_rows, r.out_of_order
+                );
+                if r.bad_rows > 0 {
+                    bail!("{} bad rows were skipped (see the lines above)", r.bad_rows);
+                }
+                Ok(())
+            }
+            Command::Stats(a) => {
+                let s = stats::collect(&a.data_dir)?;
+                print!("{}", stats::render(&a.data_dir, &s, a.by_metric));
+                Ok(())
+            }
         }
     })
 }

@@ -116,6 +116,8 @@ pub struct Storage {
     next_segment: AtomicU64,
     metrics: StorageMetrics,
     replay: ReplayReport,
+    /// Holds the directory's lock for the life of the storage.
+    _lock: fs::File,
 }
 
 /// Panics only if another thread panicked while holding the lock, which is a bug.
@@ -137,6 +139,22 @@ impl Storage {
         let seg_dir = config.data_dir.join(SEGMENTS_DIR);
         let q_dir = config.data_dir.join(QUARANTINE_DIR);
         fs::create_dir_all(&seg_dir).map_err(|e| Error::io(&seg_dir, e))?;
+        let lock_path = config.data_dir.join(files::LOCK_FILE);
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| Error::io(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                return Err(Error::Locked {
+                    path: config.data_dir.clone(),
+                });
+            }
+            Err(fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
+        }
         let metrics = StorageMetrics::default();
         let started = Instant::now();
 
@@ -204,6 +222,7 @@ impl Storage {
             next_segment: AtomicU64::new(max_id + 1),
             metrics,
             replay,
+            _lock: lock,
         })
     }
 

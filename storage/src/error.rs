@@ -82,6 +82,8 @@ pub enum Error {
         #[source]
         source: DecodeError,
     },
+    #[error("data directory {path} is in use by another process (it holds {path}/LOCK)")]
+    Locked { path: PathBuf },
     #[error("invalid series: {0}")]
     InvalidSeries(#[from] InvalidSeries),
     #[error("bad batch: {reason}")]

@@ -6,6 +6,7 @@
 //!   segments/<id:016x>.gseg.tmp    segment being written; deleted on open
 //!   quarantine/<id:016x>.gseg      segment that failed validation, kept for inspection
 //!   wal/<n:016x>.wal               write-ahead log segment (docs/format/wal.md)
+//!   LOCK                           locked while a process has the directory open
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -17,6 +18,8 @@ pub const QUARANTINE_DIR: &str = "quarantine";
 pub const SEGMENT_EXT: &str = "gseg";
 pub const TMP_EXT: &str = "tmp";
 pub const WAL_DIR: &str = "wal";
+/// Held (`flock`) by the process that has the data directory open for writing.
+pub const LOCK_FILE: &str = "LOCK";
 pub const WAL_EXT: &str = "wal";
 
 pub fn wal_segment_path_in(wal_dir: &Path, n: u64) -> PathBuf {

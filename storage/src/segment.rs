@@ -44,6 +44,13 @@ pub(crate) const VERSION: u32 = 1;
 pub(crate) const HEADER_LEN: usize = 16;
 pub(crate) const FOOTER_LEN: usize = 8 * 8 + 3 * 4 + 8;
 
+impl ChunkRef {
+    /// Encoded size of the chunk, bytes.
+    pub fn len_bytes(&self) -> u32 {
+        self.len
+    }
+}
+
 /// Where one chunk lives in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRef {

@@ -187,3 +187,15 @@ fn flushed_samples_left_in_the_wal_are_not_duplicated() {
     let sel = st.select(&[], i64::MIN, i64::MAX);
     assert_eq!(read(&sel[0]), want);
 }
+
+#[test]
+fn a_data_dir_is_opened_by_one_storage_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Storage::open(StorageConfig::new(dir.path())).unwrap();
+    assert!(matches!(
+        Storage::open(StorageConfig::new(dir.path())),
+        Err(Error::Locked { .. })
+    ));
+    drop(st);
+    Storage::open(StorageConfig::new(dir.path())).unwrap();
+}
