@@ -17,9 +17,12 @@ pub(crate) struct TierStats {
     pub(crate) segments: u64,
     pub(crate) series: u64,
     pub(crate) samples: u64,
+    /// Timestamp and value blocks.
     pub(crate) chunk_bytes: u64,
+    /// Value blocks alone (timestamp blocks are shared between series).
+    pub(crate) value_bytes: u64,
     pub(crate) file_bytes: u64,
-    /// metric -> (samples, chunk bytes)
+    /// metric -> (samples, value bytes)
     pub(crate) by_metric: BTreeMap<String, (u64, u64)>,
 }
 
@@ -54,13 +57,14 @@ pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
         t.segments += 1;
         t.samples += seg.num_samples();
         t.file_bytes += seg.size_bytes();
+        t.chunk_bytes += seg.data_bytes();
         for ord in 0..seg.num_series() as u32 {
             let key = seg.series_key(ord);
             keys.insert(key.clone());
             let (n, b) = seg.chunks(ord).iter().fold((0u64, 0u64), |(n, b), c| {
-                (n + c.count as u64, b + c.len_bytes() as u64)
+                (n + c.count as u64, b + c.value_bytes() as u64)
             });
-            t.chunk_bytes += b;
+            t.value_bytes += b;
             let m = t.by_metric.entry(key.metric().to_string()).or_default();
             m.0 += n;
             m.1 += b;
@@ -110,7 +114,11 @@ pub(crate) fn render(data_dir: &Path, s: &DirStats, by_metric: bool) -> String {
         per_sample(t.chunk_bytes, t.samples),
         per_sample(t.file_bytes, t.samples)
     );
-    out += "\n'total' includes headers, the series index, postings and footers.\n";
+    out += &format!(
+        "\nchunk bytes = timestamp blocks {} (shared by series polled together) + value blocks {};\n'total' adds headers, the series index, postings and footers.\n",
+        t.chunk_bytes - t.value_bytes,
+        t.value_bytes
+    );
     out += &format!(
         "WAL: {} segments, {} bytes (replayed into memory at the next start, deleted by the next flush)\n",
         s.wal_segments, s.wal_bytes
@@ -118,7 +126,7 @@ pub(crate) fn render(data_dir: &Path, s: &DirStats, by_metric: bool) -> String {
     if by_metric {
         out += &format!(
             "\n{:<44} {:>12} {:>12} {:>11}\n",
-            "metric", "samples", "chunk bytes", "B/sample"
+            "metric", "samples", "value bytes", "B/sample"
         );
         for (m, (n, b)) in &t.by_metric {
             out += &format!("{m:<44} {n:>12} {b:>12} {:>11}\n", per_sample(*b, *n));

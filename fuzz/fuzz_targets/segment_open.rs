@@ -9,14 +9,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(seg) = Segment::from_bytes(data) else {
         return;
     };
+    let (mut ts, mut vals) = (Vec::new(), Vec::new());
     for ord in 0..seg.num_series() as u32 {
         for c in seg.chunks(ord) {
-            if let Ok(dec) = seg.chunk_decoder(c) {
-                for s in dec {
-                    if s.is_err() {
-                        break;
-                    }
-                }
+            if seg.read_chunk(c, &mut ts, &mut vals).is_ok() {
+                assert_eq!(ts.len(), vals.len());
             }
         }
     }

@@ -29,7 +29,7 @@ use tracing::{error, info, warn};
 
 use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR, SEGMENTS_DIR, TMP_EXT};
-use crate::gorilla::{DecodeError, GorillaDecoder};
+use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, Head, MemChunk, SeriesRef};
 use crate::segment::writer::{SegmentSummary, write_segment};
 use crate::segment::{ChunkRef, Segment};
@@ -596,24 +596,36 @@ impl SelectedSeries {
         ts_ms: &mut Vec<i64>,
         values: &mut Vec<f64>,
     ) -> Result<()> {
+        let (mut t_buf, mut v_buf) = (Vec::new(), Vec::new());
         for (i, c) in self.chunks.iter().enumerate() {
-            let decode_err = |source: DecodeError, path: &Path| Error::ChunkDecode {
-                path: path.to_path_buf(),
-                series: self.key.to_string(),
-                chunk: i,
-                source,
-            };
-            let (decoder, path): (GorillaDecoder<'_>, &Path) = match c {
-                ChunkSource::Segment(seg, r) => (seg.chunk_decoder(r)?, seg.path()),
-                ChunkSource::Mem(m) => {
-                    (GorillaDecoder::new(&m.bytes, m.count), Path::new("<head>"))
+            match c {
+                ChunkSource::Segment(seg, r) if r.min_ts >= min_ts && r.max_ts <= max_ts => {
+                    seg.read_chunk(r, ts_ms, values)?;
                 }
-            };
-            for s in decoder {
-                let (t, v) = s.map_err(|e| decode_err(e, path))?;
-                if t >= min_ts && t <= max_ts {
-                    ts_ms.push(t);
-                    values.push(v);
+                ChunkSource::Segment(seg, r) => {
+                    t_buf.clear();
+                    v_buf.clear();
+                    seg.read_chunk(r, &mut t_buf, &mut v_buf)?;
+                    for (&t, &v) in t_buf.iter().zip(&v_buf) {
+                        if t >= min_ts && t <= max_ts {
+                            ts_ms.push(t);
+                            values.push(v);
+                        }
+                    }
+                }
+                ChunkSource::Mem(m) => {
+                    for s in GorillaDecoder::new(&m.bytes, m.count) {
+                        let (t, v) = s.map_err(|source| Error::ChunkDecode {
+                            path: PathBuf::from("<head>"),
+                            series: self.key.to_string(),
+                            chunk: i,
+                            source,
+                        })?;
+                        if t >= min_ts && t <= max_ts {
+                            ts_ms.push(t);
+                            values.push(v);
+                        }
+                    }
                 }
             }
         }

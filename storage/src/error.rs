@@ -35,6 +35,8 @@ pub enum Corruption {
     BadUtf8,
     /// A series key in the index is invalid.
     BadSeries(InvalidSeries),
+    /// A column block passed its checksum but does not decode.
+    BadBlock(crate::column::ColumnError),
 }
 
 impl std::fmt::Display for Corruption {
@@ -56,6 +58,7 @@ impl std::fmt::Display for Corruption {
             Self::OutOfBounds { what } => write!(f, "{what} out of bounds"),
             Self::BadUtf8 => f.write_str("string is not UTF-8"),
             Self::BadSeries(e) => write!(f, "invalid series in index: {e}"),
+            Self::BadBlock(e) => write!(f, "column block does not decode: {e}"),
         }
     }
 }

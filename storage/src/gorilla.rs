@@ -62,9 +62,79 @@ pub struct GorillaEncoder {
     count: u32,
     t: i64,
     t_delta: i64,
+    xor: XorState,
+}
+
+/// The value half of the codec: the previous value's bits and the current
+/// (leading zeros, trailing zeros) window, once set.
+#[derive(Debug, Clone, Copy, Default)]
+struct XorState {
     v: u64,
-    /// (leading zeros, trailing zeros) of the current XOR window, once set.
     window: Option<(u8, u8)>,
+}
+
+impl XorState {
+    fn write(&mut self, w: &mut BitWriter, vbits: u64) {
+        let xor = vbits ^ self.v;
+        self.v = vbits;
+        if xor == 0 {
+            w.write_bit(false);
+            return;
+        }
+        // Leading zeros are stored in 5 bits, so cap them at 31.
+        let leading = (xor.leading_zeros() as u8).min(31);
+        let trailing = xor.trailing_zeros() as u8;
+        if let Some((pl, pt)) = self.window
+            && leading >= pl
+            && trailing >= pt
+        {
+            w.write_bits(0b10, 2);
+            w.write_bits(xor >> pt, 64 - pl - pt);
+            return;
+        }
+        let len = 64 - leading - trailing;
+        w.write_bits(0b11, 2);
+        w.write_bits(leading as u64, 5);
+        // A 64-bit window is written as 0: 6 bits hold 0..=63.
+        w.write_bits((len & 63) as u64, 6);
+        w.write_bits(xor >> trailing, len);
+        self.window = Some((leading, trailing));
+    }
+
+    /// Reads one XOR block; `None` on bad input, with `kind` saying why.
+    fn read(&mut self, r: &mut BitReader<'_>) -> Result<(), XorFault> {
+        if !r.read_bit().map_err(|_| XorFault::Eof)? {
+            return Ok(()); // same value
+        }
+        let new_window = r.read_bit().map_err(|_| XorFault::Eof)?;
+        let (leading, trailing) = if new_window {
+            let leading = r.read_bits(5).map_err(|_| XorFault::Eof)? as u8;
+            let mut len = r.read_bits(6).map_err(|_| XorFault::Eof)? as u8;
+            if len == 0 {
+                len = 64;
+            }
+            if leading as u16 + len as u16 > 64 {
+                return Err(XorFault::Window { leading, len });
+            }
+            let w = (leading, 64 - leading - len);
+            self.window = Some(w);
+            w
+        } else {
+            self.window.ok_or(XorFault::NoWindow)?
+        };
+        let bits = r
+            .read_bits(64 - leading - trailing)
+            .map_err(|_| XorFault::Eof)?;
+        // The window is at least one bit wide, so trailing <= 63.
+        self.v ^= bits << trailing;
+        Ok(())
+    }
+}
+
+enum XorFault {
+    Eof,
+    Window { leading: u8, len: u8 },
+    NoWindow,
 }
 
 impl GorillaEncoder {
@@ -95,11 +165,12 @@ impl GorillaEncoder {
             0 => {
                 self.w.write_varint(ts_ms);
                 self.w.write_bits(vbits, 64);
+                self.xor.v = vbits;
             }
             1 => {
                 let delta = ts_ms.wrapping_sub(self.t);
                 self.w.write_varint(delta);
-                self.write_xor(vbits);
+                self.xor.write(&mut self.w, vbits);
                 self.t_delta = delta;
             }
             _ => {
@@ -122,40 +193,12 @@ impl GorillaEncoder {
                     self.w.write_bits(0b1111, 4);
                     self.w.write_bits(dod as u64, 64);
                 }
-                self.write_xor(vbits);
+                self.xor.write(&mut self.w, vbits);
                 self.t_delta = delta;
             }
         }
         self.t = ts_ms;
-        self.v = vbits;
         self.count += 1;
-    }
-
-    fn write_xor(&mut self, vbits: u64) {
-        let xor = vbits ^ self.v;
-        if xor == 0 {
-            self.w.write_bit(false);
-            return;
-        }
-        // Leading zeros are stored in 5 bits, so cap them at 31.
-        let leading = (xor.leading_zeros() as u8).min(31);
-        let trailing = xor.trailing_zeros() as u8;
-        if let Some((pl, pt)) = self.window
-            && leading >= pl
-            && trailing >= pt
-        {
-            self.w.write_bits(0b10, 2);
-            let len = 64 - pl - pt;
-            self.w.write_bits(xor >> pt, len);
-            return;
-        }
-        let len = 64 - leading - trailing;
-        self.w.write_bits(0b11, 2);
-        self.w.write_bits(leading as u64, 5);
-        // A 64-bit window is written as 0: 6 bits hold 0..=63.
-        self.w.write_bits((len & 63) as u64, 6);
-        self.w.write_bits(xor >> trailing, len);
-        self.window = Some((leading, trailing));
     }
 }
 
@@ -184,8 +227,7 @@ pub struct GorillaDecoder<'a> {
     i: u32,
     t: i64,
     t_delta: i64,
-    v: u64,
-    window: Option<(u8, u8)>,
+    xor: XorState,
     failed: bool,
 }
 
@@ -198,8 +240,7 @@ impl<'a> GorillaDecoder<'a> {
             i: 0,
             t: 0,
             t_delta: 0,
-            v: 0,
-            window: None,
+            xor: XorState::default(),
             failed: false,
         }
     }
@@ -216,7 +257,7 @@ impl<'a> GorillaDecoder<'a> {
         match self.i {
             0 => {
                 self.t = self.r.read_varint().map_err(|_| self.truncated())?;
-                self.v = self.r.read_bits(64).map_err(|_| self.truncated())?;
+                self.xor.v = self.r.read_bits(64).map_err(|_| self.truncated())?;
             }
             1 => {
                 let delta = self.r.read_varint().map_err(|_| self.truncated())?;
@@ -246,7 +287,7 @@ impl<'a> GorillaDecoder<'a> {
             }
         }
         self.i += 1;
-        Ok((self.t, f64::from_bits(self.v)))
+        Ok((self.t, f64::from_bits(self.xor.v)))
     }
 
     fn read_signed(&mut self, nbits: u32) -> Result<i64, DecodeError> {
@@ -258,38 +299,17 @@ impl<'a> GorillaDecoder<'a> {
     }
 
     fn read_xor(&mut self) -> Result<(), DecodeError> {
-        if !self.r.read_bit().map_err(|_| self.truncated())? {
-            return Ok(()); // same value
-        }
-        let new_window = self.r.read_bit().map_err(|_| self.truncated())?;
-        let (leading, trailing) = if new_window {
-            let leading = self.r.read_bits(5).map_err(|_| self.truncated())? as u8;
-            let mut len = self.r.read_bits(6).map_err(|_| self.truncated())? as u8;
-            if len == 0 {
-                len = 64;
-            }
-            if leading as u16 + len as u16 > 64 {
-                return Err(DecodeError::BadXorWindow {
-                    bit: self.r.bit_pos(),
-                    sample: self.i,
-                    leading,
-                    len,
-                });
-            }
-            let w = (leading, 64 - leading - len);
-            self.window = Some(w);
-            w
-        } else {
-            self.window.ok_or(DecodeError::NoXorWindow {
-                bit: self.r.bit_pos(),
-                sample: self.i,
-            })?
-        };
-        let len = 64 - leading - trailing;
-        let bits = self.r.read_bits(len).map_err(|_| self.truncated())?;
-        // len >= 1, so trailing <= 63 and the shift is in range.
-        self.v ^= bits << trailing;
-        Ok(())
+        let (bit, sample) = (self.r.bit_pos(), self.i);
+        self.xor.read(&mut self.r).map_err(|f| match f {
+            XorFault::Eof => self.truncated(),
+            XorFault::Window { leading, len } => DecodeError::BadXorWindow {
+                bit,
+                sample,
+                leading,
+                len,
+            },
+            XorFault::NoWindow => DecodeError::NoXorWindow { bit, sample },
+        })
     }
 }
 
@@ -305,6 +325,90 @@ impl Iterator for GorillaDecoder<'_> {
             self.failed = true;
         }
         Some(r)
+    }
+}
+
+/// Gorilla's XOR coding of values alone: the first value as 64 raw bits, then
+/// one XOR block per value. The fallback value encoding of segment columns.
+#[derive(Debug, Clone, Default)]
+pub struct XorEncoder {
+    w: BitWriter,
+    count: u32,
+    xor: XorState,
+}
+
+impl XorEncoder {
+    pub fn append(&mut self, value: f64) {
+        let vbits = value.to_bits();
+        if self.count == 0 {
+            self.w.write_bits(vbits, 64);
+            self.xor.v = vbits;
+        } else {
+            self.xor.write(&mut self.w, vbits);
+        }
+        self.count += 1;
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.w.bytes()
+    }
+}
+
+/// Decodes what [`XorEncoder`] wrote; never panics, ends after an error.
+#[derive(Debug, Clone)]
+pub struct XorDecoder<'a> {
+    r: BitReader<'a>,
+    count: u32,
+    i: u32,
+    xor: XorState,
+    failed: bool,
+}
+
+impl<'a> XorDecoder<'a> {
+    pub fn new(bytes: &'a [u8], count: u32) -> Self {
+        Self {
+            r: BitReader::new(bytes),
+            count,
+            i: 0,
+            xor: XorState::default(),
+            failed: false,
+        }
+    }
+}
+
+impl Iterator for XorDecoder<'_> {
+    type Item = Result<f64, DecodeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.i >= self.count {
+            return None;
+        }
+        let (bit, sample, count) = (self.r.bit_pos(), self.i, self.count);
+        let r = if self.i == 0 {
+            self.r
+                .read_bits(64)
+                .map(|v| self.xor.v = v)
+                .map_err(|_| XorFault::Eof)
+        } else {
+            self.xor.read(&mut self.r)
+        };
+        self.i += 1;
+        match r {
+            Ok(()) => Some(Ok(f64::from_bits(self.xor.v))),
+            Err(f) => {
+                self.failed = true;
+                Some(Err(match f {
+                    XorFault::Eof => DecodeError::Truncated { bit, sample, count },
+                    XorFault::Window { leading, len } => DecodeError::BadXorWindow {
+                        bit,
+                        sample,
+                        leading,
+                        len,
+                    },
+                    XorFault::NoWindow => DecodeError::NoXorWindow { bit, sample },
+                }))
+            }
+        }
     }
 }
 

@@ -10,6 +10,7 @@
 //! offset and never cause a panic.
 
 mod codec;
+pub mod column;
 mod db;
 pub mod error;
 pub mod files;

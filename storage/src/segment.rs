@@ -33,33 +33,43 @@ use std::sync::Arc;
 use memmap2::Mmap;
 
 use crate::codec::{self, Reader};
+use crate::column;
 use crate::error::Corruption;
-use crate::gorilla::GorillaDecoder;
 use crate::series::{Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
-pub(crate) const VERSION: u32 = 1;
+pub(crate) const VERSION: u32 = 2;
+/// Most samples in one column chunk of a segment.
+pub(crate) const MAX_CHUNK_SAMPLES: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 16;
 pub(crate) const FOOTER_LEN: usize = 8 * 8 + 3 * 4 + 8;
 
-impl ChunkRef {
-    /// Encoded size of the chunk, bytes.
-    pub fn len_bytes(&self) -> u32 {
-        self.len
-    }
+/// Where one column block lives in the file, and its checksum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BlockRef {
+    pub(crate) offset: u64,
+    pub(crate) len: u32,
+    pub(crate) crc: u32,
 }
 
-/// Where one chunk lives in the file.
+/// One chunk of a series: a timestamp block (possibly shared with other
+/// chunks) and a value block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ChunkRef {
     pub min_ts: i64,
     pub max_ts: i64,
     pub count: u32,
-    offset: u64,
-    len: u32,
-    crc: u32,
+    ts: BlockRef,
+    values: BlockRef,
+}
+
+impl ChunkRef {
+    /// Bytes of the value block (the timestamp block may be shared).
+    pub fn value_bytes(&self) -> u32 {
+        self.values.len
+    }
 }
 
 #[derive(Debug)]
@@ -80,6 +90,8 @@ pub struct Segment {
     samples: u64,
     min_ts: i64,
     max_ts: i64,
+    /// End of the data region (= start of the index).
+    data_end: u64,
 }
 
 impl Segment {
@@ -211,6 +223,7 @@ impl Segment {
             samples,
             min_ts,
             max_ts,
+            data_end,
         })
     }
 
@@ -280,26 +293,56 @@ impl Segment {
         &self.series[ordinal as usize].chunks
     }
 
-    /// Checks the chunk's checksum and returns a decoder over it.
-    ///
-    /// # Errors
-    /// [`Error::Corrupt`] if the checksum does not match.
-    pub fn chunk_decoder(&self, c: &ChunkRef) -> Result<GorillaDecoder<'_>> {
+    /// Bytes of the data region: every timestamp and value block.
+    pub fn data_bytes(&self) -> u64 {
+        self.data_end - HEADER_LEN as u64
+    }
+
+    fn block(&self, r: &BlockRef, what: &'static str) -> Result<&[u8]> {
         // Bounds were validated at open.
-        let bytes = &self.map[c.offset as usize..c.offset as usize + c.len as usize];
+        let bytes = &self.map[r.offset as usize..r.offset as usize + r.len as usize];
         let actual = crc32c::crc32c(bytes);
-        if actual != c.crc {
+        if actual != r.crc {
             return Err(Error::Corrupt {
                 path: self.path.clone(),
-                offset: c.offset,
+                offset: r.offset,
                 kind: Corruption::ChecksumMismatch {
-                    section: "chunk",
-                    expected: c.crc,
+                    section: what,
+                    expected: r.crc,
                     actual,
                 },
             });
         }
-        Ok(GorillaDecoder::new(bytes, c.count))
+        Ok(bytes)
+    }
+
+    /// Checks the chunk's checksums, decodes it and appends its samples.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if a checksum does not match or a block does not
+    /// decode; nothing is appended then.
+    pub fn read_chunk(
+        &self,
+        c: &ChunkRef,
+        ts_ms: &mut Vec<i64>,
+        values: &mut Vec<f64>,
+    ) -> Result<()> {
+        let tb = self.block(&c.ts, "timestamp block")?;
+        let vb = self.block(&c.values, "value block")?;
+        let (t0, v0, n) = (ts_ms.len(), values.len(), c.count as usize);
+        let decoded = column::decode_ts(tb, n, ts_ms)
+            .map_err(|e| (c.ts.offset, e))
+            .and_then(|()| column::decode_values(vb, n, values).map_err(|e| (c.values.offset, e)));
+        if let Err((offset, e)) = decoded {
+            ts_ms.truncate(t0);
+            values.truncate(v0);
+            return Err(Error::Corrupt {
+                path: self.path.clone(),
+                offset,
+                kind: Corruption::BadBlock(e),
+            });
+        }
+        Ok(())
     }
 }
 
@@ -356,19 +399,27 @@ fn parse_index(
             let at = r.offset();
             let min_ts = r.varint("chunk min_ts")?;
             let span = r.uvarint("chunk span")?;
-            let count = r.len("chunk sample count", u32::MAX as usize)? as u32;
-            let offset = r.uvarint("chunk offset")?;
-            let len = r.len("chunk length", u32::MAX as usize)? as u32;
-            let crc = r.u32_le("chunk crc")?;
-            let in_bounds = offset >= HEADER_LEN as u64
-                && offset
-                    .checked_add(len as u64)
-                    .is_some_and(|end| end <= data_end);
-            if !in_bounds {
+            let count = r.len("chunk sample count", MAX_CHUNK_SAMPLES)? as u32;
+            let mut block = |what| -> codec::ReadResult<BlockRef> {
+                let offset = r.uvarint(what)?;
+                let len = r.len(what, u32::MAX as usize)? as u32;
+                let crc = r.u32_le(what)?;
+                let in_bounds = offset >= HEADER_LEN as u64
+                    && offset
+                        .checked_add(len as u64)
+                        .is_some_and(|end| end <= data_end);
+                if !in_bounds || len == 0 {
+                    return Err((at, Corruption::OutOfBounds { what }));
+                }
+                Ok(BlockRef { offset, len, crc })
+            };
+            let ts = block("timestamp block")?;
+            let values = block("value block")?;
+            if count == 0 {
                 return Err((
                     at,
                     Corruption::OutOfBounds {
-                        what: "chunk offset",
+                        what: "chunk sample count",
                     },
                 ));
             }
@@ -376,9 +427,8 @@ fn parse_index(
                 min_ts,
                 max_ts: min_ts.wrapping_add(span as i64),
                 count,
-                offset,
-                len,
-                crc,
+                ts,
+                values,
             });
         }
         out.push(SegmentSeries {

@@ -1,13 +1,15 @@
 //! Writes a sealed segment: `<id>.gseg.tmp`, fsync, rename, fsync the
 //! directory. The layout is in `docs/format/segment.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use super::{FOOTER_MAGIC, HEADER_LEN, MAGIC, VERSION};
+use super::{BlockRef, FOOTER_MAGIC, HEADER_LEN, MAGIC, MAX_CHUNK_SAMPLES, VERSION};
 use crate::codec::{put_str, put_uvarint, put_varint};
+use crate::column;
+use crate::gorilla::GorillaDecoder;
 use crate::head::FrozenSeries;
 use crate::series::METRIC_NAME_LABEL;
 use crate::{Error, Result};
@@ -25,6 +27,10 @@ pub struct SegmentSummary {
 /// Writes `series` (sorted by key, as [`crate::head::Head::freeze`] returns
 /// them) to `tmp`, then renames it to `dst`. When this returns `Ok`, the segment
 /// is durable: file and directory entry are fsynced.
+///
+/// Each series' head chunks are decoded and re-encoded as column chunks of at
+/// most [`super::MAX_CHUNK_SAMPLES`] samples ([`crate::column`]); a timestamp
+/// block whose bytes were already written is shared instead of written again.
 pub(crate) fn write_segment(
     tmp: &Path,
     dst: &Path,
@@ -41,11 +47,23 @@ pub(crate) fn write_segment(
     debug_assert_eq!(header.len(), HEADER_LEN);
     w.write_all(&header).map_err(io)?;
 
-    // Chunk data, with the index built alongside.
+    // Data region and index, built together.
     let mut offset = HEADER_LEN as u64;
     let mut index = Vec::new();
     let mut postings: BTreeMap<(&str, &str), Vec<u32>> = BTreeMap::new();
+    let mut ts_blocks: HashMap<Vec<u8>, BlockRef> = HashMap::new();
     let (mut samples, mut min_ts, mut max_ts) = (0u64, i64::MAX, i64::MIN);
+    let (mut ts, mut vals, mut block) = (Vec::new(), Vec::new(), Vec::new());
+    let put = |w: &mut BufWriter<File>, bytes: &[u8], offset: &mut u64| -> Result<BlockRef> {
+        w.write_all(bytes).map_err(io)?;
+        let r = BlockRef {
+            offset: *offset,
+            len: bytes.len() as u32,
+            crc: crc32c::crc32c(bytes),
+        };
+        *offset += bytes.len() as u64;
+        Ok(r)
+    };
     put_uvarint(&mut index, series.len() as u64);
     for (ordinal, (key, chunks)) in series.iter().enumerate() {
         let ordinal = ordinal as u32;
@@ -63,22 +81,53 @@ pub(crate) fn write_segment(
                 .or_default()
                 .push(ordinal);
         }
-        put_uvarint(&mut index, chunks.len() as u64);
+        ts.clear();
+        vals.clear();
         for c in chunks {
-            w.write_all(&c.bytes).map_err(io)?;
-            put_varint(&mut index, c.min_ts);
-            put_uvarint(&mut index, c.max_ts.wrapping_sub(c.min_ts) as u64);
-            put_uvarint(&mut index, c.count as u64);
-            put_uvarint(&mut index, offset);
-            put_uvarint(&mut index, c.bytes.len() as u64);
-            index.extend_from_slice(&crc32c::crc32c(&c.bytes).to_le_bytes());
-            offset += c.bytes.len() as u64;
-            samples += c.count as u64;
-            min_ts = min_ts.min(c.min_ts);
-            max_ts = max_ts.max(c.max_ts);
+            for sample in GorillaDecoder::new(&c.bytes, c.count) {
+                let (t, v) = sample.map_err(|source| Error::ChunkDecode {
+                    path: PathBuf::from("<head>"),
+                    series: key.to_string(),
+                    chunk: 0,
+                    source,
+                })?;
+                ts.push(t);
+                vals.push(v);
+            }
+        }
+        let n_chunks = ts.len().div_ceil(MAX_CHUNK_SAMPLES);
+        put_uvarint(&mut index, n_chunks as u64);
+        for (t, v) in ts
+            .chunks(MAX_CHUNK_SAMPLES)
+            .zip(vals.chunks(MAX_CHUNK_SAMPLES))
+        {
+            block.clear();
+            column::encode_ts(t, &mut block);
+            let ts_ref = match ts_blocks.get(&block) {
+                Some(r) => *r,
+                None => {
+                    let r = put(&mut w, &block, &mut offset)?;
+                    ts_blocks.insert(block.clone(), r);
+                    r
+                }
+            };
+            block.clear();
+            column::encode_values(v, &mut block);
+            let val_ref = put(&mut w, &block, &mut offset)?;
+            let (lo, hi) = (t[0], t[t.len() - 1]);
+            put_varint(&mut index, lo);
+            put_uvarint(&mut index, hi.wrapping_sub(lo) as u64);
+            put_uvarint(&mut index, t.len() as u64);
+            for r in [ts_ref, val_ref] {
+                put_uvarint(&mut index, r.offset);
+                put_uvarint(&mut index, r.len as u64);
+                index.extend_from_slice(&r.crc.to_le_bytes());
+            }
+            samples += t.len() as u64;
+            min_ts = min_ts.min(lo);
+            max_ts = max_ts.max(hi);
         }
     }
-
     let mut post = Vec::new();
     put_uvarint(&mut post, postings.len() as u64);
     for ((name, value), ids) in &postings {

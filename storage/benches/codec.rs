@@ -1,0 +1,189 @@
+//! Codec throughput and size on the real DCGM recordings (`shared/data/real`,
+//! read in place, never copied) or, where they are absent, on a synthetic grid.
+//!
+//!   cargo bench -p storage --bench codec
+//!
+//! Prints bytes per sample for each codec, then criterion's throughput in
+//! samples per second (one core).
+
+// A benchmark reports to stdout.
+#![allow(clippy::print_stdout)]
+
+use std::hint::black_box;
+use std::path::Path;
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use storage::column::{decode_ts, decode_values, encode_ts, encode_values};
+use storage::gorilla::{GorillaDecoder, GorillaEncoder};
+
+/// One series: timestamps and values.
+type Series = (Vec<i64>, Vec<f64>);
+
+/// Every (file, gpu, column) of the real recordings as one series.
+fn real_series() -> Option<Vec<Series>> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/data/real/atharvanihalani__gpu-telemetry-exploration");
+    let mut out = Vec::new();
+    for file in ["t13_node0_telemetry.csv", "b1_telemetry.csv"] {
+        let text = std::fs::read_to_string(dir.join(file)).ok()?;
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next()?.split(',').collect();
+        let metrics: Vec<usize> = (4..header.len()).collect();
+        let mut by_key: std::collections::BTreeMap<(String, usize), Series> = Default::default();
+        for line in lines {
+            let f: Vec<&str> = line.split(',').collect();
+            let ts = (f[0].parse::<f64>().ok()? * 1000.0).round() as i64;
+            for &m in &metrics {
+                if let Ok(v) = f[m].parse::<f64>() {
+                    let s = by_key.entry((f[2].to_string(), m)).or_default();
+                    s.0.push(ts);
+                    s.1.push(v);
+                }
+            }
+        }
+        out.extend(by_key.into_values());
+    }
+    Some(out)
+}
+
+/// Fallback: 128 series of 3000 samples at 100 ms with jitter; constants,
+/// slow drift, counters and noise.
+fn synthetic_series() -> Vec<Series> {
+    let mut x: u64 = 42;
+    let mut rnd = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    (0..128)
+        .map(|i| {
+            let mut t = 1_775_000_000_000i64;
+            let mut acc = 0f64;
+            (0..3000)
+                .map(|k| {
+                    t += 100 + (rnd() % 7) as i64 - 3;
+                    let v = match i % 4 {
+                        0 => 700.0,
+                        1 => ((30.0 + k as f64 / 300.0) * 10.0).round() / 10.0,
+                        2 => {
+                            acc += (rnd() % 50_000) as f64;
+                            acc
+                        }
+                        _ => (rnd() % 1_000_000) as f64 / 1e6,
+                    };
+                    (t, v)
+                })
+                .unzip()
+        })
+        .collect()
+}
+
+fn bench(c: &mut Criterion) {
+    let (series, source) = match real_series() {
+        Some(s) => (s, "shared/data/real"),
+        None => (synthetic_series(), "synthetic grid"),
+    };
+    let samples: usize = series.iter().map(|s| s.0.len()).sum();
+
+    let gorilla: Vec<(Vec<u8>, u32)> = series
+        .iter()
+        .flat_map(|(t, v)| {
+            t.chunks(240).zip(v.chunks(240)).map(|(t, v)| {
+                let mut e = GorillaEncoder::new();
+                t.iter().zip(v).for_each(|(&t, &v)| e.append(t, v));
+                (e.bytes().to_vec(), e.count())
+            })
+        })
+        .collect();
+    let columns: Vec<(Vec<u8>, Vec<u8>, usize)> = series
+        .iter()
+        .flat_map(|(t, v)| {
+            t.chunks(4096).zip(v.chunks(4096)).map(|(t, v)| {
+                let (mut tb, mut vb) = (Vec::new(), Vec::new());
+                encode_ts(t, &mut tb);
+                encode_values(v, &mut vb);
+                (tb, vb, t.len())
+            })
+        })
+        .collect();
+    let g_bytes: usize = gorilla.iter().map(|c| c.0.len()).sum();
+    let v_bytes: usize = columns.iter().map(|c| c.1.len()).sum();
+    let t_bytes: usize = columns.iter().map(|c| c.0.len()).sum();
+    let mut distinct_ts: Vec<&Vec<u8>> = columns.iter().map(|c| &c.0).collect();
+    distinct_ts.sort();
+    distinct_ts.dedup();
+    let t_shared: usize = distinct_ts.iter().map(|b| b.len()).sum();
+    println!(
+        "codec sizes on {source}: {samples} samples in {} series",
+        series.len()
+    );
+    println!(
+        "  gorilla (240-sample chunks)      {:.3} B/sample",
+        g_bytes as f64 / samples as f64
+    );
+    println!(
+        "  columns, values + own ts         {:.3} B/sample",
+        (v_bytes + t_bytes) as f64 / samples as f64
+    );
+    println!(
+        "  columns, values + shared ts      {:.3} B/sample (what a segment stores)",
+        (v_bytes + t_shared) as f64 / samples as f64
+    );
+
+    let mut g = c.benchmark_group("codec");
+    g.throughput(Throughput::Elements(samples as u64));
+    g.sample_size(10);
+    g.bench_function("gorilla_encode", |b| {
+        b.iter(|| {
+            for (t, v) in &series {
+                let mut e = GorillaEncoder::new();
+                t.iter().zip(v).for_each(|(&t, &v)| e.append(t, v));
+                black_box(e.bytes().len());
+            }
+        })
+    });
+    g.bench_function("gorilla_decode_sum", |b| {
+        b.iter(|| {
+            let mut sum = 0.0;
+            for (bytes, n) in &gorilla {
+                for s in GorillaDecoder::new(bytes, *n) {
+                    sum += s.unwrap().1;
+                }
+            }
+            black_box(sum)
+        })
+    });
+    g.bench_function("column_encode", |b| {
+        let (mut tb, mut vb) = (Vec::new(), Vec::new());
+        b.iter(|| {
+            for (t, v) in &series {
+                for (t, v) in t.chunks(4096).zip(v.chunks(4096)) {
+                    tb.clear();
+                    vb.clear();
+                    encode_ts(t, &mut tb);
+                    encode_values(v, &mut vb);
+                }
+            }
+            black_box(vb.len())
+        })
+    });
+    g.bench_function("column_decode_sum", |b| {
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        b.iter(|| {
+            let mut sum = 0.0;
+            for (tb, vb, n) in &columns {
+                ts.clear();
+                vals.clear();
+                decode_ts(tb, *n, &mut ts).unwrap();
+                decode_values(vb, *n, &mut vals).unwrap();
+                sum += vals.iter().sum::<f64>();
+            }
+            black_box(sum)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);
