@@ -89,6 +89,10 @@ pub(crate) struct NodeArgs {
     /// survives a crash of the process (kill -9) but not of the machine.
     #[arg(long, env = "GPULSE_WAL_FSYNC")]
     pub(crate) wal_fsync: bool,
+    /// Delete raw samples older than this, e.g. 7d (default: keep forever;
+    /// raw data is the only tier until rollups exist).
+    #[arg(long, env = "GPULSE_RETENTION", value_parser = duration)]
+    pub(crate) retention: Option<Duration>,
 }
 
 #[derive(Debug, Args)]

@@ -94,6 +94,7 @@ fn serve_config(node: &NodeArgs) -> ServeConfig {
         grpc_listen: node.grpc_listen,
         http_listen: node.http_listen,
         flush_interval: node.flush_interval,
+        retention: node.retention,
         wal_sync: if node.wal_fsync {
             storage::SyncPolicy::Fsync
         } else {

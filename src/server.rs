@@ -25,6 +25,30 @@ pub(crate) struct ServeConfig {
     pub(crate) http_listen: SocketAddr,
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
+    pub(crate) retention: Option<Duration>,
+}
+
+/// One round of upkeep: flush the head, merge finished compaction windows
+/// (at most a few per round, so that a backlog does not stall the next
+/// flush), and drop segments past the retention.
+fn maintain(st: &Storage) -> storage::Result<()> {
+    st.flush()?;
+    for _ in 0..4 {
+        match st.compact() {
+            Ok(Some(_)) => {}
+            Ok(None) => break,
+            Err(e) => {
+                error!(error = %e, "compaction failed; the segments stay as they are");
+                break;
+            }
+        }
+    }
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    st.enforce_retention(now_ms);
+    Ok(())
 }
 
 /// A running node. Dropping it does not stop it: call [`Self::shutdown`].
@@ -41,6 +65,7 @@ impl Server {
     pub(crate) async fn start(config: &ServeConfig) -> anyhow::Result<Self> {
         let mut storage_config = StorageConfig::new(&config.data_dir);
         storage_config.wal_sync = config.wal_sync;
+        storage_config.retention = config.retention;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
@@ -96,10 +121,10 @@ impl Server {
                     tokio::select! {
                         _ = tick.tick() => {
                             let st = st.clone();
-                            match tokio::task::spawn_blocking(move || st.flush()).await {
+                            match tokio::task::spawn_blocking(move || maintain(&st)).await {
                                 Ok(Err(e)) => error!(error = %e, "periodic flush failed"),
                                 Err(e) => error!(error = %e, "flush task panicked"),
-                                Ok(Ok(_)) => {}
+                                Ok(Ok(())) => {}
                             }
                         }
                         _ = rx.changed() => return,

@@ -51,6 +51,13 @@ pub struct StorageConfig {
     pub wal_sync: SyncPolicy,
     /// Size at which a WAL segment is closed and the next one started. Default 128 MiB.
     pub wal_segment_bytes: u64,
+    /// Raw samples older than this (by their timestamp, against the wall
+    /// clock) are deleted, a segment at a time. Default `None`: kept forever,
+    /// since raw data is the only tier until rollups exist.
+    pub retention: Option<std::time::Duration>,
+    /// [`Storage::compact`] merges the segments of each finished window of this
+    /// length into one. Default 2 h.
+    pub compaction_window: std::time::Duration,
 }
 
 impl StorageConfig {
@@ -61,6 +68,8 @@ impl StorageConfig {
             max_series: 5_000_000,
             wal_sync: SyncPolicy::Os,
             wal_segment_bytes: 128 << 20,
+            retention: None,
+            compaction_window: std::time::Duration::from_secs(2 * 3600),
         }
     }
 }
@@ -74,6 +83,8 @@ pub struct StorageMetrics {
     pub flushes: AtomicU64,
     /// Samples put back into the head by WAL replay at open.
     pub wal_replayed_samples: AtomicU64,
+    pub compactions: AtomicU64,
+    pub segments_expired: AtomicU64,
     /// WAL samples that referenced a series whose definition was lost to corruption.
     pub wal_orphan_samples: AtomicU64,
 }
@@ -188,6 +199,7 @@ impl Storage {
                 Err(e) => return Err(e),
             }
         }
+        let segments = drop_compacted_sources(segments, &q_dir, &metrics)?;
         let samples: u64 = segments.iter().map(|s| s.num_samples()).sum();
         let mut head = Head::new(config.max_chunk_samples, config.max_series);
         let replay = replay_wal(&config.data_dir, &segments, &mut head, &metrics)?;
@@ -364,8 +376,8 @@ impl Storage {
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
-        let written =
-            write_segment(&tmp, &dst, &frozen).and_then(|s| Ok((s, Segment::open(&dst, id)?)));
+        let written = write_frozen(&tmp, &dst, (id.0, id.0), &frozen)
+            .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
         let (summary, segment) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -449,6 +461,123 @@ impl Storage {
             .into_iter()
             .map(|(key, chunks)| SelectedSeries { key, chunks })
             .collect()
+    }
+
+    /// Merges the segments of the oldest finished compaction window (one that a
+    /// later segment has moved past) into one segment, if it has two or more.
+    /// Call it repeatedly to catch up. Queries go on meanwhile; the sources are
+    /// deleted once the last query holding them finishes.
+    ///
+    /// # Errors
+    /// I/O errors, or a source chunk that fails its checksum; the sources
+    /// then stay as they are.
+    pub fn compact(&self) -> Result<Option<SegmentSummary>> {
+        let _one_at_a_time = lock!(self.flush_lock.lock());
+        let window_ms = (self.config.compaction_window.as_millis() as i64).max(1);
+        let segments = lock!(self.state.read()).segments.clone();
+        let window_of = |s: &Segment| s.time_range().1.div_euclid(window_ms);
+        let mut group: Vec<Arc<Segment>> = Vec::new();
+        for (i, s) in segments.iter().enumerate() {
+            let w = window_of(s);
+            let finished = segments[i + 1..].iter().any(|later| window_of(later) > w);
+            if finished && group.last().is_none_or(|g| window_of(g) == w) {
+                group.push(s.clone());
+            } else if group.len() >= 2 {
+                break;
+            } else {
+                group.clear();
+                if finished {
+                    group.push(s.clone());
+                }
+            }
+        }
+        if group.len() < 2 {
+            return Ok(None);
+        }
+
+        let started = Instant::now();
+        let mut refs: std::collections::BTreeMap<Arc<SeriesKey>, Vec<(usize, u32)>> =
+            Default::default();
+        for (gi, seg) in group.iter().enumerate() {
+            for ord in 0..seg.num_series() as u32 {
+                refs.entry(seg.series_key(ord).clone())
+                    .or_default()
+                    .push((gi, ord));
+            }
+        }
+        let keys: Vec<Arc<SeriesKey>> = refs.keys().cloned().collect();
+        let sources: Vec<&Vec<(usize, u32)>> = refs.values().collect();
+        let seq = (group[0].seq_range().0, group[group.len() - 1].seq_range().1);
+        let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
+        let tmp = files::segment_tmp_path(&self.config.data_dir, id);
+        let dst = files::segment_path(&self.config.data_dir, id);
+        let written = write_segment(&tmp, &dst, seq, &keys, |i, ts, vals| {
+            // Sources are in flush order, so each series' samples stay in time order.
+            for &(gi, ord) in sources[i] {
+                for c in group[gi].chunks(ord) {
+                    group[gi].read_chunk(c, ts, vals)?;
+                }
+            }
+            Ok(())
+        })
+        .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
+        let (summary, merged) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let mut state = lock!(self.state.write());
+        let at = state
+            .segments
+            .iter()
+            .position(|s| Arc::ptr_eq(s, &group[0]))
+            .expect("BUG: only compaction removes segments, and it holds the flush lock");
+        state
+            .segments
+            .splice(at..at + group.len(), [Arc::new(merged)]);
+        drop(state);
+        for s in &group {
+            s.delete_when_unused();
+        }
+        self.metrics.compactions.fetch_add(1, Relaxed);
+        info!(
+            sources = group.len(),
+            segment = %dst.display(),
+            series = summary.series,
+            samples = summary.samples,
+            bytes = summary.bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compacted segments"
+        );
+        Ok(Some(summary))
+    }
+
+    /// Drops every segment whose newest sample is older than the retention
+    /// (see [`StorageConfig::retention`]) at `now_ms`. A query that holds a
+    /// dropped segment keeps reading it; the file goes when the query ends.
+    /// Returns how many segments were dropped.
+    pub fn enforce_retention(&self, now_ms: i64) -> usize {
+        let Some(keep) = self.config.retention else {
+            return 0;
+        };
+        let cutoff = now_ms.saturating_sub(keep.as_millis() as i64);
+        let mut state = lock!(self.state.write());
+        let (expired, kept): (Vec<_>, Vec<_>) = state
+            .segments
+            .drain(..)
+            .partition(|s| s.time_range().1 < cutoff);
+        state.segments = kept;
+        drop(state);
+        for s in &expired {
+            info!(segment = %s.path().display(), newest_sample_ms = s.time_range().1, "retention: dropping expired segment");
+            s.delete_when_unused();
+        }
+        self.metrics
+            .segments_expired
+            .fetch_add(expired.len() as u64, Relaxed);
+        expired.len()
     }
 
     pub fn stats(&self) -> StorageStats {
@@ -552,6 +681,70 @@ fn replay_wal(
     metrics.wal_replayed_samples.fetch_add(replayed, Relaxed);
     metrics.wal_orphan_samples.fetch_add(orphans, Relaxed);
     Ok(report)
+}
+
+/// Writes frozen head chunks as a segment (see [`write_segment`]).
+fn write_frozen(
+    tmp: &Path,
+    dst: &Path,
+    seq: (u64, u64),
+    frozen: &[FrozenSeries],
+) -> Result<SegmentSummary> {
+    let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
+    write_segment(tmp, dst, seq, &keys, |i, ts, vals| {
+        let (key, chunks) = &frozen[i];
+        for c in chunks {
+            for s in GorillaDecoder::new(&c.bytes, c.count) {
+                let (t, v) = s.map_err(|source| Error::ChunkDecode {
+                    path: PathBuf::from("<head>"),
+                    series: key.to_string(),
+                    chunk: 0,
+                    source,
+                })?;
+                ts.push(t);
+                vals.push(v);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Orders segments by the flush sequence numbers they cover, and deletes
+/// those whose range lies inside another's: the sources of a compaction that
+/// crashed after writing its result and before deleting them. A partial
+/// overlap is never written by gpulse; such a segment is quarantined.
+fn drop_compacted_sources(
+    mut segments: Vec<Arc<Segment>>,
+    q_dir: &Path,
+    metrics: &StorageMetrics,
+) -> Result<Vec<Arc<Segment>>> {
+    segments.sort_by_key(|s| (s.seq_range().0, std::cmp::Reverse(s.seq_range().1)));
+    let mut kept: Vec<Arc<Segment>> = Vec::with_capacity(segments.len());
+    for s in segments {
+        let (lo, hi) = s.seq_range();
+        if let Some(last) = kept.last() {
+            let (klo, khi) = last.seq_range();
+            if lo >= klo && hi <= khi {
+                warn!(segment = %s.path().display(), within = %last.path().display(), "deleting a compacted segment's leftover source");
+                s.delete_when_unused();
+                continue;
+            }
+            if lo <= khi {
+                error!(segment = %s.path().display(), other = %last.path().display(), "segments overlap in flush sequence; quarantining the later one");
+                fs::create_dir_all(q_dir).map_err(|e| Error::io(q_dir, e))?;
+                let name = s
+                    .path()
+                    .file_name()
+                    .map(|n| n.to_owned())
+                    .unwrap_or_default();
+                fs::rename(s.path(), q_dir.join(name)).map_err(|e| Error::io(s.path(), e))?;
+                metrics.segments_quarantined.fetch_add(1, Relaxed);
+                continue;
+            }
+        }
+        kept.push(s);
+    }
+    Ok(kept)
 }
 
 fn max_segment_id(dir: &Path) -> Result<u64> {

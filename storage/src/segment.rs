@@ -44,7 +44,7 @@ pub(crate) const VERSION: u32 = 2;
 /// Most samples in one column chunk of a segment.
 pub(crate) const MAX_CHUNK_SAMPLES: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 16;
-pub(crate) const FOOTER_LEN: usize = 8 * 8 + 3 * 4 + 8;
+pub(crate) const FOOTER_LEN: usize = 10 * 8 + 3 * 4 + 8;
 
 /// Where one column block lives in the file, and its checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -92,6 +92,11 @@ pub struct Segment {
     max_ts: i64,
     /// End of the data region (= start of the index).
     data_end: u64,
+    /// Flush sequence numbers covered, inclusive.
+    seq: (u64, u64),
+    /// Set when retention or compaction dropped the segment: the file is
+    /// deleted when the last reader lets go of it.
+    deleted: std::sync::atomic::AtomicBool,
 }
 
 impl Segment {
@@ -169,10 +174,10 @@ impl Segment {
         };
         let u32_at =
             |o: usize| u32::from_le_bytes(footer[o..o + 4].try_into().expect("BUG: 4 bytes"));
-        let (stored, actual) = (u32_at(72), crc32c::crc32c(&footer[..72]));
+        let (stored, actual) = (u32_at(88), crc32c::crc32c(&footer[..88]));
         if stored != actual {
             return Err(corrupt(
-                (fstart + 72) as u64,
+                (fstart + 88) as u64,
                 Corruption::ChecksumMismatch {
                     section: "footer",
                     expected: stored,
@@ -184,6 +189,15 @@ impl Segment {
             (u64_at(0), u64_at(1), u64_at(2), u64_at(3));
         let (series_count, samples) = (u64_at(4), u64_at(5));
         let (min_ts, max_ts) = (u64_at(6) as i64, u64_at(7) as i64);
+        let seq = (u64_at(8), u64_at(9));
+        if seq.0 > seq.1 {
+            return Err(corrupt(
+                fstart as u64 + 64,
+                Corruption::OutOfBounds {
+                    what: "flush sequence range",
+                },
+            ));
+        }
         let section = |off: u64, n: u64, what: &'static str| -> Result<&[u8]> {
             off.checked_add(n)
                 .filter(|&end| off >= HEADER_LEN as u64 && end <= fstart as u64)
@@ -193,8 +207,8 @@ impl Segment {
         let index = section(index_off, index_len, "index section")?;
         let post = section(post_off, post_len, "postings section")?;
         for (bytes, off, stored, name) in [
-            (index, index_off, u32_at(64), "index"),
-            (post, post_off, u32_at(68), "postings"),
+            (index, index_off, u32_at(80), "index"),
+            (post, post_off, u32_at(84), "postings"),
         ] {
             let actual = crc32c::crc32c(bytes);
             if actual != stored {
@@ -224,7 +238,22 @@ impl Segment {
             min_ts,
             max_ts,
             data_end,
+            seq,
+            deleted: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The flush sequence numbers this segment covers, inclusive: one for a
+    /// flushed segment, the union of its sources for a compacted one.
+    pub fn seq_range(&self) -> (u64, u64) {
+        self.seq
+    }
+
+    /// Deletes the file once no one holds this segment any more. Queries
+    /// that hold it keep reading it until they finish.
+    pub(crate) fn delete_when_unused(&self) {
+        self.deleted
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     pub fn id(&self) -> SegmentId {
@@ -343,6 +372,17 @@ impl Segment {
             });
         }
         Ok(())
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        if self.deleted.load(std::sync::atomic::Ordering::Acquire)
+            && let Err(e) = std::fs::remove_file(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(segment = %self.path.display(), error = %e, "could not delete a dropped segment; the next start deletes it");
+        }
     }
 }
 

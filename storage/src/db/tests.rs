@@ -1,5 +1,6 @@
 use super::*;
 use crate::series::Label;
+use std::path::Path;
 
 fn key(metric: &str, gpu: u32) -> SeriesKey {
     SeriesKey::new(metric, vec![Label::new("gpu", gpu.to_string())]).unwrap()
@@ -198,4 +199,81 @@ fn a_data_dir_is_opened_by_one_storage_at_a_time() {
     ));
     drop(st);
     Storage::open(StorageConfig::new(dir.path())).unwrap();
+}
+
+fn segment_files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(dir.join(SEGMENTS_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn compaction_merges_a_finished_window_and_survives_a_crash_midway() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.compaction_window = std::time::Duration::from_secs(100);
+    let st = Storage::open(cfg.clone()).unwrap();
+    let mut want_a = Vec::new();
+    let mut want_b = Vec::new();
+    // Four flushes inside the first 100 s window, one in the next.
+    for k in 0..4 {
+        want_a.extend(fill(&st, "a", 0, k * 20_000, 20));
+        want_b.extend(fill(&st, "b", 1, k * 20_000, 20));
+        st.flush().unwrap();
+    }
+    fill(&st, "a", 0, 100_000, 5);
+    st.flush().unwrap();
+    assert_eq!(segment_files(dir.path()).len(), 5);
+    // Keep a source's bytes, to fake a crash before the sources were deleted.
+    let first_source = files::segment_path(dir.path(), SegmentId(1));
+    let source_bytes = fs::read(&first_source).unwrap();
+
+    let summary = st.compact().unwrap().expect("one window to merge");
+    assert_eq!(summary.samples, 160);
+    assert_eq!(st.compact().unwrap(), None, "nothing left to merge");
+    assert_eq!(segment_files(dir.path()).len(), 2, "sources deleted");
+    let sel = st.select(&[Matcher::equal("__name__", "b")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want_b);
+    let sel = st.select(&[Matcher::equal("__name__", "a")], i64::MIN, 99_999);
+    assert_eq!(read_range(&sel[0], i64::MIN, 99_999), want_a);
+    drop(st);
+
+    fs::write(&first_source, source_bytes).unwrap();
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.stats().segments, 2, "the leftover source is not served");
+    let sel = st.select(&[Matcher::equal("__name__", "b")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want_b, "no duplicates after the leftover");
+    drop(sel);
+    drop(st);
+    assert!(!first_source.exists(), "the leftover source was deleted");
+}
+
+#[test]
+fn retention_deletes_expired_segments_after_their_last_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.retention = Some(std::time::Duration::from_secs(60));
+    let st = Storage::open(cfg).unwrap();
+    let old = fill(&st, "a", 0, 0, 10);
+    st.flush().unwrap();
+    let new = fill(&st, "a", 0, 1_000_000, 10);
+    st.flush().unwrap();
+    let held = st.select(&[], i64::MIN, i64::MAX);
+    // At t = 1,000,000 + 60 s, only the first segment (newest sample at 9 s) is expired.
+    assert_eq!(st.enforce_retention(1_060_000), 1);
+    assert_eq!(st.stats().segments, 1);
+    let expired = files::segment_path(dir.path(), SegmentId(1));
+    assert!(expired.exists(), "a query still holds it");
+    assert_eq!(
+        read(&held[0]),
+        [old, new.clone()].concat(),
+        "and can still read it"
+    );
+    drop(held);
+    assert!(!expired.exists(), "deleted once the query let go");
+    let sel = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), new);
 }

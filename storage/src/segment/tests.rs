@@ -28,7 +28,18 @@ fn sample_head() -> Head {
 fn write(dir: &Path) -> PathBuf {
     let frozen = sample_head().freeze();
     let dst = dir.join("a.gseg");
-    let s = write_segment(&dir.join("a.tmp"), &dst, &frozen).unwrap();
+    let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
+    let s = write_segment(&dir.join("a.tmp"), &dst, (7, 7), &keys, |i, ts, vals| {
+        for c in &frozen[i].1 {
+            for s in crate::gorilla::GorillaDecoder::new(&c.bytes, c.count) {
+                let (t, v) = s.unwrap();
+                ts.push(t);
+                vals.push(v);
+            }
+        }
+        Ok(())
+    })
+    .unwrap();
     assert_eq!(s.series, 4);
     assert_eq!(s.samples, 751);
     assert_eq!((s.min_ts, s.max_ts), (5, 1_700_000_000_000 + 249_000));

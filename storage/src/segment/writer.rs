@@ -4,14 +4,14 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::sync::Arc;
 
 use super::{BlockRef, FOOTER_MAGIC, HEADER_LEN, MAGIC, MAX_CHUNK_SAMPLES, VERSION};
 use crate::codec::{put_str, put_uvarint, put_varint};
 use crate::column;
-use crate::gorilla::GorillaDecoder;
-use crate::head::FrozenSeries;
 use crate::series::METRIC_NAME_LABEL;
+use crate::series::SeriesKey;
 use crate::{Error, Result};
 
 /// Summary of a written segment.
@@ -24,17 +24,21 @@ pub struct SegmentSummary {
     pub max_ts: i64,
 }
 
-/// Writes `series` (sorted by key, as [`crate::head::Head::freeze`] returns
-/// them) to `tmp`, then renames it to `dst`. When this returns `Ok`, the segment
-/// is durable: file and directory entry are fsynced.
+/// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`.
+/// `load(i, ts, values)` appends the samples of `keys[i]`, in time order.
+/// `seq` is the range of flush sequence numbers the segment covers (a flush
+/// covers one; a compaction the union of its sources). When this returns
+/// `Ok`, the segment is durable: file and directory entry are fsynced.
 ///
-/// Each series' head chunks are decoded and re-encoded as column chunks of at
-/// most [`super::MAX_CHUNK_SAMPLES`] samples ([`crate::column`]); a timestamp
+/// Samples are encoded as column chunks of at most
+/// [`super::MAX_CHUNK_SAMPLES`] samples ([`crate::column`]); a timestamp
 /// block whose bytes were already written is shared instead of written again.
 pub(crate) fn write_segment(
     tmp: &Path,
     dst: &Path,
-    series: &[FrozenSeries],
+    seq: (u64, u64),
+    keys: &[Arc<SeriesKey>],
+    mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
     let io = |e| Error::io(tmp, e);
     let file = File::create(tmp).map_err(io)?;
@@ -64,9 +68,9 @@ pub(crate) fn write_segment(
         *offset += bytes.len() as u64;
         Ok(r)
     };
-    put_uvarint(&mut index, series.len() as u64);
-    for (ordinal, (key, chunks)) in series.iter().enumerate() {
-        let ordinal = ordinal as u32;
+    put_uvarint(&mut index, keys.len() as u64);
+    for (i, key) in keys.iter().enumerate() {
+        let ordinal = i as u32;
         put_str(&mut index, key.metric());
         put_uvarint(&mut index, key.labels().len() as u64);
         postings
@@ -83,18 +87,7 @@ pub(crate) fn write_segment(
         }
         ts.clear();
         vals.clear();
-        for c in chunks {
-            for sample in GorillaDecoder::new(&c.bytes, c.count) {
-                let (t, v) = sample.map_err(|source| Error::ChunkDecode {
-                    path: PathBuf::from("<head>"),
-                    series: key.to_string(),
-                    chunk: 0,
-                    source,
-                })?;
-                ts.push(t);
-                vals.push(v);
-            }
-        }
+        load(i, &mut ts, &mut vals)?;
         let n_chunks = ts.len().div_ceil(MAX_CHUNK_SAMPLES);
         put_uvarint(&mut index, n_chunks as u64);
         for (t, v) in ts
@@ -155,13 +148,15 @@ pub(crate) fn write_segment(
         index.len() as u64,
         postings_offset,
         post.len() as u64,
-        series.len() as u64,
+        keys.len() as u64,
         samples,
     ] {
         footer.extend_from_slice(&v.to_le_bytes());
     }
     footer.extend_from_slice(&min_ts.to_le_bytes());
     footer.extend_from_slice(&max_ts.to_le_bytes());
+    footer.extend_from_slice(&seq.0.to_le_bytes());
+    footer.extend_from_slice(&seq.1.to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&post).to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&footer).to_le_bytes());
@@ -178,7 +173,7 @@ pub(crate) fn write_segment(
         sync_dir(dir)?;
     }
     Ok(SegmentSummary {
-        series: series.len() as u64,
+        series: keys.len() as u64,
         samples,
         bytes,
         min_ts,
