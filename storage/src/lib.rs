@@ -24,7 +24,7 @@ pub use db::{AppendOutcome, SelectedSeries, Storage, StorageConfig, StorageMetri
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
 pub use segment::writer::SegmentSummary;
-pub use series::{Label, Matcher, SeriesKey};
+pub use series::{Label, Matcher, Pattern, SeriesKey};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};
 
 /// Identifies a segment file; ids grow with every flush.

@@ -281,26 +281,37 @@ impl Segment {
         (self.min_ts, self.max_ts)
     }
 
-    /// Ordinals of the series matching all `matchers`, ascending. Equality
-    /// matchers on a non-empty value go through the postings; the rest are
-    /// checked against each candidate's labels.
+    /// Ordinals of the series matching all `matchers`, ascending. Matchers
+    /// that cannot match an absent label (`=` a non-empty value, `=~` a pattern
+    /// that does not match "") go through the postings: the union of the
+    /// lists of every matching value, intersected across matchers. Every
+    /// matcher is then checked against each candidate's labels.
     pub fn select(&self, matchers: &[Matcher]) -> Vec<u32> {
         let mut candidates: Option<Vec<u32>> = None;
         for m in matchers {
-            if let Matcher::Equal { name, value } = m
-                && !value.is_empty()
-            {
-                let list = self
-                    .postings
-                    .get(name)
-                    .and_then(|vals| vals.get(value))
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]);
-                candidates = Some(match candidates {
-                    None => list.to_vec(),
-                    Some(c) => intersect(&c, list),
-                });
-            }
+            let values = self.postings.get(m.name());
+            let list: Vec<u32> = match m {
+                Matcher::Equal { value, .. } if !value.is_empty() => values
+                    .and_then(|v| v.get(value))
+                    .cloned()
+                    .unwrap_or_default(),
+                Matcher::Regex { pattern, .. } if !pattern.is_match("") => {
+                    let mut ids: Vec<u32> = values
+                        .into_iter()
+                        .flatten()
+                        .filter(|(v, _)| pattern.is_match(v))
+                        .flat_map(|(_, ids)| ids.iter().copied())
+                        .collect();
+                    ids.sort_unstable();
+                    ids.dedup();
+                    ids
+                }
+                _ => continue,
+            };
+            candidates = Some(match candidates {
+                None => list,
+                Some(c) => intersect(&c, &list),
+            });
         }
         let all = || (0..self.series.len() as u32).collect();
         candidates

@@ -104,12 +104,50 @@ impl fmt::Display for SeriesKey {
     }
 }
 
+/// A regular expression anchored at both ends, as Prometheus matchers are:
+/// `gpu=~"1|2"` matches `1` and `2`, not `12`.
+#[derive(Debug, Clone)]
+pub struct Pattern {
+    source: String,
+    re: regex::Regex,
+}
+
+impl Pattern {
+    /// # Errors
+    /// The pattern is not a valid regular expression.
+    pub fn new(source: &str) -> Result<Self, regex::Error> {
+        Ok(Self {
+            source: source.to_string(),
+            re: regex::Regex::new(&format!("^(?:{source})$"))?,
+        })
+    }
+
+    pub fn is_match(&self, s: &str) -> bool {
+        self.re.is_match(s)
+    }
+
+    /// The pattern as written, without the anchors.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+}
+
+impl PartialEq for Pattern {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+impl Eq for Pattern {}
+
 /// Selects series by one label (`__name__` for the metric name). An absent
 /// label has the value "", as in Prometheus.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Matcher {
     Equal { name: String, value: String },
     NotEqual { name: String, value: String },
+    Regex { name: String, pattern: Pattern },
+    NotRegex { name: String, pattern: Pattern },
 }
 
 impl Matcher {
@@ -127,10 +165,45 @@ impl Matcher {
         }
     }
 
-    pub fn matches(&self, key: &SeriesKey) -> bool {
+    /// `name =~ pattern`, fully anchored.
+    ///
+    /// # Errors
+    /// The pattern is not a valid regular expression.
+    pub fn regex(name: impl Into<String>, pattern: &str) -> Result<Self, regex::Error> {
+        Ok(Self::Regex {
+            name: name.into(),
+            pattern: Pattern::new(pattern)?,
+        })
+    }
+
+    /// `name !~ pattern`, fully anchored.
+    ///
+    /// # Errors
+    /// The pattern is not a valid regular expression.
+    pub fn not_regex(name: impl Into<String>, pattern: &str) -> Result<Self, regex::Error> {
+        Ok(Self::NotRegex {
+            name: name.into(),
+            pattern: Pattern::new(pattern)?,
+        })
+    }
+
+    /// The label this matcher looks at.
+    pub fn name(&self) -> &str {
         match self {
-            Self::Equal { name, value } => key.get(name).unwrap_or("") == value,
-            Self::NotEqual { name, value } => key.get(name).unwrap_or("") != value,
+            Self::Equal { name, .. }
+            | Self::NotEqual { name, .. }
+            | Self::Regex { name, .. }
+            | Self::NotRegex { name, .. } => name,
+        }
+    }
+
+    pub fn matches(&self, key: &SeriesKey) -> bool {
+        let v = key.get(self.name()).unwrap_or("");
+        match self {
+            Self::Equal { value, .. } => v == value,
+            Self::NotEqual { value, .. } => v != value,
+            Self::Regex { pattern, .. } => pattern.is_match(v),
+            Self::NotRegex { pattern, .. } => !pattern.is_match(v),
         }
     }
 }
@@ -190,5 +263,28 @@ mod tests {
         assert!(Matcher::equal("pod", "").matches(&k));
         assert!(Matcher::not_equal("pod", "x").matches(&k));
         assert!(!Matcher::not_equal("__name__", "DCGM_FI_DEV_GPU_TEMP").matches(&k));
+    }
+
+    #[test]
+    fn regex_matchers_are_fully_anchored() {
+        let k = key();
+        assert!(Matcher::regex("gpu", "3|4").unwrap().matches(&k));
+        assert!(!Matcher::regex("gpu", "").unwrap().matches(&k));
+        assert!(
+            !Matcher::regex("Hostname", "h").unwrap().matches(&k),
+            "h must not match h1"
+        );
+        assert!(Matcher::regex("Hostname", "h.*").unwrap().matches(&k));
+        assert!(
+            Matcher::regex("pod", ".*").unwrap().matches(&k),
+            "absent label is \"\""
+        );
+        assert!(
+            Matcher::not_regex("__name__", ".*POWER.*")
+                .unwrap()
+                .matches(&k)
+        );
+        assert!(!Matcher::not_regex("gpu", "[0-9]").unwrap().matches(&k));
+        assert!(Matcher::regex("gpu", "(").is_err());
     }
 }

@@ -91,6 +91,38 @@ fn write_then_read_back() {
     assert_eq!(nan.len(), 1);
     assert!(nan[0].1.is_nan());
     assert_eq!(seg.select(&[Matcher::not_equal("gpu", "0")]).len(), 2);
+    // All four matcher types, postings and filters combined.
+    let re = |n, p| Matcher::regex(n, p).unwrap();
+    assert_eq!(
+        seg.select(&[re("gpu", "1|2")]).len(),
+        2,
+        "two temperature series"
+    );
+    assert_eq!(
+        seg.select(&[re("gpu", "1|2"), Matcher::not_regex("gpu", "2").unwrap()])
+            .len(),
+        1
+    );
+    assert_eq!(
+        seg.select(&[re("__name__", ".*TEMP"), re("Hostname", "h.")])
+            .len(),
+        3
+    );
+    assert_eq!(
+        seg.select(&[re("Hostname", "h")]).len(),
+        0,
+        "anchored: h does not match h0"
+    );
+    assert_eq!(
+        seg.select(&[re("Hostname", ".*")]).len(),
+        4,
+        ".* also matches the absent label"
+    );
+    assert_eq!(
+        seg.select(&[Matcher::not_regex("Hostname", ".+").unwrap()])
+            .len(),
+        1
+    );
     assert!(seg.select(&[Matcher::equal("gpu", "9")]).is_empty());
 }
 
