@@ -93,6 +93,10 @@ pub(crate) struct NodeArgs {
     /// raw data is the only tier until rollups exist).
     #[arg(long, env = "GPULSE_RETENTION", value_parser = duration)]
     pub(crate) retention: Option<Duration>,
+    /// How far behind a series' newest sample a late sample is still stored;
+    /// older ones are dropped and counted. Equal timestamps: the first write wins.
+    #[arg(long, env = "GPULSE_OOO_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub(crate) ooo_window: Duration,
 }
 
 #[derive(Debug, Args)]

@@ -112,7 +112,7 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
      -> anyhow::Result<()> {
         let out = storage.append(refs, ts, vals)?;
         report.imported += out.accepted as u64;
-        report.out_of_order += out.out_of_order as u64;
+        report.out_of_order += out.dropped() as u64;
         refs.clear();
         ts.clear();
         vals.clear();

@@ -95,6 +95,7 @@ fn serve_config(node: &NodeArgs) -> ServeConfig {
         http_listen: node.http_listen,
         flush_interval: node.flush_interval,
         retention: node.retention,
+        ooo_window: node.ooo_window,
         wal_sync: if node.wal_fsync {
             storage::SyncPolicy::Fsync
         } else {

@@ -26,6 +26,7 @@ pub(crate) struct ServeConfig {
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
+    pub(crate) ooo_window: Duration,
 }
 
 /// One round of upkeep: flush the head, merge finished compaction windows
@@ -66,6 +67,7 @@ impl Server {
         let mut storage_config = StorageConfig::new(&config.data_dir);
         storage_config.wal_sync = config.wal_sync;
         storage_config.retention = config.retention;
+        storage_config.ooo_window = config.ooo_window;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;

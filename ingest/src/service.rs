@@ -299,7 +299,7 @@ impl IngestService {
         Ok(Ack {
             seq: batch.seq,
             accepted: out.accepted,
-            dropped: out.out_of_order,
+            dropped: out.dropped(),
         })
     }
 }

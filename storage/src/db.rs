@@ -30,7 +30,7 @@ use tracing::{error, info, warn};
 use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR, SEGMENTS_DIR, TMP_EXT};
 use crate::gorilla::GorillaDecoder;
-use crate::head::{FrozenSeries, Head, MemChunk, SeriesRef};
+use crate::head::{Appended, FrozenSeries, Head, MemChunk, SeriesRef};
 use crate::segment::writer::{SegmentSummary, write_segment};
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{Matcher, SeriesKey};
@@ -58,6 +58,9 @@ pub struct StorageConfig {
     /// [`Storage::compact`] merges the segments of each finished window of this
     /// length into one. Default 2 h.
     pub compaction_window: std::time::Duration,
+    /// How far behind a series' newest sample a sample may arrive and still
+    /// be stored (see [`crate::head`]). Default 10 min.
+    pub ooo_window: std::time::Duration,
 }
 
 impl StorageConfig {
@@ -70,6 +73,7 @@ impl StorageConfig {
             wal_segment_bytes: 128 << 20,
             retention: None,
             compaction_window: std::time::Duration::from_secs(2 * 3600),
+            ooo_window: std::time::Duration::from_secs(600),
         }
     }
 }
@@ -77,8 +81,14 @@ impl StorageConfig {
 /// Counters of the storage engine (exported by the binaries).
 #[derive(Debug, Default)]
 pub struct StorageMetrics {
+    /// Samples stored, in order or out of order.
     pub samples_appended: AtomicU64,
+    /// Of those, stored out of order (within the window).
     pub samples_out_of_order: AtomicU64,
+    /// Dropped: a sample with that timestamp was already stored.
+    pub samples_duplicate: AtomicU64,
+    /// Dropped: older than the out-of-order window allows.
+    pub samples_too_old: AtomicU64,
     pub segments_quarantined: AtomicU64,
     pub flushes: AtomicU64,
     /// Samples put back into the head by WAL replay at open.
@@ -92,9 +102,21 @@ pub struct StorageMetrics {
 /// What [`Storage::append`] did with a batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AppendOutcome {
+    /// Stored, in order or out of order.
     pub accepted: u32,
-    /// Dropped: at or before the series' last timestamp.
+    /// Of `accepted`, stored out of order (within the window).
     pub out_of_order: u32,
+    /// Dropped: a sample with that timestamp was already stored.
+    pub duplicates: u32,
+    /// Dropped: older than the out-of-order window allows.
+    pub too_old: u32,
+}
+
+impl AppendOutcome {
+    /// Samples not stored.
+    pub fn dropped(&self) -> u32 {
+        self.duplicates + self.too_old
+    }
 }
 
 /// Point-in-time figures of a [`Storage`].
@@ -201,7 +223,11 @@ impl Storage {
         }
         let segments = drop_compacted_sources(segments, &q_dir, &metrics)?;
         let samples: u64 = segments.iter().map(|s| s.num_samples()).sum();
-        let mut head = Head::new(config.max_chunk_samples, config.max_series);
+        let mut head = Head::new(
+            config.max_chunk_samples,
+            config.max_series,
+            config.ooo_window.as_millis() as i64,
+        );
         let replay = replay_wal(&config.data_dir, &segments, &mut head, &metrics)?;
         let mut checkpoint = Vec::new();
         head.checkpoint(&mut checkpoint);
@@ -316,19 +342,24 @@ impl Storage {
         let mut head = lock!(self.head.write());
         let mut out = AppendOutcome::default();
         for ((&r, &t), &v) in refs.iter().zip(ts_ms).zip(values) {
-            if head.append(r, t, v) {
-                out.accepted += 1;
-            } else {
-                out.out_of_order += 1;
+            match head.append(r, t, v) {
+                Appended::InOrder => out.accepted += 1,
+                Appended::OutOfOrder => {
+                    out.accepted += 1;
+                    out.out_of_order += 1;
+                }
+                Appended::Duplicate => out.duplicates += 1,
+                Appended::TooOld => out.too_old += 1,
             }
         }
         drop(head);
-        self.metrics
-            .samples_appended
-            .fetch_add(out.accepted as u64, Relaxed);
-        self.metrics
-            .samples_out_of_order
+        let m = &self.metrics;
+        m.samples_appended.fetch_add(out.accepted as u64, Relaxed);
+        m.samples_out_of_order
             .fetch_add(out.out_of_order as u64, Relaxed);
+        m.samples_duplicate
+            .fetch_add(out.duplicates as u64, Relaxed);
+        m.samples_too_old.fetch_add(out.too_old as u64, Relaxed);
         Ok(out)
     }
 
@@ -376,7 +407,7 @@ impl Storage {
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
-        let written = write_frozen(&tmp, &dst, (id.0, id.0), &frozen)
+        let written = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen)
             .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
         let (summary, segment) = match written {
             Ok(w) => w,
@@ -508,16 +539,18 @@ impl Storage {
         let keys: Vec<Arc<SeriesKey>> = refs.keys().cloned().collect();
         let sources: Vec<&Vec<(usize, u32)>> = refs.values().collect();
         let seq = (group[0].seq_range().0, group[group.len() - 1].seq_range().1);
+        let wal_cut = group.iter().map(|s| s.wal_cut()).max().unwrap_or(0);
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
-        let written = write_segment(&tmp, &dst, seq, &keys, |i, ts, vals| {
+        let written = write_segment(&tmp, &dst, seq, wal_cut, &keys, |i, ts, vals| {
             // Sources are in flush order, so each series' samples stay in time order.
             for &(gi, ord) in sources[i] {
                 for c in group[gi].chunks(ord) {
                     group[gi].read_chunk(c, ts, vals)?;
                 }
             }
+            normalize(ts, vals, 0);
             Ok(())
         })
         .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
@@ -604,10 +637,10 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
     carried.extend(map);
 }
 
-/// Replays the WAL into `head`. Series that also live in segments start with
-/// their last flushed timestamp, so samples that were both flushed and still
-/// in the WAL (a crash between a flush and the WAL truncation) are not stored
-/// twice.
+/// Replays the WAL into `head`, skipping the WAL segments that the segments
+/// already contain. Series that also live in segments start with their last
+/// flushed timestamp, so that a batch re-sent after a restart counts as a
+/// duplicate rather than as new samples.
 fn replay_wal(
     data_dir: &Path,
     segments: &[Arc<Segment>],
@@ -625,9 +658,12 @@ fn replay_wal(
             }
         }
     }
+    // WAL segments below the newest segment's cut are fully in segments: a
+    // crash came between a flush and the WAL truncation. Skip them.
+    let skip_below = segments.iter().map(|s| s.wal_cut()).max().unwrap_or(0);
     let mut refs: HashMap<u32, SeriesRef> = HashMap::new();
     let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
-    let report = wal::replay(data_dir, |rec| match rec {
+    let report = wal::replay(data_dir, skip_below, |rec| match rec {
         Record::Series { wal_ref, key } => {
             let until = flushed_until.get(&key).copied();
             match head.get_or_create(key) {
@@ -647,7 +683,13 @@ fn replay_wal(
         } => {
             for ((wr, t), v) in rs.iter().zip(ts_ms).zip(values) {
                 match refs.get(wr) {
-                    Some(&r) => replayed += head.append(r, t, v) as u64,
+                    Some(&r) => {
+                        let stored = matches!(
+                            head.append(r, t, v),
+                            Appended::InOrder | Appended::OutOfOrder
+                        );
+                        replayed += stored as u64;
+                    }
                     None => orphans += 1,
                 }
             }
@@ -683,15 +725,38 @@ fn replay_wal(
     Ok(report)
 }
 
+/// Puts the samples from `start` on in time order and drops repeated
+/// timestamps, keeping the first occurrence (the earliest write: chunks are
+/// read oldest first). A no-op, after one check, when they are in order.
+pub(crate) fn normalize(ts: &mut Vec<i64>, vals: &mut Vec<f64>, start: usize) {
+    if ts[start..].windows(2).all(|w| w[0] < w[1]) {
+        return;
+    }
+    let mut pairs: Vec<(i64, f64)> = ts[start..]
+        .iter()
+        .copied()
+        .zip(vals[start..].iter().copied())
+        .collect();
+    pairs.sort_by_key(|p| p.0); // stable: the first write stays first
+    pairs.dedup_by_key(|p| p.0);
+    ts.truncate(start);
+    vals.truncate(start);
+    for (t, v) in pairs {
+        ts.push(t);
+        vals.push(v);
+    }
+}
+
 /// Writes frozen head chunks as a segment (see [`write_segment`]).
 fn write_frozen(
     tmp: &Path,
     dst: &Path,
     seq: (u64, u64),
+    wal_cut: u64,
     frozen: &[FrozenSeries],
 ) -> Result<SegmentSummary> {
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
-    write_segment(tmp, dst, seq, &keys, |i, ts, vals| {
+    write_segment(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
         let (key, chunks) = &frozen[i];
         for c in chunks {
             for s in GorillaDecoder::new(&c.bytes, c.count) {
@@ -705,6 +770,7 @@ fn write_frozen(
                 vals.push(v);
             }
         }
+        normalize(ts, vals, 0);
         Ok(())
     })
 }
@@ -776,8 +842,9 @@ pub struct SelectedSeries {
 }
 
 impl SelectedSeries {
-    /// Decodes the samples in `[min_ts, max_ts]` and appends them, in time
-    /// order, to `ts_ms` and `values`.
+    /// Decodes the samples in `[min_ts, max_ts]` and appends them to `ts_ms`
+    /// and `values` in time order, one sample per timestamp (the first write
+    /// wins where out-of-order writes overlapped).
     ///
     /// # Errors
     /// [`Error::Corrupt`] or [`Error::ChunkDecode`] if a chunk fails its
@@ -789,6 +856,7 @@ impl SelectedSeries {
         ts_ms: &mut Vec<i64>,
         values: &mut Vec<f64>,
     ) -> Result<()> {
+        let start = ts_ms.len();
         let (mut t_buf, mut v_buf) = (Vec::new(), Vec::new());
         for (i, c) in self.chunks.iter().enumerate() {
             match c {
@@ -822,6 +890,7 @@ impl SelectedSeries {
                 }
             }
         }
+        normalize(ts_ms, values, start);
         Ok(())
     }
 

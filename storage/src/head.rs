@@ -6,9 +6,17 @@
 //! writes them to a segment; the series themselves stay, so [`SeriesRef`]s held
 //! by ingest streams remain valid and the per-series order check survives.
 //!
-//! Ordering policy: per series, timestamps must strictly increase. A sample at
-//! or before the series' last timestamp (a duplicate or an out-of-order sample)
-//! is dropped and counted. Issue #3 replaces this with an out-of-order window.
+//! Ordering policy, per series (`docs/format/column.md` has the read side):
+//! - a sample after the series' newest timestamp is appended in order;
+//! - a sample with a timestamp the head already holds is a duplicate and is
+//!   dropped: the first write wins (re-sent batches store nothing twice);
+//! - an older sample within `ooo_window_ms` of the newest is kept in the
+//!   series' out-of-order buffer, sealed as a chunk of its own;
+//! - an older sample beyond the window is dropped as too old.
+//!
+//! Chunks of a series may therefore overlap in time. Readers sort and dedupe
+//! a series whose samples are not in order ([`crate::db::normalize`]); the
+//! common, in-order case costs one pass that checks it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -37,6 +45,8 @@ struct HeadSeries {
     open: GorillaEncoder,
     open_min_ts: i64,
     last_ts: Option<i64>,
+    /// Out-of-order samples, unsorted, until sealed into a chunk.
+    ooo: Vec<(i64, f64)>,
     /// Defined in the current WAL generation (by a series record or a checkpoint).
     logged: bool,
 }
@@ -58,6 +68,41 @@ impl HeadSeries {
         }
         self.open = GorillaEncoder::new();
     }
+
+    /// The out-of-order buffer as a chunk, sorted by time.
+    fn ooo_chunk(&self) -> Option<MemChunk> {
+        if self.ooo.is_empty() {
+            return None;
+        }
+        let mut sorted = self.ooo.clone();
+        sorted.sort_by_key(|s| s.0);
+        let mut e = GorillaEncoder::new();
+        for &(t, v) in &sorted {
+            e.append(t, v);
+        }
+        Some(MemChunk {
+            min_ts: sorted[0].0,
+            max_ts: sorted[sorted.len() - 1].0,
+            count: e.count(),
+            bytes: Arc::from(e.bytes()),
+        })
+    }
+
+    fn seal_ooo(&mut self) {
+        if let Some(c) = self.ooo_chunk() {
+            self.closed.push(c);
+        }
+        self.ooo.clear();
+    }
+}
+
+/// What [`Head::append`] did with a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Appended {
+    InOrder,
+    OutOfOrder,
+    Duplicate,
+    TooOld,
 }
 
 /// The chunks of one series taken out of the head by [`Head::freeze`].
@@ -69,16 +114,18 @@ pub(crate) struct Head {
     by_key: HashMap<Arc<SeriesKey>, SeriesRef>,
     max_chunk_samples: u32,
     max_series: usize,
+    ooo_window_ms: i64,
     samples: u64,
 }
 
 impl Head {
-    pub(crate) fn new(max_chunk_samples: u32, max_series: usize) -> Self {
+    pub(crate) fn new(max_chunk_samples: u32, max_series: usize, ooo_window_ms: i64) -> Self {
         Self {
             series: Vec::new(),
             by_key: HashMap::new(),
             max_chunk_samples: max_chunk_samples.max(1),
             max_series,
+            ooo_window_ms: ooo_window_ms.max(0),
             samples: 0,
         }
     }
@@ -105,6 +152,7 @@ impl Head {
             open: GorillaEncoder::new(),
             open_min_ts: 0,
             last_ts: None,
+            ooo: Vec::new(),
             logged: false,
         });
         self.by_key.insert(key, r);
@@ -142,15 +190,28 @@ impl Head {
         (r.0 as usize) < self.series.len()
     }
 
-    /// Appends one sample; false if it was dropped as a duplicate or out of order.
+    /// Appends one sample under the ordering policy in the module docs.
     ///
     /// # Panics
     /// If `r` did not come from this head (callers check with [`Self::contains`]).
-    pub(crate) fn append(&mut self, r: SeriesRef, ts_ms: i64, value: f64) -> bool {
+    pub(crate) fn append(&mut self, r: SeriesRef, ts_ms: i64, value: f64) -> Appended {
         let max = self.max_chunk_samples;
         let s = &mut self.series[r.0 as usize];
-        if s.last_ts.is_some_and(|last| ts_ms <= last) {
-            return false;
+        if let Some(last) = s.last_ts
+            && ts_ms <= last
+        {
+            if ts_ms == last || s.ooo.iter().any(|&(t, _)| t == ts_ms) {
+                return Appended::Duplicate;
+            }
+            if last.saturating_sub(ts_ms) > self.ooo_window_ms {
+                return Appended::TooOld;
+            }
+            s.ooo.push((ts_ms, value));
+            if s.ooo.len() >= max as usize {
+                s.seal_ooo();
+            }
+            self.samples += 1;
+            return Appended::OutOfOrder;
         }
         if s.open.count() >= max {
             s.seal_open();
@@ -161,7 +222,7 @@ impl Head {
         s.open.append(ts_ms, value);
         s.last_ts = Some(ts_ms);
         self.samples += 1;
-        true
+        Appended::InOrder
     }
 
     pub(crate) fn num_series(&self) -> usize {
@@ -179,6 +240,7 @@ impl Head {
         let mut out: Vec<FrozenSeries> = Vec::new();
         for s in &mut self.series {
             s.seal_open();
+            s.seal_ooo();
             if !s.closed.is_empty() {
                 out.push((s.key.clone(), std::mem::take(&mut s.closed)));
             }
@@ -201,6 +263,7 @@ impl Head {
             }
             let mut chunks = s.closed.clone();
             chunks.extend(s.open_chunk());
+            chunks.extend(s.ooo_chunk());
             if !chunks.is_empty() {
                 f(&s.key, chunks);
             }
@@ -231,11 +294,11 @@ mod tests {
 
     #[test]
     fn cuts_chunks_and_freezes_everything() {
-        let mut h = Head::new(3, 10);
+        let mut h = Head::new(3, 10, 0);
         let a = h.get_or_create(key("0")).unwrap();
         assert_eq!(h.get_or_create(key("0")).unwrap(), a);
         for t in 0..7 {
-            assert!(h.append(a, t, t as f64));
+            assert_eq!(h.append(a, t, t as f64), Appended::InOrder);
         }
         let mut seen = Vec::new();
         h.for_each_series(|_| true, |_, c| seen.push(c));
@@ -254,24 +317,47 @@ mod tests {
         assert_eq!(decode_all(&frozen[0].1).len(), 7);
         assert_eq!(h.num_samples(), 0);
         // The series survives the freeze, and so does its order check.
-        assert!(!h.append(a, 6, 0.0));
-        assert!(h.append(a, 7, 0.0));
+        assert_eq!(h.append(a, 6, 0.0), Appended::Duplicate);
+        assert_eq!(h.append(a, 7, 0.0), Appended::InOrder);
     }
 
     #[test]
-    fn drops_duplicates_and_out_of_order() {
-        let mut h = Head::new(100, 10);
+    fn out_of_order_window_and_duplicates() {
+        let mut h = Head::new(100, 10, 5);
         let a = h.get_or_create(key("0")).unwrap();
-        assert!(h.append(a, 10, 1.0));
-        assert!(!h.append(a, 10, 2.0));
-        assert!(!h.append(a, 9, 2.0));
-        assert!(h.append(a, 11, 2.0));
-        assert_eq!(h.num_samples(), 2);
+        assert_eq!(h.append(a, 10, 1.0), Appended::InOrder);
+        assert_eq!(
+            h.append(a, 10, 2.0),
+            Appended::Duplicate,
+            "same timestamp: first write wins"
+        );
+        assert_eq!(h.append(a, 7, 3.0), Appended::OutOfOrder);
+        assert_eq!(h.append(a, 7, 4.0), Appended::Duplicate);
+        assert_eq!(
+            h.append(a, 5, 5.0),
+            Appended::OutOfOrder,
+            "exactly at the window edge"
+        );
+        assert_eq!(h.append(a, 4, 6.0), Appended::TooOld);
+        assert_eq!(h.append(a, 11, 7.0), Appended::InOrder);
+        assert_eq!(h.num_samples(), 4);
+        let mut seen = Vec::new();
+        h.for_each_series(|_| true, |_, c| seen = c);
+        // In-order chunk, then the out-of-order chunk, sorted within itself.
+        assert_eq!(
+            decode_all(&seen),
+            [(10, 1.0), (11, 7.0), (5, 5.0), (7, 3.0)]
+        );
+        let frozen = h.freeze();
+        assert_eq!(
+            decode_all(&frozen[0].1),
+            [(10, 1.0), (11, 7.0), (5, 5.0), (7, 3.0)]
+        );
     }
 
     #[test]
     fn series_limit() {
-        let mut h = Head::new(100, 2);
+        let mut h = Head::new(100, 2, 0);
         h.get_or_create(key("0")).unwrap();
         h.get_or_create(key("1")).unwrap();
         assert!(matches!(

@@ -44,7 +44,7 @@ pub(crate) const VERSION: u32 = 2;
 /// Most samples in one column chunk of a segment.
 pub(crate) const MAX_CHUNK_SAMPLES: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 16;
-pub(crate) const FOOTER_LEN: usize = 10 * 8 + 3 * 4 + 8;
+pub(crate) const FOOTER_LEN: usize = 11 * 8 + 3 * 4 + 8;
 
 /// Where one column block lives in the file, and its checksum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -94,6 +94,9 @@ pub struct Segment {
     data_end: u64,
     /// Flush sequence numbers covered, inclusive.
     seq: (u64, u64),
+    /// Every WAL record in a WAL segment below this number is in this
+    /// segment or an older one.
+    wal_cut: u64,
     /// Set when retention or compaction dropped the segment: the file is
     /// deleted when the last reader lets go of it.
     deleted: std::sync::atomic::AtomicBool,
@@ -174,10 +177,10 @@ impl Segment {
         };
         let u32_at =
             |o: usize| u32::from_le_bytes(footer[o..o + 4].try_into().expect("BUG: 4 bytes"));
-        let (stored, actual) = (u32_at(88), crc32c::crc32c(&footer[..88]));
+        let (stored, actual) = (u32_at(96), crc32c::crc32c(&footer[..96]));
         if stored != actual {
             return Err(corrupt(
-                (fstart + 88) as u64,
+                (fstart + 96) as u64,
                 Corruption::ChecksumMismatch {
                     section: "footer",
                     expected: stored,
@@ -190,6 +193,7 @@ impl Segment {
         let (series_count, samples) = (u64_at(4), u64_at(5));
         let (min_ts, max_ts) = (u64_at(6) as i64, u64_at(7) as i64);
         let seq = (u64_at(8), u64_at(9));
+        let wal_cut = u64_at(10);
         if seq.0 > seq.1 {
             return Err(corrupt(
                 fstart as u64 + 64,
@@ -207,8 +211,8 @@ impl Segment {
         let index = section(index_off, index_len, "index section")?;
         let post = section(post_off, post_len, "postings section")?;
         for (bytes, off, stored, name) in [
-            (index, index_off, u32_at(80), "index"),
-            (post, post_off, u32_at(84), "postings"),
+            (index, index_off, u32_at(88), "index"),
+            (post, post_off, u32_at(92), "postings"),
         ] {
             let actual = crc32c::crc32c(bytes);
             if actual != stored {
@@ -239,6 +243,7 @@ impl Segment {
             max_ts,
             data_end,
             seq,
+            wal_cut,
             deleted: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -247,6 +252,11 @@ impl Segment {
     /// flushed segment, the union of its sources for a compacted one.
     pub fn seq_range(&self) -> (u64, u64) {
         self.seq
+    }
+
+    /// WAL segments numbered below this are fully contained in segments.
+    pub fn wal_cut(&self) -> u64 {
+        self.wal_cut
     }
 
     /// Deletes the file once no one holds this segment any more. Queries

@@ -304,7 +304,8 @@ pub struct ReplayReport {
     pub last_segment: u64,
 }
 
-/// Replays every WAL segment in order, calling `apply` for each good record.
+/// Replays every WAL segment numbered `skip_below` or more, in order, calling
+/// `apply` for each good record.
 ///
 /// A torn tail of the last segment is truncated (logged with file and offset).
 /// Corruption elsewhere stops that segment at the bad record; the damage is
@@ -313,15 +314,21 @@ pub struct ReplayReport {
 ///
 /// # Errors
 /// I/O errors reading the directory or files.
-pub(crate) fn replay(data_dir: &Path, mut apply: impl FnMut(Record)) -> Result<ReplayReport> {
+pub(crate) fn replay(
+    data_dir: &Path,
+    skip_below: u64,
+    mut apply: impl FnMut(Record),
+) -> Result<ReplayReport> {
     let dir = data_dir.join(WAL_DIR);
-    let segments = list_segments(&dir).map_err(|e| Error::io(&dir, e))?;
+    let mut segments = list_segments(&dir).map_err(|e| Error::io(&dir, e))?;
+    let last_seen = segments.last().map_or(0, |s| s.0);
+    segments.retain(|s| s.0 >= skip_below);
     let mut report = ReplayReport {
         segments: segments.len(),
         ..Default::default()
     };
     let last = segments.last().map(|s| s.0);
-    report.last_segment = last.unwrap_or(0);
+    report.last_segment = last_seen;
     for (n, path) in segments {
         let is_last = Some(n) == last;
         let buf = fs::read(&path).map_err(|e| Error::io(&path, e))?;

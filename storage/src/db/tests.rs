@@ -34,6 +34,7 @@ fn head_segments_and_reopen_answer_the_same() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = StorageConfig::new(dir.path());
     cfg.max_chunk_samples = 16;
+    cfg.ooo_window = std::time::Duration::from_secs(60);
     let st = Storage::open(cfg.clone()).unwrap();
     let mut want = fill(&st, "temp", 0, 0, 50);
     st.flush().unwrap().expect("segment written");
@@ -52,19 +53,32 @@ fn head_segments_and_reopen_answer_the_same() {
     assert_eq!(got.last().unwrap().0, 59_000);
     assert_eq!(got.len(), 50);
 
-    // Out of order and duplicate samples are dropped and counted.
+    // The newest sample is at 79 s and the window is 60 s: 79 s again is a
+    // duplicate, 10 ms is too old, 40.5 s is stored out of order (inside the
+    // range already flushed), and 30 s is stored but loses to the flushed 30 s
+    // sample when read: the first write wins.
     let r = st.series_ref(key("temp", 0)).unwrap();
     let out = st
-        .append(&[r, r, r], &[79_000, 10, 80_000], &[0.0, 0.0, 1.0])
+        .append(
+            &[r, r, r, r, r],
+            &[79_000, 10, 80_000, 40_500, 30_000],
+            &[0.0, 0.0, 1.0, 0.5, 99.0],
+        )
         .unwrap();
     assert_eq!(
         out,
         AppendOutcome {
-            accepted: 1,
-            out_of_order: 2
+            accepted: 3,
+            out_of_order: 2,
+            duplicates: 1,
+            too_old: 1
         }
     );
+    want.push((40_500, 0.5));
     want.push((80_000, 1.0));
+    want.sort_by_key(|s| s.0);
+    let sel = st.select(&[Matcher::equal("__name__", "temp")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want, "head view");
 
     st.flush().unwrap().expect("second segment");
     assert_eq!(st.flush().unwrap(), None, "nothing left to flush");
@@ -276,4 +290,40 @@ fn retention_deletes_expired_segments_after_their_last_reader() {
     assert!(!expired.exists(), "deleted once the query let go");
     let sel = st.select(&[], i64::MIN, i64::MAX);
     assert_eq!(read(&sel[0]), new);
+}
+
+/// An out-of-order sample acked after a flush, older than what was flushed,
+/// must survive a crash (WAL replay), and later flushes and compaction must
+/// neither lose nor duplicate it.
+#[test]
+fn out_of_order_samples_after_a_flush_survive_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.ooo_window = std::time::Duration::from_secs(60);
+    cfg.compaction_window = std::time::Duration::from_secs(3600);
+    let st = Storage::open(cfg.clone()).unwrap();
+    let mut want = fill(&st, "a", 0, 0, 20);
+    st.flush().unwrap();
+    let r = st.series_ref(key("a", 0)).unwrap();
+    let out = st.append(&[r, r], &[5_500, 3_000], &[7.0, 123.0]).unwrap();
+    assert_eq!((out.accepted, out.out_of_order), (2, 2));
+    want.push((5_500, 7.0)); // 3_000 loses to the flushed sample at 3 s
+    want.sort_by_key(|s| s.0);
+    drop(st); // crash
+
+    let st = Storage::open(cfg.clone()).unwrap();
+    assert_eq!(st.metrics().wal_replayed_samples.load(Relaxed), 2);
+    let sel = st.select(&[], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want);
+    drop(sel);
+    st.flush().unwrap();
+    fill(&st, "a", 0, 4_000_000, 1); // a later window, so the first one is finished
+    st.flush().unwrap();
+    st.compact()
+        .unwrap()
+        .expect("two segments in the first window");
+    drop(st);
+    let st = Storage::open(cfg).unwrap();
+    let sel = st.select(&[], i64::MIN, 3_999_999);
+    assert_eq!(read_range(&sel[0], i64::MIN, 3_999_999), want);
 }

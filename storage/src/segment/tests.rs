@@ -4,7 +4,7 @@ use crate::segment::writer::write_segment;
 
 /// Three series, 250 samples each, chunks of 100: known values to check against.
 fn sample_head() -> Head {
-    let mut h = Head::new(100, 100);
+    let mut h = Head::new(100, 100, 0);
     for g in 0..3 {
         let key = SeriesKey::new(
             "DCGM_FI_DEV_GPU_TEMP",
@@ -16,12 +16,13 @@ fn sample_head() -> Head {
         .unwrap();
         let r = h.get_or_create(key).unwrap();
         for i in 0..250i64 {
-            assert!(h.append(r, 1_700_000_000_000 + i * 1000, (g * 1000 + i) as f64));
+            let a = h.append(r, 1_700_000_000_000 + i * 1000, (g * 1000 + i) as f64);
+            assert_eq!(a, crate::head::Appended::InOrder);
         }
     }
     let key = SeriesKey::new("DCGM_FI_DEV_POWER_USAGE", vec![Label::new("gpu", "0")]).unwrap();
     let r = h.get_or_create(key).unwrap();
-    assert!(h.append(r, 5, f64::NAN));
+    assert_eq!(h.append(r, 5, f64::NAN), crate::head::Appended::InOrder);
     h
 }
 
@@ -29,7 +30,7 @@ fn write(dir: &Path) -> PathBuf {
     let frozen = sample_head().freeze();
     let dst = dir.join("a.gseg");
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
-    let s = write_segment(&dir.join("a.tmp"), &dst, (7, 7), &keys, |i, ts, vals| {
+    let s = write_segment(&dir.join("a.tmp"), &dst, (7, 7), 3, &keys, |i, ts, vals| {
         for c in &frozen[i].1 {
             for s in crate::gorilla::GorillaDecoder::new(&c.bytes, c.count) {
                 let (t, v) = s.unwrap();

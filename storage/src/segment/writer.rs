@@ -27,7 +27,9 @@ pub struct SegmentSummary {
 /// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`.
 /// `load(i, ts, values)` appends the samples of `keys[i]`, in time order.
 /// `seq` is the range of flush sequence numbers the segment covers (a flush
-/// covers one; a compaction the union of its sources). When this returns
+/// covers one; a compaction the union of its sources); `wal_cut` is the WAL
+/// segment number before which every record is in this segment or an older
+/// one (replay skips those WAL segments). When this returns
 /// `Ok`, the segment is durable: file and directory entry are fsynced.
 ///
 /// Samples are encoded as column chunks of at most
@@ -37,6 +39,7 @@ pub(crate) fn write_segment(
     tmp: &Path,
     dst: &Path,
     seq: (u64, u64),
+    wal_cut: u64,
     keys: &[Arc<SeriesKey>],
     mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
@@ -157,6 +160,7 @@ pub(crate) fn write_segment(
     footer.extend_from_slice(&max_ts.to_le_bytes());
     footer.extend_from_slice(&seq.0.to_le_bytes());
     footer.extend_from_slice(&seq.1.to_le_bytes());
+    footer.extend_from_slice(&wal_cut.to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&index).to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&post).to_le_bytes());
     footer.extend_from_slice(&crc32c::crc32c(&footer).to_le_bytes());
