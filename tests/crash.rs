@@ -18,6 +18,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::support::Node;
 
 const SERIES: u32 = 8;
+/// Kills per run; `GPULSE_CRASH_KILLS=500 cargo test --test e2e crash` runs longer.
 const KILLS: usize = 20;
 /// Batches sent and not yet acked, at most.
 const WINDOW: usize = 8;
@@ -135,9 +136,16 @@ fn acked_samples_survive_sigkill() {
                 .block_on(writer(url, stop))
         })
     };
-    let seed = 0x5eed_c4a5;
+    let kills = std::env::var("GPULSE_CRASH_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(KILLS);
+    let seed = std::env::var("GPULSE_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0x5eed_c4a5u64);
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    for round in 0..KILLS {
+    for round in 0..kills {
         std::thread::sleep(Duration::from_millis(rng.random_range(30..400)));
         node.kill9();
         node = Node::start_with(&data, "150ms");

@@ -22,7 +22,10 @@ fn key(i: usize) -> SeriesKey {
         format!("DCGM_FI_DEV_METRIC_{metric:02}"),
         vec![
             Label::new("gpu", gpu.to_string()),
-            Label::new("UUID", format!("GPU-{host:08x}-{gpu:04x}-4c22-9d1e-5a0f3b2c{gpu:04x}")),
+            Label::new(
+                "UUID",
+                format!("GPU-{host:08x}-{gpu:04x}-4c22-9d1e-5a0f3b2c{gpu:04x}"),
+            ),
             Label::new("pci_bus_id", format!("00000000:{:02X}:00.0", 0x18 + gpu)),
             Label::new("device", format!("nvidia{gpu}")),
             Label::new("modelName", "NVIDIA H100 80GB HBM3"),
@@ -38,7 +41,11 @@ fn key(i: usize) -> SeriesKey {
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
-    let pages: u64 = statm.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
     pages * 4096
 }
 
@@ -48,12 +55,17 @@ fn head_memory_per_series() {
     let n = 100_000;
     let before = rss_bytes();
     let refs: Vec<SeriesRef> = (0..n).map(|i| st.series_ref(key(i)).unwrap()).collect();
-    st.append(&refs, &vec![1_775_000_000_000; n], &vec![1.0; n]).unwrap();
+    st.append(&refs, &vec![1_775_000_000_000; n], &vec![1.0; n])
+        .unwrap();
     let after = rss_bytes();
     let label_bytes: usize = (0..n)
         .map(|i| {
             let k = key(i);
-            k.metric().len() + k.labels().iter().map(|l| l.name.len() + l.value.len()).sum::<usize>()
+            k.metric().len()
+                + k.labels()
+                    .iter()
+                    .map(|l| l.name.len() + l.value.len())
+                    .sum::<usize>()
         })
         .sum();
     println!(
@@ -75,7 +87,9 @@ fn bench(c: &mut Criterion) {
         let mut cfg = StorageConfig::new(dir.path());
         cfg.wal_sync = policy;
         let st = Storage::open(cfg).unwrap();
-        let refs: Vec<SeriesRef> = (0..series).map(|i| st.series_ref(key(i)).unwrap()).collect();
+        let refs: Vec<SeriesRef> = (0..series)
+            .map(|i| st.series_ref(key(i)).unwrap())
+            .collect();
         let vals: Vec<f64> = (0..series).map(|i| (i % 700) as f64 + 0.5).collect();
         let mut t = 1_775_000_000_000i64;
         g.bench_function(name, |b| {

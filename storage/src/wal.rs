@@ -19,7 +19,7 @@
 //! replay on their own; once the flushed segment file is durable, every WAL
 //! segment before the cut is deleted.
 
-pub(crate) mod record;
+pub mod record;
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -10,16 +10,16 @@
 use crate::codec::{Reader, put_str, put_uvarint, put_varint};
 use crate::series::{Label, SeriesKey};
 
-pub(crate) const TYPE_SERIES: u8 = 1;
-pub(crate) const TYPE_SAMPLES: u8 = 2;
+pub const TYPE_SERIES: u8 = 1;
+pub const TYPE_SAMPLES: u8 = 2;
 /// Bytes before the payload: len, crc, type.
-pub(crate) const FRAME_LEN: usize = 9;
+pub const FRAME_LEN: usize = 9;
 /// Largest record accepted on replay; a larger length field is corruption.
-pub(crate) const MAX_RECORD_BYTES: usize = 256 << 20;
+pub const MAX_RECORD_BYTES: usize = 256 << 20;
 
 /// A decoded record.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Record {
+pub enum Record {
     Series {
         wal_ref: u32,
         key: SeriesKey,
@@ -43,7 +43,7 @@ fn frame(dst: &mut Vec<u8>, kind: u8, body: impl FnOnce(&mut Vec<u8>)) {
     dst[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
 }
 
-pub(crate) fn encode_series(dst: &mut Vec<u8>, wal_ref: u32, key: &SeriesKey) {
+pub fn encode_series(dst: &mut Vec<u8>, wal_ref: u32, key: &SeriesKey) {
     frame(dst, TYPE_SERIES, |b| {
         put_uvarint(b, wal_ref as u64);
         put_str(b, key.metric());
@@ -55,7 +55,7 @@ pub(crate) fn encode_series(dst: &mut Vec<u8>, wal_ref: u32, key: &SeriesKey) {
     });
 }
 
-pub(crate) fn encode_samples(dst: &mut Vec<u8>, refs: &[u32], ts_ms: &[i64], values: &[f64]) {
+pub fn encode_samples(dst: &mut Vec<u8>, refs: &[u32], ts_ms: &[i64], values: &[f64]) {
     frame(dst, TYPE_SAMPLES, |b| {
         b.reserve(refs.len() * 12);
         put_uvarint(b, refs.len() as u64);
@@ -75,7 +75,7 @@ pub(crate) fn encode_samples(dst: &mut Vec<u8>, refs: &[u32], ts_ms: &[i64], val
 
 /// Why a record could not be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Bad {
+pub enum Bad {
     /// The input ends inside the record (a torn write at the tail).
     Truncated,
     /// The length field is impossible.
@@ -88,7 +88,7 @@ pub(crate) enum Bad {
 }
 
 /// Reads the record at the start of `buf`; returns it and its framed length.
-pub(crate) fn decode(buf: &[u8]) -> Result<(Record, usize), Bad> {
+pub fn decode(buf: &[u8]) -> Result<(Record, usize), Bad> {
     if buf.len() < FRAME_LEN {
         return Err(Bad::Truncated);
     }
