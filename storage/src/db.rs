@@ -423,7 +423,7 @@ impl Storage {
         drop(state);
         // The segment is durable: the WAL before the cut is no longer needed.
         if let Err(e) = self.wal.truncate(cut) {
-            warn!(error = %e, "could not delete old WAL segments; replay will skip their samples as duplicates");
+            warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
         }
         self.metrics.flushes.fetch_add(1, Relaxed);
         info!(

@@ -137,6 +137,22 @@ enum XorFault {
     NoWindow,
 }
 
+impl XorFault {
+    /// The error for a fault in the XOR block of `sample` that starts at `bit`.
+    fn at(self, bit: usize, sample: u32, count: u32) -> DecodeError {
+        match self {
+            XorFault::Eof => DecodeError::Truncated { bit, sample, count },
+            XorFault::Window { leading, len } => DecodeError::BadXorWindow {
+                bit,
+                sample,
+                leading,
+                len,
+            },
+            XorFault::NoWindow => DecodeError::NoXorWindow { bit, sample },
+        }
+    }
+}
+
 impl GorillaEncoder {
     pub fn new() -> Self {
         Self::default()
@@ -299,17 +315,10 @@ impl<'a> GorillaDecoder<'a> {
     }
 
     fn read_xor(&mut self) -> Result<(), DecodeError> {
-        let (bit, sample) = (self.r.bit_pos(), self.i);
-        self.xor.read(&mut self.r).map_err(|f| match f {
-            XorFault::Eof => self.truncated(),
-            XorFault::Window { leading, len } => DecodeError::BadXorWindow {
-                bit,
-                sample,
-                leading,
-                len,
-            },
-            XorFault::NoWindow => DecodeError::NoXorWindow { bit, sample },
-        })
+        let (bit, sample, count) = (self.r.bit_pos(), self.i, self.count);
+        self.xor
+            .read(&mut self.r)
+            .map_err(|f| f.at(bit, sample, count))
     }
 }
 
@@ -397,16 +406,7 @@ impl Iterator for XorDecoder<'_> {
             Ok(()) => Some(Ok(f64::from_bits(self.xor.v))),
             Err(f) => {
                 self.failed = true;
-                Some(Err(match f {
-                    XorFault::Eof => DecodeError::Truncated { bit, sample, count },
-                    XorFault::Window { leading, len } => DecodeError::BadXorWindow {
-                        bit,
-                        sample,
-                        leading,
-                        len,
-                    },
-                    XorFault::NoWindow => DecodeError::NoXorWindow { bit, sample },
-                }))
+                Some(Err(f.at(bit, sample, count)))
             }
         }
     }
