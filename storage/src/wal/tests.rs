@@ -163,3 +163,44 @@ fn truncate_keeps_the_open_segment() {
     drop(wal);
     assert_eq!(list_segments(&dir.path().join(WAL_DIR)).unwrap().len(), 1);
 }
+
+/// An earlier segment cut short (a lost tail that is not at the end of the
+/// log) is corruption: located, the good prefix kept, later segments replayed.
+#[test]
+fn truncation_of_an_earlier_segment_is_located_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let want = write_log(dir.path());
+    let segs = list_segments(&dir.path().join(WAL_DIR)).unwrap();
+    let (_, first) = &segs[0];
+    let orig = fs::read(first).unwrap();
+    let in_first = {
+        let mut n = 0;
+        let mut pos = HEADER_LEN;
+        while let Ok((_, len)) = record::decode(&orig[pos..]) {
+            pos += len;
+            n += 1;
+        }
+        n
+    };
+    for cut in 0..orig.len() {
+        fs::write(first, &orig[..cut]).unwrap();
+        let (report, got) = replay_all(dir.path());
+        if cut < orig.len() && !report.corruption.is_empty() {
+            let c = &report.corruption[0];
+            assert_eq!(&c.path, first);
+            assert!(c.offset <= cut as u64, "cut {cut} reported at {}", c.offset);
+        }
+        // Records of later segments always replay.
+        let kept_first = got.len() - (want.len() - in_first);
+        assert!(kept_first <= in_first, "cut {cut}");
+        assert!(
+            same(&got[..kept_first], &want[..kept_first]),
+            "cut {cut}: not a prefix"
+        );
+        assert!(
+            same(&got[kept_first..], &want[in_first..]),
+            "cut {cut}: later segments differ"
+        );
+        fs::write(first, &orig).unwrap();
+    }
+}
