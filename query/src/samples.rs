@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, Float64Builder, RecordBatch, StringBuilder, TimestampMillisecondBuilder,
+    ArrayRef, Float64Builder, RecordBatch, RecordBatchOptions, StringBuilder,
+    TimestampMillisecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
@@ -501,7 +502,12 @@ impl Iterator for BatchIter {
                 }
             })
             .collect();
-        Some(RecordBatch::try_new(self.schema.clone(), arrays).map_err(Into::into))
+        // `count(*)` projects no columns: the row count must be given explicitly.
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        Some(
+            RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)
+                .map_err(Into::into),
+        )
     }
 }
 

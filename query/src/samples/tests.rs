@@ -143,6 +143,15 @@ async fn time_and_label_filters_return_exact_rows() {
         .await
         .unwrap();
     assert_eq!(rows(&to_json(&r).unwrap())[0][0], 4);
+
+    // count(*) scans with no column projected (it failed with HTTP 500 once).
+    let r = engine.sql("SELECT count(*) FROM samples").await.unwrap();
+    assert_eq!(rows(&to_json(&r).unwrap())[0][0], 2 * 2 * 2 * 100);
+    let r = engine
+        .sql("SELECT count(*) FROM samples WHERE gpu = '1' AND ts >= TIMESTAMP '2025-11-30T00:01:00Z'")
+        .await
+        .unwrap();
+    assert_eq!(rows(&to_json(&r).unwrap())[0][0], 2 * 2 * 40);
 }
 
 #[tokio::test]
