@@ -42,7 +42,8 @@ pub(crate) struct ImportReport {
     pub(crate) rows: u64,
     pub(crate) imported: u64,
     pub(crate) bad_rows: u64,
-    pub(crate) out_of_order: u64,
+    /// Samples not stored: duplicates, or older than the out-of-order window.
+    pub(crate) dropped: u64,
     pub(crate) series: usize,
 }
 
@@ -112,7 +113,7 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
      -> anyhow::Result<()> {
         let out = storage.append(refs, ts, vals)?;
         report.imported += out.accepted as u64;
-        report.out_of_order += out.dropped() as u64;
+        report.dropped += out.dropped() as u64;
         refs.clear();
         ts.clear();
         vals.clear();

@@ -55,8 +55,8 @@ fn run() -> anyhow::Result<()> {
                 let (input, dir) = (a.input, a.data_dir);
                 let r = tokio::task::spawn_blocking(move || import::import(&input, dir)).await??;
                 println!(
-                    "imported {} of {} rows into {} series ({} bad rows skipped, {} duplicate or out-of-order samples dropped)",
-                    r.imported, r.rows, r.series, r.bad_rows, r.out_of_order
+                    "imported {} of {} rows into {} series ({} bad rows skipped, {} samples dropped as duplicates or older than the out-of-order window)",
+                    r.imported, r.rows, r.series, r.bad_rows, r.dropped
                 );
                 if r.bad_rows > 0 {
                     bail!("{} bad rows were skipped (see the lines above)", r.bad_rows);
