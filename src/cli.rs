@@ -61,6 +61,29 @@ pub(crate) struct StatsArgs {
     pub(crate) by_metric: bool,
 }
 
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    duration(s)
+}
+
+/// A byte size: a number with an optional KiB/MiB/GiB (or K/M/G) suffix.
+pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 512MiB)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "K" | "KiB" => 1 << 10,
+        "M" | "MiB" => 1 << 20,
+        "G" | "GiB" => 1 << 30,
+        u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB or GiB)")),
+    };
+    n.checked_mul(mult)
+        .ok_or_else(|| format!("{s:?} is too large"))
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d.is_zero() {
@@ -138,6 +161,39 @@ pub(crate) struct AgentArgs {
     /// Stop after this many polls (default: run until interrupted).
     #[arg(long)]
     pub(crate) polls: Option<u64>,
+    /// TOML file with any of these options (keys are the flag names with `_`);
+    /// flags and GPULSE_* variables win over it.
+    #[arg(long, env = "GPULSE_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+    /// Agent identity for de-duplication at ingest (default: the host name).
+    #[arg(long, env = "GPULSE_AGENT_ID")]
+    pub(crate) agent_id: Option<String>,
+    /// CSV of `host,cluster,row,rack`; the agent takes its own host's line.
+    #[arg(long, env = "GPULSE_TOPOLOGY_FILE")]
+    pub(crate) topology_file: Option<PathBuf>,
+    /// Directory of the disk spool, which keeps unacked batches across
+    /// restarts and outages longer than the memory buffer holds.
+    #[arg(long, env = "GPULSE_SPOOL_DIR", default_value = "./gpulse-agent-spool")]
+    pub(crate) spool_dir: PathBuf,
+    /// Keep unacked batches in memory only (lost on restart).
+    #[arg(long, env = "GPULSE_NO_SPOOL")]
+    pub(crate) no_spool: bool,
+    /// Unacked samples held in memory before the oldest go to the spool.
+    #[arg(long, env = "GPULSE_BUFFER_SAMPLES", default_value_t = 131_072)]
+    pub(crate) buffer_samples: usize,
+    /// Largest spool; when full, its oldest batches are dropped and counted.
+    #[arg(long, env = "GPULSE_SPOOL_MAX_BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub(crate) spool_max_bytes: u64,
+    /// Address of the agent's /metrics endpoint (Prometheus text), or `off`.
+    #[arg(long, env = "GPULSE_METRICS_LISTEN", default_value = "127.0.0.1:9401")]
+    pub(crate) metrics_listen: String,
+    /// How long shutdown waits for acks before spooling what is left.
+    #[arg(long, env = "GPULSE_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
+    pub(crate) drain_timeout: Duration,
+    /// Append every sample produced to this file, in the CSV format of
+    /// `gpulse import` (a trace to keep or replay).
+    #[arg(long, env = "GPULSE_RECORD")]
+    pub(crate) record: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

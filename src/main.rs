@@ -6,6 +6,7 @@
 // A command-line program: printing to stdout is its job.
 #![allow(clippy::print_stdout)]
 
+mod agent_cmd;
 mod cli;
 mod import;
 mod server;
@@ -15,10 +16,10 @@ use std::io::Write;
 use std::time::Duration;
 
 use agent::sim::{SimConfig, SimulatedSource};
-use agent::{AgentConfig, GpuSource, Topology};
+use agent::{AgentConfig, Topology};
 use anyhow::{Context, bail};
-use clap::Parser;
-use tracing::{info, warn};
+use clap::{CommandFactory, FromArgMatches};
+use tracing::warn;
 
 use cli::{AgentArgs, Cli, Command, DemoArgs, NodeArgs, OutputFormat, ServeArgs, SqlArgs};
 use server::{ServeConfig, Server};
@@ -35,7 +36,8 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -47,7 +49,14 @@ fn run() -> anyhow::Result<()> {
     rt.block_on(async move {
         match cli.command {
             Command::Serve(a) => serve(a).await,
-            Command::Agent(a) => run_agent(a).await,
+            Command::Agent(a) => {
+                agent_cmd::run_agent(
+                    a,
+                    matches.subcommand_matches("agent"),
+                    agent_cmd::default_source,
+                )
+                .await
+            }
             Command::Sql(a) => sql(a).await,
             Command::Demo(a) => demo(a).await,
             Command::Import(a) => {
@@ -73,7 +82,7 @@ fn run() -> anyhow::Result<()> {
 }
 
 /// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
@@ -123,42 +132,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     server.shutdown().await
 }
 
-async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    let source: Box<dyn GpuSource> = if args.simulate {
-        info!("simulated GPU source selected by --simulate");
-        Box::new(SimulatedSource::new(sim_config(&args)))
-    } else {
-        match agent::nvml::NvmlSource::open() {
-            Ok(s) => Box::new(s),
-            Err(e) => {
-                warn!(reason = %e, "NVML is not available; using the simulated GPU source");
-                Box::new(SimulatedSource::new(sim_config(&args)))
-            }
-        }
-    };
-    let mut config = AgentConfig::new(&args.ingest);
-    if let Some(h) = &args.host {
-        config.host = h.clone();
-        config.agent_id = h.clone();
-    }
-    config.topology = Topology {
-        cluster: args.cluster.clone(),
-        row: args.row.clone(),
-        rack: args.rack.clone(),
-    };
-    config.interval = args.interval;
-    config.max_polls = args.polls;
-    let report = agent::run(config, source, shutdown_signal()).await?;
-    if report.shipper.batches_unacked > 0 {
-        bail!(
-            "{} batches were not acknowledged before shutdown",
-            report.shipper.batches_unacked
-        );
-    }
-    Ok(())
-}
-
-fn sim_config(args: &AgentArgs) -> SimConfig {
+pub(crate) fn sim_config(args: &AgentArgs) -> SimConfig {
     let mut c = SimConfig::new(args.seed, args.gpus);
     c.interval_ms = args.interval.as_millis() as u64;
     c

@@ -55,6 +55,7 @@ fn batch_msg(k: u64, define: bool) -> AgentMessage {
             series_ids: (0..SERIES).collect(),
             timestamps_ms: vec![1_000_000 + k as i64 * 1000; SERIES as usize],
             values: (0..SERIES).map(|i| value(i, k)).collect(),
+            epoch: 0xc4a5,
         })),
     }
 }

@@ -22,6 +22,7 @@ fn batch(
             series_ids: ids,
             timestamps_ms: ts,
             values,
+            epoch: 0,
         })),
     }
 }
@@ -138,9 +139,31 @@ fn bad_batches_are_rejected_and_the_stream_goes_on() {
             ingest_reply::Reply::Ack(a) => assert_eq!((a.seq, a.accepted, a.dropped), (4, 2, 1)),
             other => panic!("{other:?}"),
         }
+
+        // With an epoch, a re-sent (agent, epoch, seq) is acked as a duplicate
+        // and not stored, even though its timestamps are new; the same seq in
+        // another epoch is new data.
+        let with_epoch = |seq, epoch, ts: i64| {
+            let mut m = batch(seq, vec![], vec![0], vec![ts], vec![7.0]);
+            if let Some(agent_message::Msg::Batch(b)) = &mut m.msg {
+                b.epoch = epoch;
+            }
+            m
+        };
+        for (msg, want) in [
+            (with_epoch(5, 0xe1, 30), (5, 1, false)),
+            (with_epoch(5, 0xe1, 40), (5, 0, true)),
+            (with_epoch(5, 0xe2, 50), (5, 1, false)),
+        ] {
+            tx.send(msg).await.unwrap();
+            match next().await {
+                ingest_reply::Reply::Ack(a) => assert_eq!((a.seq, a.accepted, a.duplicate), want),
+                other => panic!("{other:?}"),
+            }
+        }
     });
     let rows = node.sql("SELECT metric, host, gpu, value FROM samples ORDER BY ts");
-    let want: Vec<Vec<serde_json::Value>> = [1.0, 2.0]
+    let want: Vec<Vec<serde_json::Value>> = [1.0, 2.0, 7.0, 7.0]
         .into_iter()
         .map(|v| vec!["m".into(), "proto-host".into(), "0".into(), v.into()])
         .collect();

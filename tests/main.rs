@@ -2,6 +2,7 @@
 //! processes on 127.0.0.1 and talks to them over gRPC and HTTP.
 
 mod crash;
+mod delivery;
 mod ingest_protocol;
 mod support;
 mod write_path;

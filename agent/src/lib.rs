@@ -3,23 +3,30 @@
 //! Data flow: a [`GpuSource`] (NVML, or the simulated fleet) is polled every
 //! `interval` on a dedicated thread, so that sampling never waits on the
 //! network; polls go through a bounded queue to the shipper, which batches
-//! them and streams them over gRPC (`gpulse.v1.Ingest/Stream`), keeping each
-//! batch until ingest acks it. See [`shipper`] for the delivery guarantees.
+//! them into the outbox (memory, then a disk spool) and streams them over
+//! gRPC (`gpulse.v1.Ingest/Stream`), keeping each batch until ingest acks it.
+//! See `shipper.rs` for the delivery guarantees and `spool.rs` for the spool.
 
 pub mod catalog;
+pub mod metrics;
 pub mod nvml;
+mod outbox;
 mod shipper;
 pub mod sim;
 pub mod source;
+mod spool;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
+pub use metrics::AgentMetrics;
+pub use outbox::BufferConfig;
 pub use shipper::ShipperStats;
 pub use source::{GpuInfo, GpuSource, Reading, SourceError};
 
@@ -57,6 +64,11 @@ pub struct AgentConfig {
     pub reconnect_max: Duration,
     /// How long shutdown waits for outstanding acks. Default 5 s.
     pub drain_timeout: Duration,
+    /// Memory buffer and disk spool for unacked batches.
+    pub buffer: BufferConfig,
+    /// Appends every sample the agent produces to this file, in the long CSV
+    /// format of `gpulse import` (a trace to replay, or ground truth for a test).
+    pub record: Option<PathBuf>,
 }
 
 impl AgentConfig {
@@ -75,6 +87,8 @@ impl AgentConfig {
             reconnect_min: Duration::from_millis(100),
             reconnect_max: Duration::from_secs(10),
             drain_timeout: Duration::from_secs(5),
+            buffer: BufferConfig::default(),
+            record: None,
         }
     }
 }
@@ -92,6 +106,10 @@ pub enum AgentError {
     InvalidUrl { url: String, reason: String },
     #[error("the sampling thread panicked")]
     SamplerPanicked,
+    #[error("spool: {0}")]
+    Spool(std::io::Error),
+    #[error("cannot open the sample record {0}: {1}")]
+    Record(PathBuf, std::io::Error),
 }
 
 /// What an agent run did.
@@ -115,18 +133,32 @@ pub async fn run(
     source: Box<dyn GpuSource>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<AgentReport, AgentError> {
+    run_with_metrics(config, source, Arc::default(), shutdown).await
+}
+
+/// [`run`], counting into `metrics` (which the caller may serve on `/metrics`).
+///
+/// # Errors
+/// An invalid URL, or a spool or record file that cannot be opened.
+pub async fn run_with_metrics(
+    config: AgentConfig,
+    source: Box<dyn GpuSource>,
+    metrics: Arc<AgentMetrics>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<AgentReport, AgentError> {
     shipper::endpoint(&config.ingest_url)?;
     let inventory = source.inventory().to_vec();
     let name = source.name();
+    // Opens the spool first: a spool in use fails the start, not later.
+    let shipper = shipper::Shipper::new(config.clone(), inventory.clone(), name, metrics.clone())?;
     info!(source = name, gpus = inventory.len(), host = %config.host, interval_ms = config.interval.as_millis() as u64, url = %config.ingest_url, "agent starting");
 
     let (tx, rx) = mpsc::channel::<Poll>(config.queue_polls.max(1));
     let stop = Arc::new(AtomicBool::new(false));
-    let counters = Arc::new(SamplerCounters::default());
     let sampler = {
         let (stop, counters, interval, max_polls) = (
             stop.clone(),
-            counters.clone(),
+            metrics.clone(),
             config.interval,
             config.max_polls,
         );
@@ -137,7 +169,6 @@ pub async fn run(
     };
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let shipper = shipper::Shipper::new(config, inventory, name);
     let ship = shipper.run(rx, stop_rx);
     tokio::pin!(ship);
     tokio::pin!(shutdown);
@@ -155,20 +186,13 @@ pub async fn run(
         return Err(AgentError::SamplerPanicked);
     }
     let report = AgentReport {
-        polls: counters.polls.load(Relaxed),
-        polls_dropped: counters.dropped.load(Relaxed),
-        poll_errors: counters.errors.load(Relaxed),
+        polls: metrics.polls.load(Relaxed),
+        polls_dropped: metrics.polls_dropped.load(Relaxed),
+        poll_errors: metrics.poll_errors.load(Relaxed),
         shipper: stats?,
     };
     info!(?report, "agent stopped");
     Ok(report)
-}
-
-#[derive(Debug, Default)]
-struct SamplerCounters {
-    polls: AtomicU64,
-    dropped: AtomicU64,
-    errors: AtomicU64,
 }
 
 /// Polls `source` on a fixed schedule (`start + k * interval`), never
@@ -179,7 +203,7 @@ fn sample_loop(
     interval: Duration,
     max_polls: Option<u64>,
     stop: &AtomicBool,
-    counters: &SamplerCounters,
+    counters: &AgentMetrics,
 ) {
     let start = Instant::now();
     let mut k: u32 = 0;
@@ -200,15 +224,16 @@ fn sample_loop(
         let mut readings =
             Vec::with_capacity(source.inventory().len() * catalog::Metric::ALL.len());
         if let Err(e) = source.sample(&mut readings) {
-            counters.errors.fetch_add(1, Relaxed);
+            counters.poll_errors.fetch_add(1, Relaxed);
             warn!(error = %e, "sampling failed");
             continue;
         }
         counters.polls.fetch_add(1, Relaxed);
+        counters.samples.fetch_add(readings.len() as u64, Relaxed);
         match tx.try_send(Poll { ts_ms, readings }) {
             Ok(()) => {}
             Err(mpsc::error::TrySendError::Full(_)) => {
-                let n = counters.dropped.fetch_add(1, Relaxed) + 1;
+                let n = counters.polls_dropped.fetch_add(1, Relaxed) + 1;
                 if last_drop_log.elapsed() >= Duration::from_secs(10) {
                     last_drop_log = Instant::now();
                     warn!(dropped_total = n, "send queue full; dropping polls");

@@ -1,16 +1,26 @@
 //! The shipper: turns polls into columnar batches and streams them to ingest
 //! over one bidirectional gRPC stream, keeping every batch until it is acked.
 //!
-//! Delivery: each batch has a per-agent sequence number. Unacked batches stay
-//! in memory (at most `max_in_flight`); after a disconnect the shipper
-//! reconnects with exponential backoff plus jitter, sends a new hello, and
-//! re-sends every unacked batch in order, re-defining the series it uses.
-//! Ingest drops samples at or before a series' last timestamp, so a batch that
-//! was stored but whose ack was lost is not stored twice. While the shipper
-//! waits, the sampler keeps sampling into its bounded queue and counts what
-//! it must drop; the spool to disk is issue #4.
+//! Delivery is at least once at the agent and exactly once in storage: each
+//! batch has a sequence number within the agent's epoch, kept across re-sends
+//! and clean restarts (see [`crate::spool`]); ingest stores each (agent,
+//! epoch, seq) once and acks a re-send as a duplicate.
+//!
+//! - Polls are always taken off the sampler's queue into the [`Outbox`] (memory,
+//!   then spool, then drop-oldest), whether or not ingest is reachable, so
+//!   sampling never waits on the network.
+//! - While connected, the oldest unacked batches are sent, at most
+//!   `max_in_flight` at a time. After a disconnect the shipper reconnects with
+//!   exponential backoff plus jitter, sends a new hello, and sends every
+//!   unacked batch again in order, re-defining the series it uses.
+//! - On shutdown it keeps delivering for up to `drain_timeout`, then moves
+//!   what is left to the spool, where the next run picks it up.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use gpulse_proto::v1::ingest_client::IngestClient;
@@ -22,31 +32,51 @@ use rand::Rng;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::catalog::Metric;
+use crate::metrics::AgentMetrics;
+use crate::outbox::Outbox;
 use crate::source::GpuInfo;
+use crate::spool::Pending;
 use crate::{AgentConfig, AgentError, Poll};
 
 /// Counters of one agent run.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ShipperStats {
     pub batches_sent: u64,
+    pub batches_resent: u64,
     pub batches_acked: u64,
     pub batches_rejected: u64,
+    /// Acked by ingest as already stored.
+    pub batches_duplicate: u64,
     pub samples_acked: u64,
-    /// Samples ingest stored nothing for (duplicates after a re-send, or out of order).
+    /// Samples ingest stored nothing for (duplicate timestamps, or too old).
     pub samples_dropped_by_ingest: u64,
     pub reconnects: u64,
-    /// Batches still unacked when the run ended (shutdown deadline).
+    /// Samples dropped because the memory buffer and the spool were full.
+    pub samples_dropped: u64,
+    /// Batches still unacked when the run ended: in the spool if there is one,
+    /// lost otherwise.
     pub batches_unacked: u64,
 }
 
-#[derive(Debug)]
-struct Pending {
-    ids: Vec<u32>,
-    ts_ms: Vec<i64>,
-    values: Vec<f64>,
+impl ShipperStats {
+    fn from_metrics(m: &AgentMetrics, unacked: usize) -> Self {
+        let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
+        Self {
+            batches_sent: g(&m.batches_sent),
+            batches_resent: g(&m.batches_resent),
+            batches_acked: g(&m.batches_acked),
+            batches_rejected: g(&m.batches_rejected),
+            batches_duplicate: g(&m.batches_duplicate),
+            samples_acked: g(&m.samples_acked),
+            samples_dropped_by_ingest: g(&m.samples_dropped_by_ingest),
+            reconnects: g(&m.reconnects),
+            samples_dropped: g(&m.samples_dropped),
+            batches_unacked: unacked as u64,
+        }
+    }
 }
 
 enum StreamEnd {
@@ -56,39 +86,128 @@ enum StreamEnd {
     Broken(String),
 }
 
+/// The agent's series: shipper ids, their definitions, and the lookups that
+/// find an id for a reading or for a definition read back from the spool.
+#[derive(Debug, Default)]
+pub(crate) struct SeriesTable {
+    inventory: Vec<GpuInfo>,
+    ids: HashMap<(u32, Metric), u32>,
+    by_def: HashMap<String, u32>,
+    defs: Vec<SeriesDef>,
+}
+
+fn def_key(metric: &str, labels: &[Label]) -> String {
+    let mut k = String::from(metric);
+    for l in labels {
+        k.push('\0');
+        k.push_str(&l.name);
+        k.push('=');
+        k.push_str(&l.value);
+    }
+    k
+}
+
+impl SeriesTable {
+    fn new(inventory: Vec<GpuInfo>) -> Self {
+        Self {
+            inventory,
+            ..Default::default()
+        }
+    }
+
+    /// The id of a series definition, adding it if new.
+    pub(crate) fn intern_def(&mut self, metric: &str, labels: Vec<Label>) -> u32 {
+        let key = def_key(metric, &labels);
+        if let Some(&id) = self.by_def.get(&key) {
+            return id;
+        }
+        let id = self.defs.len() as u32;
+        self.defs.push(SeriesDef {
+            id,
+            metric: metric.to_string(),
+            labels,
+        });
+        self.by_def.insert(key, id);
+        id
+    }
+
+    fn id(&mut self, gpu: u32, metric: Metric) -> u32 {
+        if let Some(&id) = self.ids.get(&(gpu, metric)) {
+            return id;
+        }
+        let g = self
+            .inventory
+            .get(gpu as usize)
+            .cloned()
+            .unwrap_or_default();
+        let label = |name: &str, value: String| Label {
+            name: name.into(),
+            value,
+        };
+        // dcgm-exporter's GPU labels; ingest adds Hostname and the topology.
+        let labels = vec![
+            label("gpu", gpu.to_string()),
+            label("UUID", g.uuid),
+            label("pci_bus_id", g.pci_bus_id),
+            label("device", format!("nvidia{gpu}")),
+            label("modelName", g.model_name),
+            label("DCGM_FI_DRIVER_VERSION", g.driver_version),
+        ];
+        let id = self.intern_def(metric.name(), labels);
+        self.ids.insert((gpu, metric), id);
+        id
+    }
+}
+
 pub(crate) struct Shipper {
     config: AgentConfig,
-    inventory: Vec<GpuInfo>,
     source_name: &'static str,
-    ids: HashMap<(u32, Metric), u32>,
-    defs: Vec<SeriesDef>,
-    next_seq: u64,
-    unacked: BTreeMap<u64, Pending>,
-    stats: ShipperStats,
+    series: SeriesTable,
+    outbox: Outbox,
+    metrics: Arc<AgentMetrics>,
+    record: Option<BufWriter<File>>,
+    /// Highest seq sent by this process: sending one at or below it is a re-send.
+    max_sent: u64,
     input_closed: bool,
 }
 
 impl Shipper {
+    /// Opens the spool (if configured) and takes over what it holds.
     pub(crate) fn new(
         config: AgentConfig,
         inventory: Vec<GpuInfo>,
         source_name: &'static str,
-    ) -> Self {
-        Self {
+        metrics: Arc<AgentMetrics>,
+    ) -> Result<Self, AgentError> {
+        let mut series = SeriesTable::new(inventory);
+        let outbox = Outbox::open(&config.buffer, metrics.clone(), |d| {
+            series.intern_def(&d.metric, d.labels.clone())
+        })
+        .map_err(AgentError::Spool)?;
+        let record = match &config.record {
+            Some(path) => Some(BufWriter::new(
+                OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .map_err(|e| AgentError::Record(path.clone(), e))?,
+            )),
+            None => None,
+        };
+        Ok(Self {
             config,
-            inventory,
             source_name,
-            ids: HashMap::new(),
-            defs: Vec::new(),
-            next_seq: 1,
-            unacked: BTreeMap::new(),
-            stats: ShipperStats::default(),
+            series,
+            outbox,
+            metrics,
+            record,
+            max_sent: 0,
             input_closed: false,
-        }
+        })
     }
 
     /// Ships polls until `polls` closes and everything is acked, or until
-    /// `stop` fires and the drain deadline passes.
+    /// `stop` fires and the drain deadline passes; then spools what is left.
     pub(crate) async fn run(
         mut self,
         mut polls: mpsc::Receiver<Poll>,
@@ -96,44 +215,89 @@ impl Shipper {
     ) -> Result<ShipperStats, AgentError> {
         let endpoint = endpoint(&self.config.ingest_url)?;
         let mut backoff = self.config.reconnect_min;
-        let mut drain_deadline: Option<tokio::time::Instant> = None;
-        loop {
-            let deadline_passed = drain_deadline.is_some_and(|d| tokio::time::Instant::now() >= d);
-            if (self.input_closed && self.unacked.is_empty()) || deadline_passed {
+        let mut deadline: Option<tokio::time::Instant> = None;
+        info!(
+            epoch = format_args!("{:016x}", self.outbox.epoch()),
+            unacked = self.outbox.len(),
+            "shipper starting"
+        );
+        'run: loop {
+            if self.finished(deadline) {
                 break;
             }
-            let end = match endpoint.connect().await {
+            // Connect, taking polls meanwhile.
+            let connect = endpoint.connect();
+            tokio::pin!(connect);
+            let connected = loop {
+                tokio::select! {
+                    c = &mut connect => break c,
+                    poll = polls.recv(), if !self.input_closed => self.take(poll, &mut polls),
+                    _ = stop.changed(), if deadline.is_none() => deadline = Some(self.drain_deadline()),
+                    _ = sleep_until(deadline), if deadline.is_some() => break 'run,
+                }
+                if self.finished(deadline) {
+                    break 'run;
+                }
+            };
+            let end = match connected {
                 Ok(channel) => {
                     backoff = self.config.reconnect_min;
-                    self.stream(channel, &mut polls, &mut stop, &mut drain_deadline)
+                    self.stream(channel, &mut polls, &mut stop, &mut deadline)
                         .await
                 }
                 Err(e) => StreamEnd::Broken(format!("connect: {e}")),
             };
-            match end {
+            let why = match end {
                 StreamEnd::Done => break,
-                StreamEnd::Broken(why) => {
-                    if self.input_closed && self.unacked.is_empty() {
-                        break;
-                    }
-                    self.stats.reconnects += 1;
-                    // Full jitter on top of the exponential step keeps a fleet of
-                    // agents from reconnecting in lockstep after an ingest restart.
-                    let jitter = rand::rng().random_range(0.5..1.5);
-                    let wait = backoff.mul_f64(jitter);
-                    warn!(url = %self.config.ingest_url, error = %why, unacked = self.unacked.len(), retry_in_ms = wait.as_millis() as u64, "ingest stream lost; reconnecting");
-                    backoff = (backoff * 2).min(self.config.reconnect_max);
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop.changed(), if drain_deadline.is_none() => {
-                            drain_deadline = Some(tokio::time::Instant::now() + self.config.drain_timeout);
-                        }
-                    }
+                StreamEnd::Broken(why) => why,
+            };
+            if self.finished(deadline) {
+                break;
+            }
+            self.metrics.reconnects.fetch_add(1, Relaxed);
+            // Full jitter on top of the exponential step keeps a fleet of
+            // agents from reconnecting in lockstep after an ingest restart.
+            let jitter = rand::rng().random_range(0.5..1.5);
+            let wait = backoff.mul_f64(jitter);
+            warn!(url = %self.config.ingest_url, error = %why, unacked = self.outbox.len(), retry_in_ms = wait.as_millis() as u64, "ingest stream lost; reconnecting");
+            backoff = (backoff * 2).min(self.config.reconnect_max);
+            let sleep = tokio::time::sleep(wait);
+            tokio::pin!(sleep);
+            loop {
+                tokio::select! {
+                    _ = &mut sleep => break,
+                    poll = polls.recv(), if !self.input_closed => self.take(poll, &mut polls),
+                    _ = stop.changed(), if deadline.is_none() => deadline = Some(self.drain_deadline()),
+                    _ = sleep_until(deadline), if deadline.is_some() => break 'run,
                 }
             }
         }
-        self.stats.batches_unacked = self.unacked.len() as u64;
-        Ok(self.stats)
+        // Whatever the sampler queued last still counts.
+        while let Ok(poll) = polls.try_recv() {
+            self.take(Some(poll), &mut polls);
+        }
+        let lost = self.outbox.close(&self.series.defs);
+        let unacked = self.outbox.len();
+        if unacked > 0 {
+            warn!(
+                unacked,
+                spooled = unacked - lost.min(unacked),
+                "stopping with batches unacked"
+            );
+        }
+        if let Some(r) = &mut self.record {
+            r.flush().ok();
+        }
+        Ok(ShipperStats::from_metrics(&self.metrics, unacked.max(lost)))
+    }
+
+    fn drain_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.config.drain_timeout
+    }
+
+    fn finished(&self, deadline: Option<tokio::time::Instant>) -> bool {
+        (self.input_closed && self.outbox.is_empty())
+            || deadline.is_some_and(|d| tokio::time::Instant::now() >= d)
     }
 
     async fn stream(
@@ -141,10 +305,11 @@ impl Shipper {
         channel: Channel,
         polls: &mut mpsc::Receiver<Poll>,
         stop: &mut tokio::sync::watch::Receiver<bool>,
-        drain_deadline: &mut Option<tokio::time::Instant>,
+        deadline: &mut Option<tokio::time::Instant>,
     ) -> StreamEnd {
         let mut client = IngestClient::new(channel);
-        let (tx, rx) = mpsc::channel::<AgentMessage>(64);
+        // Room for every batch in flight plus the hello: sends never wait.
+        let (tx, rx) = mpsc::channel::<AgentMessage>(self.config.max_in_flight + 2);
         let hello = AgentMessage {
             msg: Some(agent_message::Msg::Hello(self.hello())),
         };
@@ -155,60 +320,64 @@ impl Shipper {
             Ok(r) => r.into_inner(),
             Err(status) => return StreamEnd::Broken(format!("open stream: {status}")),
         };
-        info!(url = %self.config.ingest_url, source = self.source_name, resend = self.unacked.len(), "streaming to ingest");
+        info!(url = %self.config.ingest_url, source = self.source_name, unacked = self.outbox.len(), "streaming to ingest");
 
         // Series defined on this stream so far; a new stream starts empty.
         let mut defined: HashSet<u32> = HashSet::new();
-        let resend: Vec<u64> = self.unacked.keys().copied().collect();
-        for seq in resend {
-            let msg = self.batch_message(seq, &mut defined);
-            if tx.send(msg).await.is_err() {
-                return StreamEnd::Broken("request stream closed".into());
-            }
-            self.stats.batches_sent += 1;
-        }
-
+        let mut in_flight: BTreeSet<u64> = BTreeSet::new();
+        let mut cursor = 0u64;
         loop {
-            if self.input_closed && self.unacked.is_empty() {
+            if self.input_closed && self.outbox.is_empty() {
                 return StreamEnd::Done;
             }
-            let room = self.unacked.len() < self.config.max_in_flight;
-            let deadline = *drain_deadline;
+            while in_flight.len() < self.config.max_in_flight {
+                let Some(seq) = self.outbox.next_from(cursor) else {
+                    break;
+                };
+                cursor = seq + 1;
+                let Some(p) = self.outbox.get(seq) else {
+                    continue;
+                };
+                let msg = self.batch_message(seq, p, &mut defined);
+                if tx.try_send(msg).is_err() {
+                    return StreamEnd::Broken("request stream closed".into());
+                }
+                in_flight.insert(seq);
+                self.metrics.batches_sent.fetch_add(1, Relaxed);
+                if seq <= self.max_sent {
+                    self.metrics.batches_resent.fetch_add(1, Relaxed);
+                }
+                self.max_sent = self.max_sent.max(seq);
+            }
             tokio::select! {
-                poll = polls.recv(), if room && !self.input_closed => match poll {
-                    Some(first) => {
-                        let seq = self.add_batch(first, polls);
-                        let msg = self.batch_message(seq, &mut defined);
-                        if tx.send(msg).await.is_err() {
-                            return StreamEnd::Broken("request stream closed".into());
-                        }
-                        self.stats.batches_sent += 1;
-                    }
-                    None => self.input_closed = true,
-                },
+                poll = polls.recv(), if !self.input_closed => self.take(poll, polls),
                 reply = inbound.message() => match reply {
-                    Ok(Some(r)) => self.on_reply(r),
+                    Ok(Some(r)) => self.on_reply(r, &mut in_flight),
                     Ok(None) => return StreamEnd::Broken("ingest closed the stream".into()),
                     Err(status) => return StreamEnd::Broken(status.to_string()),
                 },
-                _ = stop.changed(), if deadline.is_none() => {
-                    *drain_deadline = Some(tokio::time::Instant::now() + self.config.drain_timeout);
-                }
-                _ = sleep_until(deadline), if deadline.is_some() => {
-                    warn!(unacked = self.unacked.len(), "shutdown deadline passed with batches unacked");
+                _ = stop.changed(), if deadline.is_none() => *deadline = Some(self.drain_deadline()),
+                _ = sleep_until(*deadline), if deadline.is_some() => {
+                    warn!(unacked = self.outbox.len(), "shutdown deadline passed with batches unacked");
                     return StreamEnd::Done;
                 }
             }
         }
     }
 
-    fn on_reply(&mut self, r: gpulse_proto::v1::IngestReply) {
+    fn on_reply(&mut self, r: gpulse_proto::v1::IngestReply, in_flight: &mut BTreeSet<u64>) {
+        let m = &self.metrics;
         match r.reply {
             Some(ingest_reply::Reply::Ack(a)) => {
-                if self.unacked.remove(&a.seq).is_some() {
-                    self.stats.batches_acked += 1;
-                    self.stats.samples_acked += a.accepted as u64;
-                    self.stats.samples_dropped_by_ingest += a.dropped as u64;
+                in_flight.remove(&a.seq);
+                if self.outbox.ack(a.seq) {
+                    m.batches_acked.fetch_add(1, Relaxed);
+                    m.samples_acked.fetch_add(a.accepted as u64, Relaxed);
+                    m.samples_dropped_by_ingest
+                        .fetch_add(a.dropped as u64, Relaxed);
+                    if a.duplicate {
+                        m.batches_duplicate.fetch_add(1, Relaxed);
+                    }
                 } else {
                     debug!(seq = a.seq, "ack for a batch no longer pending");
                 }
@@ -216,8 +385,9 @@ impl Shipper {
             Some(ingest_reply::Reply::Reject(rej)) => {
                 // Not retryable: the batch is malformed. Drop it and say so.
                 warn!(seq = rej.seq, reason = %rej.message, "ingest rejected a batch");
-                if self.unacked.remove(&rej.seq).is_some() {
-                    self.stats.batches_rejected += 1;
+                in_flight.remove(&rej.seq);
+                if self.outbox.ack(rej.seq) {
+                    m.batches_rejected.fetch_add(1, Relaxed);
                 }
             }
             None => debug!("empty reply"),
@@ -225,22 +395,27 @@ impl Shipper {
     }
 
     /// Turns `first` and any polls already queued behind it (up to
-    /// `max_batch_samples`) into one pending batch; returns its seq.
-    fn add_batch(&mut self, first: Poll, polls: &mut mpsc::Receiver<Poll>) -> u64 {
-        let mut p = Pending {
-            ids: Vec::with_capacity(first.readings.len()),
-            ts_ms: Vec::with_capacity(first.readings.len()),
-            values: Vec::with_capacity(first.readings.len()),
+    /// `max_batch_samples`) into one batch in the outbox. `None` means the
+    /// sampler is done.
+    fn take(&mut self, first: Option<Poll>, polls: &mut mpsc::Receiver<Poll>) {
+        let Some(first) = first else {
+            self.input_closed = true;
+            return;
         };
+        let n = first.readings.len();
+        let (mut ids, mut ts, mut values) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         let mut next = Some(first);
         while let Some(poll) = next.take() {
             for r in &poll.readings {
-                let id = self.series_id(r.gpu, r.metric);
-                p.ids.push(id);
-                p.ts_ms.push(poll.ts_ms);
-                p.values.push(r.value);
+                ids.push(self.series.id(r.gpu, r.metric));
+                ts.push(poll.ts_ms);
+                values.push(r.value);
             }
-            if p.ids.len() < self.config.max_batch_samples {
+            if ids.len() < self.config.max_batch_samples {
                 match polls.try_recv() {
                     Ok(more) => next = Some(more),
                     Err(mpsc::error::TryRecvError::Disconnected) => self.input_closed = true,
@@ -248,58 +423,30 @@ impl Shipper {
                 }
             }
         }
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        self.unacked.insert(seq, p);
-        seq
-    }
-
-    fn series_id(&mut self, gpu: u32, metric: Metric) -> u32 {
-        if let Some(&id) = self.ids.get(&(gpu, metric)) {
-            return id;
+        if let Some(w) = &mut self.record
+            && let Err(e) = record_rows(w, &self.series.defs, &ids, &ts, &values)
+        {
+            error!(error = %e, "could not write the sample record; recording stops");
+            self.record = None;
         }
-        let id = self.defs.len() as u32;
-        let g = self
-            .inventory
-            .get(gpu as usize)
-            .cloned()
-            .unwrap_or_default();
-        let label = |name: &str, value: String| Label {
-            name: name.into(),
-            value,
-        };
-        self.defs.push(SeriesDef {
-            id,
-            metric: metric.name().into(),
-            // dcgm-exporter's GPU labels; ingest adds Hostname and the topology.
-            labels: vec![
-                label("gpu", gpu.to_string()),
-                label("UUID", g.uuid),
-                label("pci_bus_id", g.pci_bus_id),
-                label("device", format!("nvidia{gpu}")),
-                label("modelName", g.model_name),
-                label("DCGM_FI_DRIVER_VERSION", g.driver_version),
-            ],
-        });
-        self.ids.insert((gpu, metric), id);
-        id
+        self.outbox.push(ids, ts, values, &self.series.defs);
     }
 
-    fn batch_message(&self, seq: u64, defined: &mut HashSet<u32>) -> AgentMessage {
-        let p = &self.unacked[&seq];
+    fn batch_message(&self, seq: u64, p: Pending, defined: &mut HashSet<u32>) -> AgentMessage {
         let mut new_series = Vec::new();
         for &id in &p.ids {
             if defined.insert(id) {
-                new_series.push(self.defs[id as usize].clone());
+                new_series.push(self.series.defs[id as usize].clone());
             }
         }
         AgentMessage {
             msg: Some(agent_message::Msg::Batch(Batch {
                 seq,
                 new_series,
-                series_ids: p.ids.clone(),
-                timestamps_ms: p.ts_ms.clone(),
-                values: p.values.clone(),
+                series_ids: p.ids,
+                timestamps_ms: p.ts_ms,
+                values: p.values,
+                epoch: p.epoch,
             })),
         }
     }
@@ -315,6 +462,7 @@ impl Shipper {
                 rack: c.topology.rack.clone(),
             }),
             gpus: self
+                .series
                 .inventory
                 .iter()
                 .map(|g| WireGpu {
@@ -332,6 +480,28 @@ impl Shipper {
     }
 }
 
+/// Appends rows in the long CSV format of `gpulse import`
+/// (`metric=NAME;label=value;...,timestamp_ms,value`).
+fn record_rows(
+    w: &mut BufWriter<File>,
+    defs: &[SeriesDef],
+    ids: &[u32],
+    ts: &[i64],
+    values: &[f64],
+) -> std::io::Result<()> {
+    for ((&id, &t), &v) in ids.iter().zip(ts).zip(values) {
+        let d = &defs[id as usize];
+        write!(w, "metric={}", d.metric)?;
+        for l in &d.labels {
+            write!(w, ";{}={}", l.name, l.value)?;
+        }
+        writeln!(w, ",{t},{v}")?;
+    }
+    // A batch is recorded whole or not at all as far as a reader after a
+    // crash can tell (the last line may be cut, never a middle one).
+    w.flush()
+}
+
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -346,7 +516,16 @@ pub(crate) fn endpoint(url: &str) -> Result<Endpoint, AgentError> {
         None => url.to_string(),
     };
     Endpoint::from_shared(http)
-        .map(|e| e.connect_timeout(Duration::from_secs(5)).tcp_nodelay(true))
+        .map(|e| {
+            // Keepalive pings find a connection that went silent (a network
+            // partition, not a reset) within 15 s, so that the shipper
+            // reconnects instead of waiting on it forever.
+            e.connect_timeout(Duration::from_secs(5))
+                .tcp_nodelay(true)
+                .http2_keep_alive_interval(Duration::from_secs(10))
+                .keep_alive_timeout(Duration::from_secs(5))
+                .keep_alive_while_idle(true)
+        })
         .map_err(|e| AgentError::InvalidUrl {
             url: url.to_string(),
             reason: e.to_string(),

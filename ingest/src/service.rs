@@ -8,7 +8,7 @@ use gpulse_proto::v1::ingest_server::Ingest;
 use gpulse_proto::v1::{
     Ack, AgentMessage, Batch, Hello, IngestReply, Reject, agent_message, ingest_reply,
 };
-use storage::{Label, SeriesKey, SeriesRef, Storage};
+use storage::{BatchOrigin, Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -26,6 +26,8 @@ pub struct IngestMetrics {
     pub samples_accepted: AtomicU64,
     /// Samples in acked batches that storage dropped (duplicates, out of order).
     pub samples_dropped: AtomicU64,
+    /// Batches acked without storing, as re-sends of stored (agent, epoch, seq).
+    pub batches_duplicate: AtomicU64,
 }
 
 /// The gRPC service. Cheap to clone.
@@ -111,6 +113,7 @@ impl From<storage::Error> for BatchError {
 
 /// State of one agent stream.
 struct StreamState {
+    agent_id: String,
     /// Labels attached to every series of the stream: Hostname and topology.
     stream_labels: Vec<Label>,
     /// Stream-local series id -> storage series.
@@ -189,6 +192,7 @@ impl IngestService {
             stream_labels.push(Label::new(name, value.clone()));
         }
         Ok(StreamState {
+            agent_id: hello.agent_id.clone(),
             stream_labels,
             refs: HashMap::new(),
         })
@@ -202,6 +206,9 @@ impl IngestService {
         match self.store_batch(state, batch) {
             Ok(ack) => {
                 self.metrics.batches_acked.fetch_add(1, Relaxed);
+                if ack.duplicate {
+                    self.metrics.batches_duplicate.fetch_add(1, Relaxed);
+                }
                 self.metrics
                     .samples_accepted
                     .fetch_add(ack.accepted as u64, Relaxed);
@@ -292,14 +299,22 @@ impl IngestService {
             state.refs.insert(id, r);
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
+        // The series above are defined even for a duplicate: later batches of
+        // this stream refer to them.
+        let producer = format!("{}/{:016x}", state.agent_id, batch.epoch);
+        let origin = (batch.epoch != 0).then_some(BatchOrigin {
+            producer: &producer,
+            seq: batch.seq,
+        });
         let out = self
             .storage
-            .append(&refs, &batch.timestamps_ms, &batch.values)
+            .append_from(origin, &refs, &batch.timestamps_ms, &batch.values)
             .map_err(BatchError::from)?;
         Ok(Ack {
             seq: batch.seq,
             accepted: out.accepted,
             dropped: out.dropped(),
+            duplicate: out.duplicate_batch,
         })
     }
 }

@@ -38,6 +38,13 @@ use crate::wal::record::{self, Record};
 use crate::wal::{self, ReplayReport, SyncPolicy, Wal};
 use crate::{Result, SegmentId};
 
+/// Panics only if another thread panicked while holding the lock, which is a bug.
+macro_rules! lock {
+    ($e:expr) => {
+        $e.expect("BUG: storage lock poisoned")
+    };
+}
+
 /// Configuration of a [`Storage`].
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -97,6 +104,55 @@ pub struct StorageMetrics {
     pub segments_expired: AtomicU64,
     /// WAL samples that referenced a series whose definition was lost to corruption.
     pub wal_orphan_samples: AtomicU64,
+    /// Batches dropped whole because their producer's sequence number was already stored.
+    pub batches_duplicate: AtomicU64,
+}
+
+/// Who sent a batch, for de-duplication of re-sends: a producer (an agent's
+/// id and epoch) numbers its batches 1, 2, 3, ... and sends them in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchOrigin<'a> {
+    pub producer: &'a str,
+    pub seq: u64,
+}
+
+/// Highest stored batch per producer. One mutex per producer, so that the
+/// check and the append of one producer are atomic while producers append
+/// (and group-commit the WAL) in parallel.
+#[derive(Debug, Default)]
+struct Producers {
+    by_name: Mutex<HashMap<String, Arc<Mutex<u64>>>>,
+}
+
+impl Producers {
+    fn get(&self, producer: &str) -> Arc<Mutex<u64>> {
+        let mut map = lock!(self.by_name.lock());
+        if let Some(p) = map.get(producer) {
+            return p.clone();
+        }
+        let p = Arc::new(Mutex::new(0));
+        map.insert(producer.to_string(), p.clone());
+        p
+    }
+
+    fn raise(&self, producer: &str, seq: u64) {
+        let p = self.get(producer);
+        let mut hwm = lock!(p.lock());
+        *hwm = (*hwm).max(seq);
+    }
+
+    /// One mark record per producer, so that the marks outlive the WAL
+    /// segments a flush deletes.
+    fn checkpoint(&self, dst: &mut Vec<u8>) {
+        let map = lock!(self.by_name.lock());
+        for (name, p) in map.iter() {
+            record::encode_mark(dst, name, *lock!(p.lock()));
+        }
+    }
+
+    fn len(&self) -> usize {
+        lock!(self.by_name.lock()).len()
+    }
 }
 
 /// What [`Storage::append`] did with a batch.
@@ -110,6 +166,9 @@ pub struct AppendOutcome {
     pub duplicates: u32,
     /// Dropped: older than the out-of-order window allows.
     pub too_old: u32,
+    /// The whole batch was dropped unread: its producer's sequence number
+    /// was already stored (a re-send after a lost ack).
+    pub duplicate_batch: bool,
 }
 
 impl AppendOutcome {
@@ -127,6 +186,8 @@ pub struct StorageStats {
     pub segments: u64,
     pub segment_samples: u64,
     pub segment_bytes: u64,
+    /// Producers (agent id and epoch) whose batches are de-duplicated.
+    pub producers: u64,
 }
 
 #[derive(Debug, Default)]
@@ -149,15 +210,9 @@ pub struct Storage {
     next_segment: AtomicU64,
     metrics: StorageMetrics,
     replay: ReplayReport,
+    producers: Producers,
     /// Holds the directory's lock for the life of the storage.
     _lock: fs::File,
-}
-
-/// Panics only if another thread panicked while holding the lock, which is a bug.
-macro_rules! lock {
-    ($e:expr) => {
-        $e.expect("BUG: storage lock poisoned")
-    };
 }
 
 impl Storage {
@@ -228,9 +283,11 @@ impl Storage {
             config.max_series,
             config.ooo_window.as_millis() as i64,
         );
-        let replay = replay_wal(&config.data_dir, &segments, &mut head, &metrics)?;
+        let producers = Producers::default();
+        let replay = replay_wal(&config.data_dir, &segments, &mut head, &producers, &metrics)?;
         let mut checkpoint = Vec::new();
         head.checkpoint(&mut checkpoint);
+        producers.checkpoint(&mut checkpoint);
         let wal = Wal::start(
             &config.data_dir,
             replay.last_segment + 1,
@@ -260,6 +317,7 @@ impl Storage {
             next_segment: AtomicU64::new(max_id + 1),
             metrics,
             replay,
+            producers,
             _lock: lock,
         })
     }
@@ -322,6 +380,35 @@ impl Storage {
         ts_ms: &[i64],
         values: &[f64],
     ) -> Result<AppendOutcome> {
+        self.append_from(None, refs, ts_ms, values)
+    }
+
+    /// [`Storage::append`] for a batch with an origin: a batch whose sequence
+    /// number is at or below the highest stored one of its producer is
+    /// dropped whole (`duplicate_batch`). The mark that records the batch goes
+    /// into the same WAL write as its samples, so de-duplication survives a
+    /// crash, and into every WAL checkpoint, so it survives a flush.
+    ///
+    /// # Errors
+    /// As [`Storage::append`].
+    pub fn append_from(
+        &self,
+        origin: Option<BatchOrigin<'_>>,
+        refs: &[SeriesRef],
+        ts_ms: &[i64],
+        values: &[f64],
+    ) -> Result<AppendOutcome> {
+        let producer = origin.map(|o| self.producers.get(o.producer));
+        let mut hwm = producer.as_ref().map(|p| lock!(p.lock()));
+        if let (Some(o), Some(h)) = (origin, hwm.as_deref())
+            && o.seq <= *h
+        {
+            self.metrics.batches_duplicate.fetch_add(1, Relaxed);
+            return Ok(AppendOutcome {
+                duplicate_batch: true,
+                ..Default::default()
+            });
+        }
         if refs.len() != ts_ms.len() || refs.len() != values.len() {
             return Err(Error::BadBatch {
                 reason: "columns differ in length",
@@ -335,12 +422,18 @@ impl Storage {
             });
         }
         let wal_refs: Vec<u32> = refs.iter().map(|r| r.0).collect();
-        let mut buf = Vec::with_capacity(refs.len() * 12 + 16);
+        let mut buf = Vec::with_capacity(refs.len() * 12 + 48);
         record::encode_samples(&mut buf, &wal_refs, ts_ms, values);
+        if let Some(o) = origin {
+            record::encode_mark(&mut buf, o.producer, o.seq);
+        }
         let _gate = lock!(self.gate.read());
         self.wal
             .write(buf)
             .map_err(|e| Error::io(self.wal_dir(), e))?;
+        if let (Some(o), Some(h)) = (origin, hwm.as_deref_mut()) {
+            *h = o.seq;
+        }
         let mut head = lock!(self.head.write());
         let mut out = AppendOutcome::default();
         for ((&r, &t), &v) in refs.iter().zip(ts_ms).zip(values) {
@@ -387,6 +480,7 @@ impl Storage {
             let mut checkpoint = Vec::new();
             head.checkpoint(&mut checkpoint);
             drop(head);
+            self.producers.checkpoint(&mut checkpoint);
             if carried.is_empty() {
                 carried = fresh;
             } else if !fresh.is_empty() {
@@ -624,6 +718,7 @@ impl Storage {
             segments: state.segments.len() as u64,
             segment_samples: state.segments.iter().map(|s| s.num_samples()).sum(),
             segment_bytes: state.segments.iter().map(|s| s.size_bytes()).sum(),
+            producers: self.producers.len() as u64,
         }
     }
 }
@@ -647,6 +742,7 @@ fn replay_wal(
     data_dir: &Path,
     segments: &[Arc<Segment>],
     head: &mut Head,
+    producers: &Producers,
     metrics: &StorageMetrics,
 ) -> Result<ReplayReport> {
     let mut flushed_until: HashMap<Arc<SeriesKey>, i64> = HashMap::new();
@@ -696,6 +792,7 @@ fn replay_wal(
                 }
             }
         }
+        Record::Mark { producer, seq } => producers.raise(&producer, seq),
     })?;
     if let Some(t) = &report.torn_tail {
         warn!(file = %t.path.display(), offset = t.offset, "truncated a torn WAL tail (a write cut short by a crash; it was never acknowledged)");

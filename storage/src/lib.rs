@@ -20,7 +20,10 @@ pub mod segment;
 pub mod series;
 pub mod wal;
 
-pub use db::{AppendOutcome, SelectedSeries, Storage, StorageConfig, StorageMetrics, StorageStats};
+pub use db::{
+    AppendOutcome, BatchOrigin, SelectedSeries, Storage, StorageConfig, StorageMetrics,
+    StorageStats,
+};
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
 pub use segment::writer::SegmentSummary;

@@ -71,7 +71,8 @@ fn head_segments_and_reopen_answer_the_same() {
             accepted: 3,
             out_of_order: 2,
             duplicates: 1,
-            too_old: 1
+            too_old: 1,
+            duplicate_batch: false,
         }
     );
     want.push((40_500, 0.5));
@@ -326,4 +327,59 @@ fn out_of_order_samples_after_a_flush_survive_a_crash() {
     let st = Storage::open(cfg).unwrap();
     let sel = st.select(&[], i64::MIN, 3_999_999);
     assert_eq!(read_range(&sel[0], i64::MIN, 3_999_999), want);
+}
+
+#[test]
+fn resent_batches_are_dropped_by_producer_seq_across_crash_and_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig::new(dir.path());
+    let origin = |producer, seq| Some(BatchOrigin { producer, seq });
+    // Every batch has fresh timestamps and values, so only the sequence
+    // number can tell a re-send from new data.
+    let mut t = 0i64;
+    let mut batch = |st: &Storage, o: Option<BatchOrigin<'_>>| {
+        let r = st.series_ref(key("temp", 0)).unwrap();
+        t += 1000;
+        st.append_from(o, &[r, r], &[t, t + 500], &[t as f64, 1.5])
+            .unwrap()
+    };
+    let count = |st: &Storage| {
+        let sel = st.select(&[Matcher::equal("__name__", "temp")], i64::MIN, i64::MAX);
+        read(&sel[0]).len()
+    };
+
+    let st = Storage::open(cfg.clone()).unwrap();
+    assert_eq!(batch(&st, origin("a/1", 1)).accepted, 2);
+    assert_eq!(batch(&st, origin("a/1", 2)).accepted, 2);
+    let dup = batch(&st, origin("a/1", 2));
+    assert!(dup.duplicate_batch);
+    assert_eq!(dup.accepted, 0);
+    assert!(batch(&st, origin("a/1", 1)).duplicate_batch);
+    // Another producer (or another epoch of the same agent) has its own numbers.
+    assert_eq!(batch(&st, origin("a/2", 1)).accepted, 2);
+    assert_eq!(batch(&st, None).accepted, 2);
+    assert_eq!(count(&st), 8);
+    assert_eq!(st.metrics().batches_duplicate.load(Relaxed), 2);
+
+    // A crash: the marks come back from the WAL.
+    drop(st);
+    let st = Storage::open(cfg.clone()).unwrap();
+    assert!(batch(&st, origin("a/1", 2)).duplicate_batch);
+    assert!(batch(&st, origin("a/2", 1)).duplicate_batch);
+    assert_eq!(count(&st), 8);
+
+    // A flush deletes the WAL that held the marks; the checkpoint keeps them.
+    st.flush().unwrap().expect("segment written");
+    drop(st);
+    let wal_files = wal::list_segments(&dir.path().join(files::WAL_DIR)).unwrap();
+    assert_eq!(
+        wal_files.len(),
+        1,
+        "only the post-flush WAL segment is left"
+    );
+    let st = Storage::open(cfg).unwrap();
+    assert!(batch(&st, origin("a/1", 2)).duplicate_batch);
+    assert_eq!(batch(&st, origin("a/1", 3)).accepted, 2);
+    assert_eq!(count(&st), 10);
+    assert_eq!(st.stats().producers, 2);
 }

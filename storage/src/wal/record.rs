@@ -5,13 +5,19 @@
 //! type 1, series:  uvarint ref | str metric | uvarint n | n x (str name, str value)
 //! type 2, samples: uvarint n | n x uvarint ref | n x varint ts delta (from the
 //!                  previous sample of the record; the first from 0) | n x u64 LE value bits
+//! type 3, mark:    uvarint seq | str producer
 //! ```
+//!
+//! A mark says that batch `seq` of `producer` (an agent's id and epoch) is
+//! stored. It follows that batch's samples record in the same write, so a torn
+//! write can lose the mark but never keep a mark without its samples.
 
 use crate::codec::{Reader, put_str, put_uvarint, put_varint};
 use crate::series::{Label, SeriesKey};
 
 pub const TYPE_SERIES: u8 = 1;
 pub const TYPE_SAMPLES: u8 = 2;
+pub const TYPE_MARK: u8 = 3;
 /// Bytes before the payload: len, crc, type.
 pub const FRAME_LEN: usize = 9;
 /// Largest record accepted on replay; a larger length field is corruption.
@@ -28,6 +34,10 @@ pub enum Record {
         refs: Vec<u32>,
         ts_ms: Vec<i64>,
         values: Vec<f64>,
+    },
+    Mark {
+        producer: String,
+        seq: u64,
     },
 }
 
@@ -70,6 +80,13 @@ pub fn encode_samples(dst: &mut Vec<u8>, refs: &[u32], ts_ms: &[i64], values: &[
         for v in values {
             b.extend_from_slice(&v.to_bits().to_le_bytes());
         }
+    });
+}
+
+pub fn encode_mark(dst: &mut Vec<u8>, producer: &str, seq: u64) {
+    frame(dst, TYPE_MARK, |b| {
+        put_uvarint(b, seq);
+        put_str(b, producer);
     });
 }
 
@@ -147,6 +164,11 @@ fn parse(kind: u8, payload: &[u8]) -> Option<Record> {
                 values,
             }
         }
+        TYPE_MARK => {
+            let seq = r.uvarint("seq").ok()?;
+            let producer = r.string("producer").ok()?;
+            Record::Mark { producer, seq }
+        }
         _ => return None,
     };
     r.is_empty().then_some(record)
@@ -183,6 +205,23 @@ mod tests {
         };
         assert_eq!((refs, ts_ms), (vec![7, 7], vec![1000, 2000]));
         assert!(values[0].is_nan() && values[1].to_bits() == (-0.0f64).to_bits());
+    }
+
+    #[test]
+    fn mark_round_trip() {
+        let mut buf = Vec::new();
+        encode_mark(&mut buf, "node-7/00000000deadbeef", 300);
+        // payload: type 3 | seq 300 (uvarint 0xac 0x02) | str
+        assert_eq!(&buf[8..11], &[3, 0xac, 0x02]);
+        let (r, len) = decode(&buf).unwrap();
+        assert_eq!(len, buf.len());
+        assert_eq!(
+            r,
+            Record::Mark {
+                producer: "node-7/00000000deadbeef".into(),
+                seq: 300
+            }
+        );
     }
 
     #[test]

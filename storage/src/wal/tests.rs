@@ -60,6 +60,7 @@ fn same(a: &[Record], b: &[Record]) -> bool {
                     ts_ms,
                     values,
                 } => record::encode_samples(&mut buf, refs, ts_ms, values),
+                Record::Mark { producer, seq } => record::encode_mark(&mut buf, producer, *seq),
             }
         }
         buf

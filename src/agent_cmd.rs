@@ -1,0 +1,275 @@
+//! `gpulse agent`: configuration (flags, `GPULSE_*` environment, an optional
+//! TOML file, a topology file) and the run itself, with `/metrics`.
+//!
+//! Precedence, highest first: a flag, its environment variable, the TOML
+//! file, the default. The TOML keys are the long flag names with `_` for `-`:
+//!
+//! ```toml
+//! ingest = "grpc://ingest-1:7400"
+//! interval = "1s"
+//! cluster = "c1"
+//! topology_file = "/etc/gpulse/topology.csv"
+//! spool_dir = "/var/lib/gpulse-agent"
+//! metrics_listen = "0.0.0.0:9401"
+//! ```
+//!
+//! The topology file maps hosts to their place in the fleet, one per line:
+//! `host,cluster,row,rack` (a header line naming those columns is allowed).
+//! The agent looks up its own host; flags and variables for cluster, row and
+//! rack win over the file.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use agent::sim::SimulatedSource;
+use agent::{AgentConfig, AgentMetrics, GpuSource, Topology};
+use anyhow::{Context, bail};
+use clap::ArgMatches;
+use clap::parser::ValueSource;
+use serde::Deserialize;
+use tracing::{info, warn};
+
+use crate::cli::{AgentArgs, parse_duration, parse_size};
+
+/// The TOML configuration file; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AgentFile {
+    ingest: Option<String>,
+    agent_id: Option<String>,
+    host: Option<String>,
+    cluster: Option<String>,
+    row: Option<String>,
+    rack: Option<String>,
+    topology_file: Option<PathBuf>,
+    interval: Option<String>,
+    simulate: Option<bool>,
+    gpus: Option<u32>,
+    seed: Option<u64>,
+    spool_dir: Option<PathBuf>,
+    no_spool: Option<bool>,
+    buffer_samples: Option<usize>,
+    spool_max_bytes: Option<String>,
+    metrics_listen: Option<String>,
+    drain_timeout: Option<String>,
+    record: Option<PathBuf>,
+}
+
+/// Fills every argument not given by flag or environment from `file`.
+pub(crate) fn apply_file(
+    args: &mut AgentArgs,
+    matches: &ArgMatches,
+    file: AgentFile,
+) -> anyhow::Result<()> {
+    // True when the user did not set `id` by flag or environment.
+    let unset = |id: &str| {
+        !matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    macro_rules! take {
+        ($field:ident) => {
+            if let Some(v) = file.$field
+                && unset(stringify!($field))
+            {
+                args.$field = v.into();
+            }
+        };
+        ($field:ident, $parse:expr) => {
+            if let Some(v) = file.$field
+                && unset(stringify!($field))
+            {
+                args.$field = $parse(&v)
+                    .map_err(|e| anyhow::anyhow!("config: {} = {v:?}: {e}", stringify!($field)))?;
+            }
+        };
+    }
+    take!(ingest);
+    take!(agent_id);
+    take!(host);
+    take!(cluster);
+    take!(row);
+    take!(rack);
+    take!(topology_file);
+    take!(interval, parse_duration);
+    take!(simulate);
+    take!(gpus);
+    take!(seed);
+    take!(spool_dir);
+    take!(no_spool);
+    take!(buffer_samples);
+    take!(spool_max_bytes, parse_size);
+    take!(metrics_listen, |s: &str| Ok::<_, String>(s.to_string()));
+    take!(drain_timeout, parse_duration);
+    take!(record);
+    Ok(())
+}
+
+/// Reads and parses the TOML file.
+pub(crate) fn read_file(path: &Path) -> anyhow::Result<AgentFile> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
+/// Looks `host` up in a topology file (`host,cluster,row,rack`).
+pub(crate) fn topology_for(path: &Path, host: &str) -> anyhow::Result<Option<Topology>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        if fields.len() != 4 {
+            bail!(
+                "{}:{}: expected host,cluster,row,rack, found {} fields",
+                path.display(),
+                n + 1,
+                fields.len()
+            );
+        }
+        if n == 0 && fields == ["host", "cluster", "row", "rack"] {
+            continue;
+        }
+        if fields[0] == host {
+            return Ok(Some(Topology {
+                cluster: fields[1].into(),
+                row: fields[2].into(),
+                rack: fields[3].into(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// The agent's configuration from its (merged) arguments.
+pub(crate) fn agent_config(args: &AgentArgs) -> anyhow::Result<AgentConfig> {
+    let mut config = AgentConfig::new(&args.ingest);
+    if let Some(h) = &args.host {
+        config.host = h.clone();
+    }
+    config.agent_id = args.agent_id.clone().unwrap_or_else(|| config.host.clone());
+    let mut topology = match &args.topology_file {
+        Some(path) => match topology_for(path, &config.host)? {
+            Some(t) => t,
+            None => {
+                warn!(file = %path.display(), host = %config.host, "host not in the topology file");
+                Topology::default()
+            }
+        },
+        None => Topology::default(),
+    };
+    for (flag, dst) in [
+        (&args.cluster, &mut topology.cluster),
+        (&args.row, &mut topology.row),
+        (&args.rack, &mut topology.rack),
+    ] {
+        if !flag.is_empty() {
+            *dst = flag.clone();
+        }
+    }
+    config.topology = topology;
+    config.interval = args.interval;
+    config.max_polls = args.polls;
+    config.drain_timeout = args.drain_timeout;
+    config.buffer.memory_samples = args.buffer_samples;
+    config.buffer.spool_max_bytes = args.spool_max_bytes;
+    config.buffer.spool_dir = (!args.no_spool).then(|| args.spool_dir.clone());
+    config.record = args.record.clone();
+    Ok(config)
+}
+
+/// `off` (or empty) disables the endpoint.
+fn metrics_addr(s: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if s.is_empty() || s == "off" {
+        return Ok(None);
+    }
+    s.parse()
+        .map(Some)
+        .with_context(|| format!("--metrics-listen {s:?}: expected host:port or off"))
+}
+
+pub(crate) async fn run_agent(
+    mut args: AgentArgs,
+    matches: Option<&ArgMatches>,
+    source: impl FnOnce(&AgentArgs) -> Box<dyn GpuSource>,
+) -> anyhow::Result<()> {
+    if let Some(path) = args.config.clone() {
+        let file = read_file(&path)?;
+        if let Some(m) = matches {
+            apply_file(&mut args, m, file)?;
+        }
+    }
+    let config = agent_config(&args)?;
+    let metrics_listen = metrics_addr(&args.metrics_listen)?;
+    let source = source(&args);
+    let metrics = Arc::new(AgentMetrics::default());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = match metrics_listen {
+        Some(addr) => {
+            let listener = agent::metrics::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener {addr}"))?;
+            let local = listener.local_addr()?;
+            info!(addr = %local, "serving agent metrics on /metrics");
+            println!("agent metrics  http://{local}/metrics");
+            let mut stop = stop_rx.clone();
+            let m = metrics.clone();
+            Some(tokio::spawn(agent::metrics::serve(
+                listener,
+                m,
+                async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                },
+            )))
+        }
+        None => None,
+    };
+    let report = agent::run_with_metrics(config, source, metrics, crate::shutdown_signal()).await;
+    stop_tx.send_replace(true);
+    if let Some(t) = metrics_task {
+        let _ = t.await;
+    }
+    let report = report?;
+    let s = report.shipper;
+    info!(
+        polls = report.polls,
+        samples_acked = s.samples_acked,
+        batches_duplicate = s.batches_duplicate,
+        samples_dropped = s.samples_dropped,
+        unacked = s.batches_unacked,
+        "agent done"
+    );
+    if s.batches_unacked > 0 && args.no_spool {
+        bail!(
+            "{} batches were not acknowledged before shutdown and there is no spool to keep them",
+            s.batches_unacked
+        );
+    }
+    if s.batches_unacked > 0 {
+        println!(
+            "{} unacked batches kept in the spool {}; the next run sends them",
+            s.batches_unacked,
+            args.spool_dir.display()
+        );
+    }
+    Ok(())
+}
+
+/// The default source: NVML when it loads, else the simulated fleet.
+pub(crate) fn default_source(args: &AgentArgs) -> Box<dyn GpuSource> {
+    if args.simulate {
+        return Box::new(SimulatedSource::new(crate::sim_config(args)));
+    }
+    match agent::nvml::NvmlSource::open() {
+        Ok(s) => Box::new(s),
+        Err(e) => {
+            warn!(reason = %e, "NVML is not available; using the simulated GPU source");
+            Box::new(SimulatedSource::new(crate::sim_config(args)))
+        }
+    }
+}
