@@ -102,6 +102,7 @@ impl SimulatedSource {
                 driver_version: "550.54.15".into(),
                 serial: format!("{}", 1_650_923_000_000u64 + (stream % 1_000_000)),
                 vbios_version: "96.00.89.00.01".into(),
+                ..GpuInfo::default()
             });
             let energy_mj = rng.random_range(100_000_000_000u64..300_000_000_000);
             gpus.push(SimGpu {
@@ -193,7 +194,7 @@ impl GpuSource for SimulatedSource {
                 (rng.random_range(0.5e6..2.0e6) + active * rng.random_range(0.0..5.0e7)).round();
 
             let gpu = i as u32;
-            let mut push = |metric: Metric, value: f64| out.push(Reading { gpu, metric, value });
+            let mut push = |metric: Metric, value: f64| out.push(Reading::new(gpu, metric, value));
             push(Metric::SmClock, sm_clock);
             push(Metric::MemClock, 2619.0);
             push(Metric::MemoryTemp, temp + 4.0);
