@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::mem;
 use std::time::Duration;
 
+use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
 use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::enums::event::XidError;
@@ -71,51 +72,41 @@ impl NvmlBackend for RealBackend {
     }
 
     fn xid_events(&mut self) -> DeviceResult<XidSubscription> {
-        let mut set = self.nvml.create_event_set()?;
-        let mut registered = Vec::new();
-        for index in 0..self.nvml.device_count()? {
-            let device = match self.nvml.device_by_index(index) {
-                Ok(d) => d,
-                Err(e) => {
-                    registered.push(Err(e.into()));
-                    continue;
+        let set = self.nvml.create_event_set()?;
+        let registered = (0..self.nvml.device_count()?)
+            .map(|index| {
+                let device = self.nvml.device_by_index(index)?;
+                if !device
+                    .supported_event_types()?
+                    .contains(EventTypes::CRITICAL_XID_ERROR)
+                {
+                    return Err(DeviceError::NotSupported);
                 }
-            };
-            let supports = device
-                .supported_event_types()
-                .map(|t| t.contains(nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR));
-            match supports {
-                Ok(true) => {}
-                Ok(false) => {
-                    registered.push(Err(DeviceError::NotSupported));
-                    continue;
-                }
-                Err(e) => {
-                    registered.push(Err(e.into()));
-                    continue;
-                }
-            }
-            // `register_events` consumes the set and hands it back; on failure
-            // it releases the set, so start a fresh one for the next GPU.
-            match device.register_events(
-                nvml_wrapper::bitmasks::event::EventTypes::CRITICAL_XID_ERROR,
-                set,
-            ) {
-                Ok(s) => {
-                    set = s;
-                    registered.push(Ok(()));
-                }
-                Err(e) => {
-                    registered.push(Err(e.error.into()));
-                    set = self.nvml.create_event_set()?;
-                }
-            }
-        }
+                register_xid(self.nvml, &device, &set)
+            })
+            .collect();
         Ok(XidSubscription {
             events: Box::new(RealXidEvents { set }),
             registered,
         })
     }
+}
+
+/// `nvmlDeviceRegisterEvents` for XIDs. Raw, because on failure
+/// `Device::register_events` releases the whole set, dropping the GPUs
+/// registered before.
+fn register_xid(nvml: &Nvml, device: &Device<'_>, set: &EventSet<'_>) -> DeviceResult<()> {
+    let sym = nvml_sym(nvml.lib().nvmlDeviceRegisterEvents.as_ref())?;
+    // SAFETY: device and set handles come from this NVML instance and stay
+    // alive for the call; NVML only reads them.
+    nvml_try(unsafe {
+        sym(
+            device.handle(),
+            EventTypes::CRITICAL_XID_ERROR.bits(),
+            set.handle(),
+        )
+    })?;
+    Ok(())
 }
 
 /// One GPU.

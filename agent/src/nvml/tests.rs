@@ -576,3 +576,24 @@ fn mig_instances_get_their_own_series() {
     assert_eq!(value(&r, 0, Metric::PowerUsage, gi1), None);
     assert_eq!(src.stats().unavailable_fields(), 0);
 }
+
+/// The real backend on a real GPU: run deliberately on a GPU host.
+#[cfg(feature = "nvml-live")]
+#[test]
+#[ignore = "needs a GPU and libnvidia-ml: cargo test -p agent --features nvml-live -- --ignored"]
+fn live_gpu_gives_plausible_readings() {
+    let mut src = NvmlSource::open().expect("NVML on this host");
+    assert!(!src.inventory().is_empty());
+    assert!(src.inventory()[0].uuid.starts_with("GPU-"));
+    poll(&mut src);
+    std::thread::sleep(Duration::from_millis(1100));
+    let r = poll(&mut src);
+    let v = |m| value(&r, 0, m, None).unwrap_or_else(|| panic!("{m:?} missing"));
+    assert!((1.0..2000.0).contains(&v(Metric::PowerUsage)));
+    assert!((1.0..150.0).contains(&v(Metric::GpuTemp)));
+    assert!(v(Metric::FbUsed) + v(Metric::FbFree) > 1000.0);
+    assert!(v(Metric::SmClock) > 0.0);
+    assert_eq!(v(Metric::XidErrors), 0.0);
+    assert!(r.iter().all(|x| x.value.is_finite() && x.value >= 0.0));
+    assert_eq!(src.stats().errors(), 0);
+}
