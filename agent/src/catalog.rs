@@ -2,6 +2,18 @@
 //! names, `etc/default-counters.csv`) restricted to what NVML can provide.
 //! See `shared/spec/gpu-domain.md` §1.2 and §2 for each field's NVML source.
 //!
+//! Beyond the default set, the NVML-only rows dcgm-exporter ships commented
+//! out (spec §1.3, §2, §5.3): clock throttle reasons as a bitmask, the
+//! per-reason throttle time counters (`*_VIOLATION`, `CLOCKS_EVENT_REASON_*_NS`),
+//! ECC totals, retired pages, row-remap pending, NVLink error totals and the
+//! optional `DCGM_FI_PROF_*` GPM ratios; plus one metric of our own,
+//! `gpulse_xid_errors_total` (a cumulative count per XID number; dcgm-exporter's
+//! `DCGM_EXP_XID_ERRORS_COUNT` is a windowed count instead).
+//!
+//! The clock-event bitmask uses the pre-rename name
+//! `DCGM_FI_DEV_CLOCK_THROTTLE_REASONS` (DCGM field 112, since renamed
+//! `DCGM_FI_DEV_CLOCKS_EVENT_REASONS`): the name existing dashboards query.
+//!
 //! Left out: `DCGM_FI_DEV_VGPU_LICENSE_STATUS` (vGPU entities only) and
 //! `DCGM_FI_DRIVER_VERSION`, which is a label, not a series.
 
@@ -40,11 +52,47 @@ pub enum Metric {
     DramActive,
     PcieTxBytes,
     PcieRxBytes,
+    ClockThrottleReasons,
+    PowerViolation,
+    ThermalViolation,
+    SyncBoostViolation,
+    BoardLimitViolation,
+    LowUtilViolation,
+    ReliabilityViolation,
+    ClocksEventSwPowerCapNs,
+    ClocksEventSyncBoostNs,
+    ClocksEventSwThermSlowdownNs,
+    ClocksEventHwThermSlowdownNs,
+    ClocksEventHwPowerBrakeSlowdownNs,
+    EccSbeVolTotal,
+    EccDbeVolTotal,
+    EccSbeAggTotal,
+    EccDbeAggTotal,
+    RetiredSbe,
+    RetiredDbe,
+    RetiredPending,
+    RowRemapPending,
+    NvlinkCrcFlitErrorCountTotal,
+    NvlinkCrcDataErrorCountTotal,
+    NvlinkReplayErrorCountTotal,
+    NvlinkRecoveryErrorCountTotal,
+    SmActive,
+    SmOccupancy,
+    PipeFp64Active,
+    PipeFp32Active,
+    PipeFp16Active,
+    // Labelled metrics (`Metric::LABELED`) come last, after every member of `ALL`.
+    XidErrorsTotal,
 }
 
 impl Metric {
-    /// Every metric, in emission order.
-    pub const ALL: [Metric; 24] = [
+    /// The per-GPU metrics: a source that supports them all emits each once
+    /// per GPU per poll, without a [`SeriesLabel`](crate::source::SeriesLabel)
+    /// (the simulated source does). In emission order.
+    ///
+    /// A real GPU may lack some of them (skipped, never a sentinel), and MIG
+    /// instances add labelled copies of a few; see [`crate::nvml`].
+    pub const ALL: [Metric; 53] = [
         Metric::SmClock,
         Metric::MemClock,
         Metric::MemoryTemp,
@@ -69,9 +117,43 @@ impl Metric {
         Metric::DramActive,
         Metric::PcieTxBytes,
         Metric::PcieRxBytes,
+        Metric::ClockThrottleReasons,
+        Metric::PowerViolation,
+        Metric::ThermalViolation,
+        Metric::SyncBoostViolation,
+        Metric::BoardLimitViolation,
+        Metric::LowUtilViolation,
+        Metric::ReliabilityViolation,
+        Metric::ClocksEventSwPowerCapNs,
+        Metric::ClocksEventSyncBoostNs,
+        Metric::ClocksEventSwThermSlowdownNs,
+        Metric::ClocksEventHwThermSlowdownNs,
+        Metric::ClocksEventHwPowerBrakeSlowdownNs,
+        Metric::EccSbeVolTotal,
+        Metric::EccDbeVolTotal,
+        Metric::EccSbeAggTotal,
+        Metric::EccDbeAggTotal,
+        Metric::RetiredSbe,
+        Metric::RetiredDbe,
+        Metric::RetiredPending,
+        Metric::RowRemapPending,
+        Metric::NvlinkCrcFlitErrorCountTotal,
+        Metric::NvlinkCrcDataErrorCountTotal,
+        Metric::NvlinkReplayErrorCountTotal,
+        Metric::NvlinkRecoveryErrorCountTotal,
+        Metric::SmActive,
+        Metric::SmOccupancy,
+        Metric::PipeFp64Active,
+        Metric::PipeFp32Active,
+        Metric::PipeFp16Active,
     ];
 
-    /// dcgm-exporter metric name.
+    /// Metrics only ever emitted with a [`SeriesLabel`](crate::source::SeriesLabel),
+    /// as many series per GPU as label values seen, so not part of [`Metric::ALL`]:
+    /// `XidErrorsTotal` (label `Xid`) appears once a GPU has had an XID.
+    pub const LABELED: [Metric; 1] = [Metric::XidErrorsTotal];
+
+    /// dcgm-exporter metric name (`gpulse_*` for the agent's own additions).
     pub fn name(self) -> &'static str {
         self.info().0
     }
@@ -188,6 +270,156 @@ impl Metric {
                 Gauge,
                 "The rate of data received over the PCIe bus - including both protocol headers and data payloads - in bytes per second.",
             ),
+            Metric::ClockThrottleReasons => (
+                "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS",
+                Gauge,
+                "Current clock throttle reasons (bitmask of DCGM_CLOCKS_THROTTLE_REASON_*).",
+            ),
+            Metric::PowerViolation => (
+                "DCGM_FI_DEV_POWER_VIOLATION",
+                Counter,
+                "Throttling duration due to power constraints (in ns).",
+            ),
+            Metric::ThermalViolation => (
+                "DCGM_FI_DEV_THERMAL_VIOLATION",
+                Counter,
+                "Throttling duration due to thermal constraints (in ns).",
+            ),
+            Metric::SyncBoostViolation => (
+                "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+                Counter,
+                "Throttling duration due to sync-boost constraints (in ns).",
+            ),
+            Metric::BoardLimitViolation => (
+                "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+                Counter,
+                "Throttling duration due to board limit constraints (in ns).",
+            ),
+            Metric::LowUtilViolation => (
+                "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+                Counter,
+                "Throttling duration due to low utilization (in ns).",
+            ),
+            Metric::ReliabilityViolation => (
+                "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+                Counter,
+                "Throttling duration due to reliability constraints (in ns).",
+            ),
+            Metric::ClocksEventSwPowerCapNs => (
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP_NS",
+                Counter,
+                "Throttling to not exceed currently set power limits (in ns).",
+            ),
+            Metric::ClocksEventSyncBoostNs => (
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST_NS",
+                Counter,
+                "Throttling to match minimum possible clock across Sync Boost Group (in ns).",
+            ),
+            Metric::ClocksEventSwThermSlowdownNs => (
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS",
+                Counter,
+                "Throttling to ensure GPU and memory temperatures stay below their max operating temperatures (in ns).",
+            ),
+            Metric::ClocksEventHwThermSlowdownNs => (
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN_NS",
+                Counter,
+                "Throttling due to temperature being too high, reducing core clocks by a factor of 2 or more (in ns).",
+            ),
+            Metric::ClocksEventHwPowerBrakeSlowdownNs => (
+                "DCGM_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN_NS",
+                Counter,
+                "Throttling due to external power brake assertion trigger, reducing core clocks by a factor of 2 or more (in ns).",
+            ),
+            Metric::EccSbeVolTotal => (
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                Counter,
+                "Total number of single-bit volatile ECC errors.",
+            ),
+            Metric::EccDbeVolTotal => (
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                Counter,
+                "Total number of double-bit volatile ECC errors.",
+            ),
+            Metric::EccSbeAggTotal => (
+                "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+                Counter,
+                "Total number of single-bit persistent ECC errors.",
+            ),
+            Metric::EccDbeAggTotal => (
+                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                Counter,
+                "Total number of double-bit persistent ECC errors.",
+            ),
+            Metric::RetiredSbe => (
+                "DCGM_FI_DEV_RETIRED_SBE",
+                Counter,
+                "Total number of retired pages due to single-bit errors.",
+            ),
+            Metric::RetiredDbe => (
+                "DCGM_FI_DEV_RETIRED_DBE",
+                Counter,
+                "Total number of retired pages due to double-bit errors.",
+            ),
+            Metric::RetiredPending => (
+                "DCGM_FI_DEV_RETIRED_PENDING",
+                Counter,
+                "Total number of pages pending retirement.",
+            ),
+            Metric::RowRemapPending => (
+                "DCGM_FI_DEV_ROW_REMAP_PENDING",
+                Gauge,
+                "Whether remapping of rows is pending (applied at the next GPU reset)",
+            ),
+            Metric::NvlinkCrcFlitErrorCountTotal => (
+                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                Counter,
+                "Total number of NVLink flow-control CRC errors.",
+            ),
+            Metric::NvlinkCrcDataErrorCountTotal => (
+                "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                Counter,
+                "Total number of NVLink data CRC errors.",
+            ),
+            Metric::NvlinkReplayErrorCountTotal => (
+                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                Counter,
+                "Total number of NVLink retries.",
+            ),
+            Metric::NvlinkRecoveryErrorCountTotal => (
+                "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+                Counter,
+                "Total number of NVLink recovery errors.",
+            ),
+            Metric::SmActive => (
+                "DCGM_FI_PROF_SM_ACTIVE",
+                Gauge,
+                "The ratio of cycles an SM has at least 1 warp assigned.",
+            ),
+            Metric::SmOccupancy => (
+                "DCGM_FI_PROF_SM_OCCUPANCY",
+                Gauge,
+                "The ratio of number of warps resident on an SM.",
+            ),
+            Metric::PipeFp64Active => (
+                "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+                Gauge,
+                "Ratio of cycles the fp64 pipes are active.",
+            ),
+            Metric::PipeFp32Active => (
+                "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+                Gauge,
+                "Ratio of cycles the fp32 pipes are active.",
+            ),
+            Metric::PipeFp16Active => (
+                "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+                Gauge,
+                "Ratio of cycles the fp16 pipes are active.",
+            ),
+            Metric::XidErrorsTotal => (
+                "gpulse_xid_errors_total",
+                Counter,
+                "Number of XID errors of each XID number (label xid) seen since the agent started.",
+            ),
         }
     }
 }
@@ -198,14 +430,36 @@ mod tests {
 
     #[test]
     fn names_are_unique_and_dcgm_prefixed() {
-        let mut names: Vec<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
-        assert!(names.iter().all(|n| n.starts_with("DCGM_FI_")));
+        assert!(Metric::ALL.iter().all(|m| m.name().starts_with("DCGM_FI_")));
+        assert!(
+            Metric::LABELED
+                .iter()
+                .all(|m| m.name().starts_with("gpulse_"))
+        );
+        let mut names: Vec<&str> = Metric::ALL
+            .iter()
+            .chain(&Metric::LABELED)
+            .map(|m| m.name())
+            .collect();
         names.sort();
         names.dedup();
-        assert_eq!(names.len(), Metric::ALL.len());
-        // ALL lists the enum in declaration order, each variant once.
-        for (i, m) in Metric::ALL.iter().enumerate() {
+        assert_eq!(names.len(), Metric::ALL.len() + Metric::LABELED.len());
+        // ALL then LABELED list the enum in declaration order, each variant once.
+        for (i, m) in Metric::ALL.iter().chain(&Metric::LABELED).enumerate() {
             assert_eq!(*m as usize, i);
         }
+    }
+
+    #[test]
+    fn counters_and_units_of_the_new_rows() {
+        // Spot checks against spec §1.3 / §5.3, written out by hand.
+        assert_eq!(Metric::PowerViolation.kind(), Kind::Counter);
+        assert!(Metric::PowerViolation.help().contains("(in ns)"));
+        assert_eq!(Metric::ClockThrottleReasons.kind(), Kind::Gauge);
+        assert_eq!(
+            Metric::EccDbeVolTotal.name(),
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL"
+        );
+        assert_eq!(Metric::XidErrorsTotal.kind(), Kind::Counter);
     }
 }

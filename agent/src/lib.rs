@@ -223,7 +223,9 @@ fn sample_loop(
             .unwrap_or(0);
         let mut readings =
             Vec::with_capacity(source.inventory().len() * catalog::Metric::ALL.len());
-        if let Err(e) = source.sample(&mut readings) {
+        let sampled = source.sample(&mut readings);
+        counters.nvml_errors.store(source.errors(), Relaxed);
+        if let Err(e) = sampled {
             counters.poll_errors.fetch_add(1, Relaxed);
             warn!(error = %e, "sampling failed");
             continue;

@@ -37,7 +37,7 @@ use tracing::{debug, error, info, warn};
 use crate::catalog::Metric;
 use crate::metrics::AgentMetrics;
 use crate::outbox::Outbox;
-use crate::source::GpuInfo;
+use crate::source::{GpuInfo, SeriesLabel};
 use crate::spool::Pending;
 use crate::{AgentConfig, AgentError, Poll};
 
@@ -91,7 +91,7 @@ enum StreamEnd {
 #[derive(Debug, Default)]
 pub(crate) struct SeriesTable {
     inventory: Vec<GpuInfo>,
-    ids: HashMap<(u32, Metric), u32>,
+    ids: HashMap<(u32, Metric, Option<SeriesLabel>), u32>,
     by_def: HashMap<String, u32>,
     defs: Vec<SeriesDef>,
 }
@@ -131,8 +131,8 @@ impl SeriesTable {
         id
     }
 
-    fn id(&mut self, gpu: u32, metric: Metric) -> u32 {
-        if let Some(&id) = self.ids.get(&(gpu, metric)) {
+    fn id(&mut self, gpu: u32, metric: Metric, extra: Option<SeriesLabel>) -> u32 {
+        if let Some(&id) = self.ids.get(&(gpu, metric, extra)) {
             return id;
         }
         let g = self
@@ -145,7 +145,7 @@ impl SeriesTable {
             value,
         };
         // dcgm-exporter's GPU labels; ingest adds Hostname and the topology.
-        let labels = vec![
+        let mut labels = vec![
             label("gpu", gpu.to_string()),
             label("UUID", g.uuid),
             label("pci_bus_id", g.pci_bus_id),
@@ -153,8 +153,23 @@ impl SeriesTable {
             label("modelName", g.model_name),
             label("DCGM_FI_DRIVER_VERSION", g.driver_version),
         ];
+        match extra {
+            None => {}
+            Some(SeriesLabel::Xid(x)) => labels.push(label("xid", x.to_string())),
+            Some(SeriesLabel::GpuInstance(i)) => {
+                // dcgm-exporter's labels of a MIG instance's series.
+                let profile = g
+                    .mig_instances
+                    .iter()
+                    .find(|m| m.gpu_instance_id == i)
+                    .map(|m| m.profile.clone())
+                    .unwrap_or_default();
+                labels.push(label("GPU_I_ID", i.to_string()));
+                labels.push(label("GPU_I_PROFILE", profile));
+            }
+        }
         let id = self.intern_def(metric.name(), labels);
-        self.ids.insert((gpu, metric), id);
+        self.ids.insert((gpu, metric, extra), id);
         id
     }
 }
@@ -411,7 +426,7 @@ impl Shipper {
         let mut next = Some(first);
         while let Some(poll) = next.take() {
             for r in &poll.readings {
-                ids.push(self.series.id(r.gpu, r.metric));
+                ids.push(self.series.id(r.gpu, r.metric, r.label));
                 ts.push(poll.ts_ms);
                 values.push(r.value);
             }
@@ -530,4 +545,50 @@ pub(crate) fn endpoint(url: &str) -> Result<Endpoint, AgentError> {
             url: url.to_string(),
             reason: e.to_string(),
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MigInstance;
+
+    fn labels(t: &SeriesTable, id: u32) -> Vec<(String, String)> {
+        t.defs[id as usize]
+            .labels
+            .iter()
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn labelled_readings_get_their_own_series() {
+        let gpu = GpuInfo {
+            index: 0,
+            uuid: "GPU-1".into(),
+            mig_instances: vec![MigInstance {
+                gpu_instance_id: 3,
+                profile: "1g.10gb".into(),
+            }],
+            ..GpuInfo::default()
+        };
+        let mut t = SeriesTable::new(vec![gpu]);
+        let plain = t.id(0, Metric::FbUsed, None);
+        let mig = t.id(0, Metric::FbUsed, Some(SeriesLabel::GpuInstance(3)));
+        let x79 = t.id(0, Metric::XidErrorsTotal, Some(SeriesLabel::Xid(79)));
+        let x48 = t.id(0, Metric::XidErrorsTotal, Some(SeriesLabel::Xid(48)));
+        assert_eq!(t.defs.len(), 4);
+        assert_eq!(
+            t.id(0, Metric::XidErrorsTotal, Some(SeriesLabel::Xid(79))),
+            x79
+        );
+        assert!(!labels(&t, plain).iter().any(|(k, _)| k == "GPU_I_ID"));
+        let m = labels(&t, mig);
+        assert!(m.contains(&("GPU_I_ID".into(), "3".into())));
+        assert!(m.contains(&("GPU_I_PROFILE".into(), "1g.10gb".into())));
+        assert!(labels(&t, x79).contains(&("xid".into(), "79".into())));
+        assert!(labels(&t, x48).contains(&("xid".into(), "48".into())));
+        // A definition read back from a spool finds the same id.
+        let d = t.defs[x48 as usize].clone();
+        assert_eq!(t.intern_def(&d.metric, d.labels), x48);
+    }
 }

@@ -102,6 +102,7 @@ impl SimulatedSource {
                 driver_version: "550.54.15".into(),
                 serial: format!("{}", 1_650_923_000_000u64 + (stream % 1_000_000)),
                 vbios_version: "96.00.89.00.01".into(),
+                ..GpuInfo::default()
             });
             let energy_mj = rng.random_range(100_000_000_000u64..300_000_000_000);
             gpus.push(SimGpu {
@@ -193,7 +194,7 @@ impl GpuSource for SimulatedSource {
                 (rng.random_range(0.5e6..2.0e6) + active * rng.random_range(0.0..5.0e7)).round();
 
             let gpu = i as u32;
-            let mut push = |metric: Metric, value: f64| out.push(Reading { gpu, metric, value });
+            let mut push = |metric: Metric, value: f64| out.push(Reading::new(gpu, metric, value));
             push(Metric::SmClock, sm_clock);
             push(Metric::MemClock, 2619.0);
             push(Metric::MemoryTemp, temp + 4.0);
@@ -221,6 +222,35 @@ impl GpuSource for SimulatedSource {
             push(Metric::DramActive, dram);
             push(Metric::PcieTxBytes, pcie_tx);
             push(Metric::PcieRxBytes, pcie_rx);
+            push(Metric::ClockThrottleReasons, (util == 0.0) as u8 as f64);
+            push(Metric::PowerViolation, 0.0);
+            push(Metric::ThermalViolation, 0.0);
+            push(Metric::SyncBoostViolation, 0.0);
+            push(Metric::BoardLimitViolation, 0.0);
+            push(Metric::LowUtilViolation, 0.0);
+            push(Metric::ReliabilityViolation, 0.0);
+            push(Metric::ClocksEventSwPowerCapNs, 0.0);
+            push(Metric::ClocksEventSyncBoostNs, 0.0);
+            push(Metric::ClocksEventSwThermSlowdownNs, 0.0);
+            push(Metric::ClocksEventHwThermSlowdownNs, 0.0);
+            push(Metric::ClocksEventHwPowerBrakeSlowdownNs, 0.0);
+            push(Metric::EccSbeVolTotal, 0.0);
+            push(Metric::EccDbeVolTotal, 0.0);
+            push(Metric::EccSbeAggTotal, 0.0);
+            push(Metric::EccDbeAggTotal, 0.0);
+            push(Metric::RetiredSbe, 0.0);
+            push(Metric::RetiredDbe, 0.0);
+            push(Metric::RetiredPending, 0.0);
+            push(Metric::RowRemapPending, 0.0);
+            push(Metric::NvlinkCrcFlitErrorCountTotal, 0.0);
+            push(Metric::NvlinkCrcDataErrorCountTotal, 0.0);
+            push(Metric::NvlinkReplayErrorCountTotal, 0.0);
+            push(Metric::NvlinkRecoveryErrorCountTotal, 0.0);
+            push(Metric::SmActive, gr * 0.95);
+            push(Metric::SmOccupancy, gr * 0.5);
+            push(Metric::PipeFp64Active, 0.0);
+            push(Metric::PipeFp32Active, tensor * 0.3);
+            push(Metric::PipeFp16Active, tensor * 0.2);
         }
         Ok(())
     }
