@@ -273,3 +273,78 @@ pub(crate) fn default_source(args: &AgentArgs) -> Box<dyn GpuSource> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::{CommandFactory, FromArgMatches};
+
+    fn parse(argv: &[&str], toml_text: &str) -> anyhow::Result<AgentArgs> {
+        let matches = Cli::command().try_get_matches_from(argv)?;
+        let Command::Agent(mut args) = Cli::from_arg_matches(&matches)?.command else {
+            panic!("not the agent command");
+        };
+        let file: AgentFile = toml::from_str(toml_text)?;
+        apply_file(
+            &mut args,
+            matches.subcommand_matches("agent").unwrap(),
+            file,
+        )?;
+        Ok(args)
+    }
+
+    #[test]
+    fn a_flag_beats_the_file_and_the_file_beats_the_default() {
+        let args = parse(
+            &["gpulse", "agent", "--interval", "250ms"],
+            "interval = \"5s\"\nrack = \"r7\"\nspool_max_bytes = \"2MiB\"\nbuffer_samples = 10",
+        )
+        .unwrap();
+        assert_eq!(args.interval, std::time::Duration::from_millis(250));
+        assert_eq!(args.rack, "r7");
+        assert_eq!(args.spool_max_bytes, 2 << 20);
+        assert_eq!(args.buffer_samples, 10);
+        assert_eq!(args.ingest, "grpc://127.0.0.1:7400");
+    }
+
+    #[test]
+    fn bad_config_files_are_clear_errors() {
+        let unknown = parse(&["gpulse", "agent"], "intervall = \"1s\"").unwrap_err();
+        assert!(unknown.to_string().contains("intervall"), "{unknown}");
+        let bad = parse(&["gpulse", "agent"], "interval = \"soon\"").unwrap_err();
+        assert!(bad.to_string().contains("config: interval"), "{bad}");
+    }
+
+    #[test]
+    fn topology_file_lookup() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("topo.csv");
+        std::fs::write(
+            &path,
+            "host,cluster,row,rack\n# comment\nnode-1, c1, row-a, rack-3\nnode-2,c1,row-b,rack-9\n",
+        )
+        .unwrap();
+        let t = topology_for(&path, "node-2").unwrap().unwrap();
+        assert_eq!(
+            (t.cluster.as_str(), t.row.as_str(), t.rack.as_str()),
+            ("c1", "row-b", "rack-9")
+        );
+        assert_eq!(topology_for(&path, "node-3").unwrap(), None);
+        std::fs::write(&path, "node-1,c1,row-a\n").unwrap();
+        let err = topology_for(&path, "node-1").unwrap_err().to_string();
+        assert!(err.contains(":1: expected host,cluster,row,rack"), "{err}");
+
+        // A flag overrides the file's field; the file fills the rest.
+        std::fs::write(&path, "node-1,c1,row-a,rack-3\n").unwrap();
+        let mut args = parse(
+            &["gpulse", "agent", "--host", "node-1", "--rack", "rack-X"],
+            "",
+        )
+        .unwrap();
+        args.topology_file = Some(path);
+        let c = agent_config(&args).unwrap();
+        assert_eq!(c.topology.row, "row-a");
+        assert_eq!(c.topology.rack, "rack-X");
+    }
+}
