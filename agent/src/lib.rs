@@ -5,7 +5,7 @@
 //! network; polls go through a bounded queue to the shipper, which batches
 //! them into the outbox (memory, then a disk spool) and streams them over
 //! gRPC (`gpulse.v1.Ingest/Stream`), keeping each batch until ingest acks it.
-//! See `shipper.rs` for the delivery guarantees and `spool.rs` for the spool.
+//! See `shipper.rs` for the delivery guarantees and [`spool`] for the spool.
 
 pub mod catalog;
 pub mod metrics;
@@ -14,7 +14,7 @@ mod outbox;
 mod shipper;
 pub mod sim;
 pub mod source;
-mod spool;
+pub mod spool;
 
 use std::future::Future;
 use std::path::PathBuf;

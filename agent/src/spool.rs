@@ -548,7 +548,7 @@ fn header_ok(h: &[u8]) -> bool {
     h.len() == HEADER_LEN as usize && h == header()
 }
 
-pub(crate) fn encode_record(batch: &Batch) -> Vec<u8> {
+pub fn encode_record(batch: &Batch) -> Vec<u8> {
     let len = batch.encoded_len();
     let mut buf = Vec::with_capacity(FRAME_LEN + len);
     buf.extend_from_slice(&(len as u32).to_le_bytes());
@@ -562,7 +562,7 @@ pub(crate) fn encode_record(batch: &Batch) -> Vec<u8> {
 }
 
 /// Decodes the record at the start of `buf`; returns it and its framed length.
-pub(crate) fn decode_record(buf: &[u8]) -> Result<(Batch, usize), &'static str> {
+pub fn decode_record(buf: &[u8]) -> Result<(Batch, usize), &'static str> {
     let Some(head) = buf.get(..FRAME_LEN) else {
         return Err("truncated");
     };
