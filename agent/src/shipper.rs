@@ -25,8 +25,8 @@ use std::time::Duration;
 
 use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{
-    AgentMessage, Batch, GpuInfo as WireGpu, Hello, Label, SeriesDef, Topology as WireTopology,
-    agent_message, ingest_reply,
+    AgentMessage, Batch, GpuInfo as WireGpu, Hello, Label, MigInstance as WireMig, SeriesDef,
+    Topology as WireTopology, agent_message, ingest_reply,
 };
 use rand::Rng;
 use tokio::sync::mpsc;
@@ -488,6 +488,21 @@ impl Shipper {
                     driver_version: g.driver_version.clone(),
                     serial: g.serial.clone(),
                     vbios_version: g.vbios_version.clone(),
+                    inforom_version: g.inforom_image_version.clone(),
+                    cuda_driver_version: g.cuda_driver_version.clone(),
+                    mig_mode: match g.mig_enabled {
+                        None => 0,
+                        Some(false) => 1,
+                        Some(true) => 2,
+                    },
+                    mig_instances: g
+                        .mig_instances
+                        .iter()
+                        .map(|m| WireMig {
+                            gpu_instance_id: m.gpu_instance_id,
+                            profile: m.profile.clone(),
+                        })
+                        .collect(),
                 })
                 .collect(),
             agent_version: env!("CARGO_PKG_VERSION").into(),
