@@ -45,7 +45,17 @@ fn run() -> anyhow::Result<()> {
         )
         .with_writer(std::io::stderr)
         .init();
-    let rt = tokio::runtime::Runtime::new().context("starting the tokio runtime")?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if matches!(cli.command, Command::Agent(_)) {
+        // The agent's async work is one gRPC stream and /metrics: two workers
+        // are plenty, and one per core (64 on a big GPU node) would only cost
+        // memory on a node whose cores belong to the jobs.
+        builder.worker_threads(2);
+    }
+    let rt = builder
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
     rt.block_on(async move {
         match cli.command {
             Command::Serve(a) => serve(a).await,
