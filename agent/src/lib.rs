@@ -8,6 +8,7 @@
 
 pub mod catalog;
 pub mod nvml;
+pub mod replay;
 mod shipper;
 pub mod sim;
 pub mod source;
