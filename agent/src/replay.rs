@@ -33,6 +33,8 @@
 //! month's recording vanishes at the next flush; and queries of the form
 //! `ts > now() - INTERVAL ...` never see it. Keep recorded timestamps to
 //! score detection against a recording's own times, into a fresh data dir.
+//! At `max` speed, shifted timestamps run ahead of the wall clock by up to
+//! the length of the recording.
 //!
 //! # The hook into the agent
 //! The agent's sampling loop (`crate::run`) stamps each poll with the wall
@@ -260,7 +262,7 @@ impl ReplaySource {
                 .is_none_or(|want| host.as_deref() == Some(want.as_str()))
         };
         loop {
-            let line = reader.position().line() + 1;
+            let line = reader.position().line();
             match reader.read_record(&mut record) {
                 Ok(false) => break,
                 Ok(true) => {}
@@ -534,9 +536,10 @@ pub struct ReplayReport {
 
 /// Streams `source` to ingest like [`crate::run`], with the recorded
 /// timestamps (shifted per `options`) and pacing, until the file is
-/// exhausted and every poll is acked, or until `shutdown` resolves. Unlike
-/// the live agent it never drops a poll: when the queue to the shipper is
-/// full, it waits.
+/// exhausted (or `config.max_polls` are sent) and every poll is acked, or
+/// until `shutdown` resolves. `config.interval` is not used. Unlike the live
+/// agent it never drops a poll: when the queue to the shipper is full, it
+/// waits.
 ///
 /// # Errors
 /// An invalid ingest URL. Network errors are retried, never returned.
@@ -554,10 +557,10 @@ pub async fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let polls = Arc::new(AtomicU64::new(0));
     let sampler = {
-        let (stop, polls) = (stop.clone(), polls.clone());
+        let (stop, polls, max_polls) = (stop.clone(), polls.clone(), config.max_polls);
         std::thread::Builder::new()
             .name("gpulse-replay".into())
-            .spawn(move || replay_loop(source, tx, options, &stop, &polls))
+            .spawn(move || replay_loop(source, tx, options, max_polls, &stop, &polls))
             .expect("BUG: cannot spawn the replay thread")
     };
 
@@ -601,18 +604,19 @@ fn now_ms() -> i64 {
 }
 
 /// Sends one poll per recorded timestamp, paced by `options.speed`, until
-/// the file ends, `stop` is set or the shipper is gone. Returns the source
-/// for its counts.
+/// the file ends, `max_polls` are sent, `stop` is set or the shipper is
+/// gone. Returns the source for its counts.
 fn replay_loop(
     mut source: ReplaySource,
     tx: mpsc::Sender<Poll>,
     options: ReplayOptions,
+    max_polls: Option<u64>,
     stop: &AtomicBool,
     polls: &AtomicU64,
 ) -> ReplaySource {
     // (first recorded timestamp, when it was sent, timestamp shift)
     let mut origin: Option<(i64, Instant, i64)> = None;
-    while !stop.load(Relaxed) {
+    while !stop.load(Relaxed) && max_polls.is_none_or(|m| polls.load(Relaxed) < m) {
         let Some(ts) = source.next_timestamp_ms() else {
             break;
         };
