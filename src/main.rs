@@ -12,10 +12,13 @@ mod server;
 mod stats;
 
 use std::io::Write;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use agent::sim::{SimConfig, SimulatedSource};
-use agent::{AgentConfig, GpuSource, Topology};
+use agent::replay::{ReplayConfig, ReplayOptions, ReplaySource, ReplayTimestamps};
+use agent::sim::{FaultConfig, GroundTruth, GroundTruthFormat, SimConfig, SimulatedSource};
+use agent::{AgentConfig, GpuSource, Reading, SourceError, Topology};
 use anyhow::{Context, bail};
 use clap::Parser;
 use tracing::{info, warn};
@@ -124,9 +127,28 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
-    let source: Box<dyn GpuSource> = if args.simulate {
-        info!("simulated GPU source selected by --simulate");
-        Box::new(SimulatedSource::new(sim_config(&args)))
+    if let Some(path) = &args.replay {
+        return replay(&args, path).await;
+    }
+    let mut ground_truth = None;
+    let source: Box<dyn GpuSource> = if args.simulate || args.sim_faults {
+        info!(
+            faults = args.sim_faults,
+            "simulated GPU source selected by --simulate or --sim-faults"
+        );
+        let sim = SimulatedSource::new(sim_config(&args));
+        match &args.ground_truth {
+            Some(path) => {
+                let clocked = Clocked::new(sim);
+                ground_truth = Some((
+                    path.clone(),
+                    clocked.truth.clone(),
+                    clocked.ticks_ms.clone(),
+                ));
+                Box::new(clocked)
+            }
+            None => Box::new(sim),
+        }
     } else {
         match agent::nvml::NvmlSource::open() {
             Ok(s) => Box::new(s),
@@ -136,6 +158,21 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
             }
         }
     };
+    let report = agent::run(agent_config(&args), source, shutdown_signal()).await?;
+    if let Some((path, truth, ticks_ms)) = ground_truth {
+        let n = write_ground_truth(&path, &truth, &ticks_ms)?;
+        info!(path = %path.display(), faults = n, "ground truth written");
+    }
+    if report.shipper.batches_unacked > 0 {
+        bail!(
+            "{} batches were not acknowledged before shutdown",
+            report.shipper.batches_unacked
+        );
+    }
+    Ok(())
+}
+
+fn agent_config(args: &AgentArgs) -> AgentConfig {
     let mut config = AgentConfig::new(&args.ingest);
     if let Some(h) = &args.host {
         config.host = h.clone();
@@ -148,20 +185,126 @@ async fn run_agent(args: AgentArgs) -> anyhow::Result<()> {
     };
     config.interval = args.interval;
     config.max_polls = args.polls;
-    let report = agent::run(config, source, shutdown_signal()).await?;
-    if report.shipper.batches_unacked > 0 {
-        bail!(
-            "{} batches were not acknowledged before shutdown",
-            report.shipper.batches_unacked
-        );
-    }
-    Ok(())
+    config
 }
 
 fn sim_config(args: &AgentArgs) -> SimConfig {
     let mut c = SimConfig::new(args.seed, args.gpus);
     c.interval_ms = args.interval.as_millis() as u64;
+    if args.sim_faults {
+        c.faults = FaultConfig::typical();
+    }
     c
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The simulator plus the wall-clock time of each of its ticks, so that the
+/// ground truth can carry timestamps; the simulator itself never reads the
+/// clock. A tick's time is taken just after the agent stamps the poll, so
+/// the two agree to within a millisecond or so.
+struct Clocked {
+    inner: SimulatedSource,
+    truth: GroundTruth,
+    ticks_ms: Arc<Mutex<Vec<i64>>>,
+}
+
+impl Clocked {
+    fn new(inner: SimulatedSource) -> Self {
+        Self {
+            truth: inner.ground_truth(),
+            inner,
+            ticks_ms: Arc::default(),
+        }
+    }
+}
+
+impl GpuSource for Clocked {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn inventory(&self) -> &[agent::GpuInfo] {
+        self.inner.inventory()
+    }
+
+    fn sample(&mut self, out: &mut Vec<Reading>) -> Result<(), SourceError> {
+        self.ticks_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(now_ms());
+        self.inner.sample(out)
+    }
+}
+
+/// Writes the injected faults, stamped with their ticks' times; returns how many.
+fn write_ground_truth(
+    path: &Path,
+    truth: &GroundTruth,
+    ticks_ms: &Mutex<Vec<i64>>,
+) -> anyhow::Result<usize> {
+    let ticks = ticks_ms.lock().unwrap_or_else(|p| p.into_inner());
+    let mut events = truth.events();
+    for e in &mut events {
+        e.stamp(|t| ticks.get(t as usize).copied());
+    }
+    let f = std::fs::File::create(path)
+        .with_context(|| format!("creating the ground-truth file {}", path.display()))?;
+    agent::sim::write_ground_truth(
+        &events,
+        GroundTruthFormat::for_path(path),
+        std::io::BufWriter::new(f),
+    )
+    .with_context(|| format!("writing the ground-truth file {}", path.display()))?;
+    Ok(events.len())
+}
+
+async fn replay(args: &AgentArgs, path: &Path) -> anyhow::Result<()> {
+    let mut rc = ReplayConfig::new(path);
+    rc.host = args.replay_host.clone();
+    let source = tokio::task::spawn_blocking(move || ReplaySource::open(&rc)).await??;
+    let mut config = agent_config(args);
+    if args.host.is_none()
+        && let Some(h) = source.host()
+    {
+        // The recording's host, not this machine's.
+        config.host = h.to_string();
+        config.agent_id = h.to_string();
+    }
+    let options = ReplayOptions {
+        speed: args.replay_speed,
+        timestamps: match args.replay_timestamps {
+            cli::ReplayTimestampsArg::Shift => ReplayTimestamps::Shift,
+            cli::ReplayTimestampsArg::Recorded => ReplayTimestamps::Recorded,
+        },
+    };
+    let report = agent::replay::run(config, source, options, shutdown_signal()).await?;
+    let st = &report.stats;
+    println!(
+        "replayed {} polls, {} readings from {} rows; skipped {} rows of metrics not in the catalog, {} without a GPU, {} of other hosts, {} bad",
+        st.polls,
+        st.readings,
+        st.rows,
+        st.unknown_metric_rows(),
+        st.no_gpu,
+        st.other_host,
+        st.bad_rows
+    );
+    if let Some(e) = report.error {
+        bail!("the replay stopped early: {e}");
+    }
+    if report.agent.shipper.batches_unacked > 0 {
+        bail!(
+            "{} batches were not acknowledged before shutdown",
+            report.agent.shipper.batches_unacked
+        );
+    }
+    Ok(())
 }
 
 async fn sql(args: SqlArgs) -> anyhow::Result<()> {

@@ -3,5 +3,6 @@
 
 mod crash;
 mod ingest_protocol;
+mod replay;
 mod support;
 mod write_path;
