@@ -222,9 +222,9 @@ impl GpuSource for SimulatedSource {
         let tick = self.tick;
         self.tick += 1;
         out.reserve(self.gpus.len() * Metric::ALL.len());
+        let base = out.len();
         for (i, g) in self.gpus.iter_mut().enumerate() {
             let gpu = i as u32;
-            let first = out.len();
             let mut faults = g.faults.as_deref_mut();
             if let Some(f) = faults.as_deref_mut() {
                 f.begin_tick(tick, gpu, &self.inventory[i].uuid, &self.truth);
@@ -306,7 +306,7 @@ impl GpuSource for SimulatedSource {
                 clock_events |= CLOCK_EVENT_SW_POWER_CAP;
             }
             g.clock_events = clock_events;
-            let (xid, uncorrectable_rows, correctable_rows) = match faults.as_deref_mut() {
+            let (xid, uncorrectable_rows, correctable_rows) = match faults {
                 Some(f) => {
                     f.throttled = throttled;
                     (
@@ -356,11 +356,24 @@ impl GpuSource for SimulatedSource {
             push(Metric::DramActive, dram);
             push(Metric::PcieTxBytes, pcie_tx);
             push(Metric::PcieRxBytes, pcie_rx);
-            // Faults that replace the readings (XID 79, zombie) go last, so
-            // that they cover every metric pushed above.
-            if let Some(f) = faults {
-                f.end_tick(tick, gpu, out, first);
+        }
+        // Faults that replace a GPU's readings (XID 79, zombie) are applied
+        // in a second pass, so that they cover every metric pushed above.
+        // Every GPU pushed the same number; the pass compacts in place.
+        if !self.config.faults.is_empty() && !self.gpus.is_empty() {
+            let per_gpu = (out.len() - base) / self.gpus.len();
+            let mut write = base;
+            for (i, g) in self.gpus.iter_mut().enumerate() {
+                let read = base + i * per_gpu;
+                write = match g.faults.as_deref_mut() {
+                    Some(f) => f.end_tick(tick, i as u32, out, read..read + per_gpu, write),
+                    None => {
+                        out.copy_within(read..read + per_gpu, write);
+                        write + per_gpu
+                    }
+                };
             }
+            out.truncate(write);
         }
         Ok(())
     }

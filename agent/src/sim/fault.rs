@@ -458,26 +458,40 @@ impl FaultState {
         self.active.iter().any(|p| p.kind == kind)
     }
 
-    /// Rewrites the readings the GPU pushed for `tick` (from `first` on) for
-    /// the faults that replace them, and keeps a snapshot for a zombie that
-    /// starts at the next tick.
-    pub(super) fn end_tick(&mut self, tick: u64, gpu: u32, out: &mut Vec<Reading>, first: usize) {
-        if self.lost {
-            out.truncate(first);
-            out.push(Reading {
+    /// Writes the GPU's readings for `tick` at `write`: the ones it pushed
+    /// (at `pushed`, never before `write`), or what replaces them (XID 79,
+    /// zombie); returns where the next GPU's go. Keeps a snapshot for a
+    /// zombie that starts at the next tick.
+    pub(super) fn end_tick(
+        &mut self,
+        tick: u64,
+        gpu: u32,
+        out: &mut [Reading],
+        pushed: std::ops::Range<usize>,
+        write: usize,
+    ) -> usize {
+        let zombie = self.is_active(FaultKind::Zombie);
+        let len = if self.lost {
+            out[write] = Reading {
                 gpu,
                 metric: Metric::XidErrors,
                 value: 79.0,
-            });
-        }
-        if self.is_active(FaultKind::Zombie) {
-            if self.frozen.is_empty() {
-                // Started at tick 0: there is no earlier tick to repeat.
-                self.frozen.extend_from_slice(&out[first..]);
-            } else {
-                out.truncate(first);
-                out.extend_from_slice(&self.frozen);
-            }
+            };
+            1
+        } else if zombie && !self.frozen.is_empty() {
+            // Never longer than what was pushed: a snapshot is either a full
+            // tick or, for a lost GPU, a single reading.
+            out[write..write + self.frozen.len()].copy_from_slice(&self.frozen);
+            self.frozen.len()
+        } else {
+            let n = pushed.len();
+            out.copy_within(pushed, write);
+            n
+        };
+        let mine = write..write + len;
+        if zombie && self.frozen.is_empty() {
+            // Started at tick 0: there is no earlier tick to repeat.
+            self.frozen.extend_from_slice(&out[mine.clone()]);
         }
         let next = tick + 1;
         let zombie_next = self
@@ -488,8 +502,9 @@ impl FaultState {
             .chain(self.next_random.iter().filter(|p| p.start == next))
             .any(|p| p.kind == FaultKind::Zombie);
         if zombie_next && self.frozen.is_empty() {
-            self.frozen.extend_from_slice(&out[first..]);
+            self.frozen.extend_from_slice(&out[mine.clone()]);
         }
+        mine.end
     }
 
     /// Advances the excess heat by one tick of `dt_s` seconds.
