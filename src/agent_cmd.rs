@@ -20,10 +20,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use agent::sim::SimulatedSource;
-use agent::{AgentConfig, AgentMetrics, GpuSource, Topology};
+use agent::replay::{ReplayConfig, ReplayOptions, ReplaySource, ReplayTimestamps};
+use agent::sim::{GroundTruth, GroundTruthFormat, SimulatedSource};
+use agent::{AgentConfig, AgentMetrics, AgentReport, GpuSource, Reading, SourceError, Topology};
 use anyhow::{Context, bail};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
@@ -196,7 +197,6 @@ fn metrics_addr(s: &str) -> anyhow::Result<Option<SocketAddr>> {
 pub(crate) async fn run_agent(
     mut args: AgentArgs,
     matches: Option<&ArgMatches>,
-    source: impl FnOnce(&AgentArgs) -> Box<dyn GpuSource>,
 ) -> anyhow::Result<()> {
     if let Some(path) = args.config.clone() {
         let file = read_file(&path)?;
@@ -206,7 +206,6 @@ pub(crate) async fn run_agent(
     }
     let config = agent_config(&args)?;
     let metrics_listen = metrics_addr(&args.metrics_listen)?;
-    let source = source(&args);
     let metrics = Arc::new(AgentMetrics::default());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = match metrics_listen {
@@ -229,12 +228,15 @@ pub(crate) async fn run_agent(
         }
         None => None,
     };
-    let report = agent::run_with_metrics(config, source, metrics, crate::shutdown_signal()).await;
+    let result = match args.replay.clone() {
+        Some(path) => replay(&args, &path, config, metrics).await,
+        None => sample(&args, config, metrics).await,
+    };
     stop_tx.send_replace(true);
     if let Some(t) = metrics_task {
         let _ = t.await;
     }
-    let report = report?;
+    let report = result?;
     let s = report.shipper;
     info!(
         polls = report.polls,
@@ -260,18 +262,155 @@ pub(crate) async fn run_agent(
     Ok(())
 }
 
-/// The default source: NVML when it loads, else the simulated fleet.
-pub(crate) fn default_source(args: &AgentArgs) -> Box<dyn GpuSource> {
-    if args.simulate {
-        return Box::new(SimulatedSource::new(crate::sim_config(args)));
+/// Samples the live source (NVML, else the simulator) until shutdown.
+async fn sample(
+    args: &AgentArgs,
+    config: AgentConfig,
+    metrics: Arc<AgentMetrics>,
+) -> anyhow::Result<AgentReport> {
+    let mut ground_truth = None;
+    let source: Box<dyn GpuSource> = if args.simulate || args.sim_faults {
+        info!(
+            faults = args.sim_faults,
+            "simulated GPU source selected by --simulate or --sim-faults"
+        );
+        let sim = SimulatedSource::new(crate::sim_config(args));
+        match &args.ground_truth {
+            Some(path) => {
+                let clocked = Clocked::new(sim);
+                ground_truth = Some((
+                    path.clone(),
+                    clocked.truth.clone(),
+                    clocked.ticks_ms.clone(),
+                ));
+                Box::new(clocked)
+            }
+            None => Box::new(sim),
+        }
+    } else {
+        match agent::nvml::NvmlSource::open() {
+            Ok(s) => Box::new(s),
+            Err(e) => {
+                warn!(reason = %e, "NVML is not available; using the simulated GPU source");
+                Box::new(SimulatedSource::new(crate::sim_config(args)))
+            }
+        }
+    };
+    let report = agent::run_with_metrics(config, source, metrics, crate::shutdown_signal()).await?;
+    if let Some((path, truth, ticks_ms)) = ground_truth {
+        let n = write_ground_truth(&path, &truth, &ticks_ms)?;
+        info!(path = %path.display(), faults = n, "ground truth written");
     }
-    match agent::nvml::NvmlSource::open() {
-        Ok(s) => Box::new(s),
-        Err(e) => {
-            warn!(reason = %e, "NVML is not available; using the simulated GPU source");
-            Box::new(SimulatedSource::new(crate::sim_config(args)))
+    Ok(report)
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The simulator plus the wall-clock time of each of its ticks, so that the
+/// ground truth can carry timestamps; the simulator itself never reads the
+/// clock. A tick's time is taken just after the agent stamps the poll, so
+/// the two agree to within a millisecond or so.
+struct Clocked {
+    inner: SimulatedSource,
+    truth: GroundTruth,
+    ticks_ms: Arc<Mutex<Vec<i64>>>,
+}
+
+impl Clocked {
+    fn new(inner: SimulatedSource) -> Self {
+        Self {
+            truth: inner.ground_truth(),
+            inner,
+            ticks_ms: Arc::default(),
         }
     }
+}
+
+impl GpuSource for Clocked {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn inventory(&self) -> &[agent::GpuInfo] {
+        self.inner.inventory()
+    }
+
+    fn sample(&mut self, out: &mut Vec<Reading>) -> Result<(), SourceError> {
+        self.ticks_ms
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(now_ms());
+        self.inner.sample(out)
+    }
+}
+
+/// Writes the injected faults, stamped with their ticks' times; returns how many.
+fn write_ground_truth(
+    path: &Path,
+    truth: &GroundTruth,
+    ticks_ms: &Mutex<Vec<i64>>,
+) -> anyhow::Result<usize> {
+    let ticks = ticks_ms.lock().unwrap_or_else(|p| p.into_inner());
+    let mut events = truth.events();
+    for e in &mut events {
+        e.stamp(|t| ticks.get(t as usize).copied());
+    }
+    let f = std::fs::File::create(path)
+        .with_context(|| format!("creating the ground-truth file {}", path.display()))?;
+    agent::sim::write_ground_truth(
+        &events,
+        GroundTruthFormat::for_path(path),
+        std::io::BufWriter::new(f),
+    )
+    .with_context(|| format!("writing the ground-truth file {}", path.display()))?;
+    Ok(events.len())
+}
+
+async fn replay(
+    args: &AgentArgs,
+    path: &Path,
+    mut config: AgentConfig,
+    metrics: Arc<AgentMetrics>,
+) -> anyhow::Result<AgentReport> {
+    let mut rc = ReplayConfig::new(path);
+    rc.host = args.replay_host.clone();
+    let source = tokio::task::spawn_blocking(move || ReplaySource::open(&rc)).await??;
+    if args.host.is_none()
+        && let Some(h) = source.host()
+    {
+        // The recording's host, not this machine's.
+        config.host = h.to_string();
+        config.agent_id = h.to_string();
+    }
+    let options = ReplayOptions {
+        speed: args.replay_speed,
+        timestamps: match args.replay_timestamps {
+            crate::cli::ReplayTimestampsArg::Shift => ReplayTimestamps::Shift,
+            crate::cli::ReplayTimestampsArg::Recorded => ReplayTimestamps::Recorded,
+        },
+    };
+    let report =
+        agent::replay::run(config, source, options, metrics, crate::shutdown_signal()).await?;
+    let st = &report.stats;
+    println!(
+        "replayed {} polls, {} readings from {} rows; skipped {} rows of metrics not in the catalog, {} without a GPU, {} of other hosts, {} bad",
+        st.polls,
+        st.readings,
+        st.rows,
+        st.unknown_metric_rows(),
+        st.no_gpu,
+        st.other_host,
+        st.bad_rows
+    );
+    if let Some(e) = report.error {
+        bail!("the replay stopped early: {e}");
+    }
+    Ok(report.agent)
 }
 
 #[cfg(test)]
@@ -282,9 +421,10 @@ mod tests {
 
     fn parse(argv: &[&str], toml_text: &str) -> anyhow::Result<AgentArgs> {
         let matches = Cli::command().try_get_matches_from(argv)?;
-        let Command::Agent(mut args) = Cli::from_arg_matches(&matches)?.command else {
+        let Command::Agent(args) = Cli::from_arg_matches(&matches)?.command else {
             panic!("not the agent command");
         };
+        let mut args = *args;
         let file: AgentFile = toml::from_str(toml_text)?;
         apply_file(
             &mut args,

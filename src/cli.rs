@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use agent::replay::ReplaySpeed;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::server::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN};
@@ -24,7 +25,7 @@ pub(crate) enum Command {
     /// Run an ingest + query node.
     Serve(ServeArgs),
     /// Run a node agent that streams GPU samples to ingest.
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Run one SQL query against a node and print the result.
     Sql(SqlArgs),
     /// Run a node plus a simulated fleet of 128 GPUs streaming to it over gRPC.
@@ -194,6 +195,61 @@ pub(crate) struct AgentArgs {
     /// `gpulse import` (a trace to keep or replay).
     #[arg(long, env = "GPULSE_RECORD")]
     pub(crate) record: Option<PathBuf>,
+    /// Inject faults into the simulated source (implies --simulate): thermal
+    /// throttling, stragglers, XID 79, XID 48, row-remap growth and zombie
+    /// GPUs, about one per GPU per hour, on a schedule seeded by --seed.
+    #[arg(long, env = "GPULSE_SIM_FAULTS")]
+    pub(crate) sim_faults: bool,
+    /// At shutdown, write the faults --sim-faults injected to FILE (CSV for
+    /// a .csv name, JSON Lines otherwise), to score health detection.
+    #[arg(
+        long,
+        env = "GPULSE_GROUND_TRUTH",
+        value_name = "FILE",
+        requires = "sim_faults"
+    )]
+    pub(crate) ground_truth: Option<PathBuf>,
+    /// Stream a recorded long-format CSV (the `gpulse import` format)
+    /// instead of sampling GPUs; stops at the end of the file. Polls follow
+    /// the recording's timestamps (--interval is not used).
+    #[arg(long, env = "GPULSE_REPLAY", value_name = "FILE", conflicts_with_all = ["simulate", "sim_faults"])]
+    pub(crate) replay: Option<PathBuf>,
+    /// Pace of --replay: `recorded`, `max` (as fast as ingest acks), or a
+    /// speed-up such as `10x`.
+    #[arg(long, default_value = "recorded", value_parser = replay_speed)]
+    pub(crate) replay_speed: ReplaySpeed,
+    /// Timestamps of --replay: `shift` moves the whole recording so that its
+    /// first poll is now (storage drops samples older than a series' newest
+    /// by more than --ooo-window, and duplicates); `recorded` keeps them.
+    #[arg(long, value_enum, default_value = "shift")]
+    pub(crate) replay_timestamps: ReplayTimestampsArg,
+    /// With --replay: only the rows of this host (`Hostname` or `host`
+    /// label); required when the file has several hosts.
+    #[arg(long)]
+    pub(crate) replay_host: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum ReplayTimestampsArg {
+    Shift,
+    Recorded,
+}
+
+fn replay_speed(s: &str) -> Result<ReplaySpeed, String> {
+    match s {
+        "recorded" => Ok(ReplaySpeed::Scaled(1.0)),
+        "max" => Ok(ReplaySpeed::Max),
+        _ => {
+            let factor: f64 =
+                s.strip_suffix('x').unwrap_or(s).parse().map_err(|_| {
+                    format!("expected recorded, max or a factor like 10x; found {s:?}")
+                })?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(format!("the factor must be positive; found {s:?}"));
+            }
+            Ok(ReplaySpeed::Scaled(factor))
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -224,4 +280,51 @@ pub(crate) struct DemoArgs {
     /// Seed of the simulated fleet.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replay_speeds() {
+        assert_eq!(replay_speed("recorded"), Ok(ReplaySpeed::Scaled(1.0)));
+        assert_eq!(replay_speed("max"), Ok(ReplaySpeed::Max));
+        assert_eq!(replay_speed("10x"), Ok(ReplaySpeed::Scaled(10.0)));
+        assert_eq!(replay_speed("0.5"), Ok(ReplaySpeed::Scaled(0.5)));
+        assert!(replay_speed("0x").is_err());
+        assert!(replay_speed("fast").is_err());
+    }
+
+    #[test]
+    fn agent_flags() {
+        let cli =
+            Cli::try_parse_from(["gpulse", "agent", "--sim-faults", "--ground-truth", "t.csv"])
+                .unwrap();
+        let Command::Agent(a) = cli.command else {
+            panic!("not agent")
+        };
+        assert!(a.sim_faults && a.ground_truth.is_some() && a.replay.is_none());
+        // --ground-truth only makes sense with injected faults.
+        assert!(Cli::try_parse_from(["gpulse", "agent", "--ground-truth", "t.csv"]).is_err());
+        assert!(
+            Cli::try_parse_from(["gpulse", "agent", "--replay", "r.csv", "--simulate"]).is_err()
+        );
+        let cli = Cli::try_parse_from([
+            "gpulse",
+            "agent",
+            "--replay",
+            "r.csv",
+            "--replay-speed",
+            "max",
+            "--replay-timestamps",
+            "recorded",
+        ])
+        .unwrap();
+        let Command::Agent(a) = cli.command else {
+            panic!("not agent")
+        };
+        assert_eq!(a.replay_speed, ReplaySpeed::Max);
+        assert!(matches!(a.replay_timestamps, ReplayTimestampsArg::Recorded));
+    }
 }

@@ -3,9 +3,10 @@
 //!
 //! Format: header `labels,timestamp_ms,value`; `labels` is `key=value` pairs
 //! joined by `;`, and `metric=` gives the metric name, e.g.
-//! `metric=power_w;host=node0;gpu=3,1775016266006,71.4`. A bad row is
-//! reported with its line number and skipped; the good rows still land. At the
-//! end the head is flushed, so everything is in sealed segments.
+//! `metric=power_w;host=node0;gpu=3,1775016266006,71.4`. The row parsing is
+//! shared with `gpulse agent --replay` ([`agent::replay::long_csv`]). A bad
+//! row is reported with its line number and skipped; the good rows still
+//! land. At the end the head is flushed, so everything is in sealed segments.
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Read, Write};
@@ -14,7 +15,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use agent::replay::long_csv;
+use anyhow::Context;
 use storage::{Label, SeriesKey, SeriesRef, Storage, StorageConfig};
 
 /// Rows appended to storage per call.
@@ -48,20 +50,9 @@ pub(crate) struct ImportReport {
 }
 
 fn parse_labels(field: &str) -> Result<SeriesKey, String> {
-    let mut metric = None;
-    let mut labels = Vec::new();
-    for pair in field.split(';').filter(|p| !p.is_empty()) {
-        let (k, v) = pair
-            .split_once('=')
-            .ok_or_else(|| format!("label {pair:?} is not key=value"))?;
-        if k == "metric" {
-            metric = Some(v);
-        } else {
-            labels.push(Label::new(k, v));
-        }
-    }
-    let metric = metric.ok_or("no metric= label")?;
-    SeriesKey::new(metric, labels).map_err(|e| e.to_string())
+    let l = long_csv::parse_labels(field).map_err(|e| e.to_string())?;
+    let labels = l.pairs.iter().map(|(k, v)| Label::new(*k, *v)).collect();
+    SeriesKey::new(l.metric, labels).map_err(|e| e.to_string())
 }
 
 pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportReport> {
@@ -83,21 +74,8 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
         inner: std::io::BufReader::with_capacity(1 << 20, raw),
         bytes: bytes.clone(),
     };
-    let mut csv = csv::ReaderBuilder::new()
-        .has_headers(true)
-        .from_reader(reader);
-    let header: Vec<String> = csv
-        .headers()
-        .context("reading the CSV header")?
-        .iter()
-        .map(str::to_string)
-        .collect();
-    if header != ["labels", "timestamp_ms", "value"] {
-        bail!(
-            "expected the header labels,timestamp_ms,value; found {}",
-            header.join(",")
-        );
-    }
+    let mut csv = long_csv::reader(reader);
+    long_csv::check_header(csv.headers().context("reading the CSV header")?)?;
 
     let progress = std::io::stderr().is_terminal();
     let started = Instant::now();
@@ -120,7 +98,8 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
         Ok(())
     };
     loop {
-        let line = csv.position().line() + 1;
+        // The reader stands at the start of the next record: its 1-based line.
+        let line = csv.position().line();
         match csv.read_record(&mut record) {
             Ok(false) => break,
             Ok(true) => {}
@@ -131,27 +110,17 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
         }
         report.rows += 1;
         let parsed = (|| -> Result<(SeriesRef, i64, f64), String> {
-            if record.len() != 3 {
-                return Err(format!("expected 3 fields, found {}", record.len()));
-            }
-            let t: i64 = record[1]
-                .trim()
-                .parse()
-                .map_err(|e| format!("bad timestamp_ms {:?}: {e}", &record[1]))?;
-            let v: f64 = record[2]
-                .trim()
-                .parse()
-                .map_err(|e| format!("bad value {:?}: {e}", &record[2]))?;
-            let r = match refs_by_labels.get(&record[0]) {
+            let row = long_csv::parse_row(&record).map_err(|e| e.to_string())?;
+            let r = match refs_by_labels.get(row.labels) {
                 Some(r) => *r,
                 None => {
-                    let key = parse_labels(&record[0])?;
+                    let key = parse_labels(row.labels)?;
                     let r = storage.series_ref(key).map_err(|e| e.to_string())?;
-                    refs_by_labels.insert(record[0].to_string(), r);
+                    refs_by_labels.insert(row.labels.to_string(), r);
                     r
                 }
             };
-            Ok((r, t, v))
+            Ok((r, row.ts_ms, row.value))
         })();
         match parsed {
             Ok((r, t, v)) => {

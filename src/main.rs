@@ -15,7 +15,7 @@ mod stats;
 use std::io::Write;
 use std::time::Duration;
 
-use agent::sim::{SimConfig, SimulatedSource};
+use agent::sim::{FaultConfig, SimConfig, SimulatedSource};
 use agent::{AgentConfig, Topology};
 use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches};
@@ -60,12 +60,7 @@ fn run() -> anyhow::Result<()> {
         match cli.command {
             Command::Serve(a) => serve(a).await,
             Command::Agent(a) => {
-                agent_cmd::run_agent(
-                    a,
-                    matches.subcommand_matches("agent"),
-                    agent_cmd::default_source,
-                )
-                .await
+                agent_cmd::run_agent(*a, matches.subcommand_matches("agent")).await
             }
             Command::Sql(a) => sql(a).await,
             Command::Demo(a) => demo(a).await,
@@ -145,6 +140,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 pub(crate) fn sim_config(args: &AgentArgs) -> SimConfig {
     let mut c = SimConfig::new(args.seed, args.gpus);
     c.interval_ms = args.interval.as_millis() as u64;
+    if args.sim_faults {
+        c.faults = FaultConfig::typical();
+    }
     c
 }
 

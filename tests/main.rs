@@ -4,5 +4,6 @@
 mod crash;
 mod delivery;
 mod ingest_protocol;
+mod replay;
 mod support;
 mod write_path;

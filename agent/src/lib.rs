@@ -11,6 +11,7 @@ pub mod catalog;
 pub mod metrics;
 pub mod nvml;
 mod outbox;
+pub mod replay;
 mod shipper;
 pub mod sim;
 pub mod source;
@@ -146,27 +147,50 @@ pub async fn run_with_metrics(
     metrics: Arc<AgentMetrics>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<AgentReport, AgentError> {
-    shipper::endpoint(&config.ingest_url)?;
     let inventory = source.inventory().to_vec();
     let name = source.name();
+    let (interval, max_polls) = (config.interval, config.max_polls);
+    let (report, ()) = drive(
+        config,
+        inventory,
+        name,
+        metrics,
+        shutdown,
+        move |tx, stop, counters| {
+            std::thread::Builder::new()
+                .name("gpulse-sampler".into())
+                .spawn(move || sample_loop(source, tx, interval, max_polls, &stop, &counters))
+        },
+    )
+    .await?;
+    Ok(report)
+}
+
+/// Runs the shipper against polls from a thread that `spawn` starts (given
+/// the queue, a stop flag and the counters), until the thread's input is
+/// done and everything is acked, or until `shutdown`. Returns the report and
+/// what the thread returned.
+pub(crate) async fn drive<T: Send + 'static>(
+    config: AgentConfig,
+    inventory: Vec<GpuInfo>,
+    name: &'static str,
+    metrics: Arc<AgentMetrics>,
+    shutdown: impl Future<Output = ()>,
+    spawn: impl FnOnce(
+        mpsc::Sender<Poll>,
+        Arc<AtomicBool>,
+        Arc<AgentMetrics>,
+    ) -> std::io::Result<std::thread::JoinHandle<T>>,
+) -> Result<(AgentReport, T), AgentError> {
+    shipper::endpoint(&config.ingest_url)?;
     // Opens the spool first: a spool in use fails the start, not later.
     let shipper = shipper::Shipper::new(config.clone(), inventory.clone(), name, metrics.clone())?;
     info!(source = name, gpus = inventory.len(), host = %config.host, interval_ms = config.interval.as_millis() as u64, url = %config.ingest_url, "agent starting");
 
     let (tx, rx) = mpsc::channel::<Poll>(config.queue_polls.max(1));
     let stop = Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let (stop, counters, interval, max_polls) = (
-            stop.clone(),
-            metrics.clone(),
-            config.interval,
-            config.max_polls,
-        );
-        std::thread::Builder::new()
-            .name("gpulse-sampler".into())
-            .spawn(move || sample_loop(source, tx, interval, max_polls, &stop, &counters))
-            .expect("BUG: cannot spawn the sampling thread")
-    };
+    let sampler =
+        spawn(tx, stop.clone(), metrics.clone()).expect("BUG: cannot spawn the sampling thread");
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let ship = shipper.run(rx, stop_rx);
@@ -182,9 +206,9 @@ pub async fn run_with_metrics(
     };
     stop.store(true, Relaxed);
     let joined = tokio::task::spawn_blocking(move || sampler.join()).await;
-    if !matches!(joined, Ok(Ok(()))) {
+    let Ok(Ok(out)) = joined else {
         return Err(AgentError::SamplerPanicked);
-    }
+    };
     let report = AgentReport {
         polls: metrics.polls.load(Relaxed),
         polls_dropped: metrics.polls_dropped.load(Relaxed),
@@ -192,7 +216,7 @@ pub async fn run_with_metrics(
         shipper: stats?,
     };
     info!(?report, "agent stopped");
-    Ok(report)
+    Ok((report, out))
 }
 
 /// Polls `source` on a fixed schedule (`start + k * interval`), never

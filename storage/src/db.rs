@@ -398,6 +398,9 @@ impl Storage {
         ts_ms: &[i64],
         values: &[f64],
     ) -> Result<AppendOutcome> {
+        // Lock order: the gate, then the producer. A flush holds the gate
+        // exclusively while it reads every producer for the WAL checkpoint.
+        let _gate = lock!(self.gate.read());
         let producer = origin.map(|o| self.producers.get(o.producer));
         let mut hwm = producer.as_ref().map(|p| lock!(p.lock()));
         if let (Some(o), Some(h)) = (origin, hwm.as_deref())
@@ -427,7 +430,6 @@ impl Storage {
         if let Some(o) = origin {
             record::encode_mark(&mut buf, o.producer, o.seq);
         }
-        let _gate = lock!(self.gate.read());
         self.wal
             .write(buf)
             .map_err(|e| Error::io(self.wal_dir(), e))?;

@@ -383,3 +383,52 @@ fn resent_batches_are_dropped_by_producer_seq_across_crash_and_flush() {
     assert_eq!(count(&st), 10);
     assert_eq!(st.stats().producers, 2);
 }
+
+/// Appends with an origin and flushes at the same time: a flush reads every
+/// producer for its checkpoint while appends hold theirs.
+#[test]
+fn flushes_and_deduplicated_appends_do_not_deadlock() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writers: Vec<_> = (0..2u32)
+        .map(|w| {
+            let (st, done) = (st.clone(), done_tx.clone());
+            std::thread::spawn(move || {
+                let r = st.series_ref(key("m", w)).unwrap();
+                let producer = format!("w{w}/1");
+                // Batches large enough that encoding one takes a while.
+                const N: i64 = 2000;
+                for seq in 1..=300u64 {
+                    let origin = Some(BatchOrigin {
+                        producer: &producer,
+                        seq,
+                    });
+                    let ts: Vec<i64> = (0..N).map(|i| seq as i64 * N + i).collect();
+                    let out = st
+                        .append_from(origin, &vec![r; N as usize], &ts, &vec![1.5; N as usize])
+                        .unwrap();
+                    assert_eq!(out.accepted as i64, N);
+                }
+                done.send(()).unwrap();
+            })
+        })
+        .collect();
+    let flusher = {
+        let st = st.clone();
+        std::thread::spawn(move || {
+            for _ in 0..300 {
+                st.flush().unwrap();
+            }
+        })
+    };
+    for _ in 0..2 {
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("appends and flushes deadlocked");
+    }
+    for w in writers {
+        w.join().unwrap();
+    }
+    flusher.join().unwrap();
+}
