@@ -100,6 +100,9 @@ struct SimGpu {
     nvlink_kib: u64,
     /// Clock-event reason bits of the last sample.
     clock_events: u64,
+    /// Time spent clock-limited by temperature and by the power cap, ns.
+    thermal_ns: u64,
+    power_cap_ns: u64,
     /// `None` for a GPU that can never have a fault (the common case).
     faults: Option<Box<FaultState>>,
 }
@@ -178,6 +181,8 @@ impl SimulatedSource {
                 pcie_replays: 0,
                 nvlink_kib: 0,
                 clock_events: 0,
+                thermal_ns: 0,
+                power_cap_ns: 0,
                 faults: FaultState::new(&config.faults, i, stream, config.interval_ms),
             });
         }
@@ -357,22 +362,32 @@ impl GpuSource for SimulatedSource {
             push(Metric::DramActive, dram);
             push(Metric::PcieTxBytes, pcie_tx);
             push(Metric::PcieRxBytes, pcie_rx);
-            push(Metric::ClockThrottleReasons, (util == 0.0) as u8 as f64);
-            push(Metric::PowerViolation, 0.0);
-            push(Metric::ThermalViolation, 0.0);
+            // The throttle counters integrate the reasons the clock was limited.
+            let dt_ns = (dt_s * 1e9) as u64;
+            if throttled {
+                g.thermal_ns += dt_ns;
+            }
+            if clock_events & CLOCK_EVENT_SW_POWER_CAP != 0 {
+                g.power_cap_ns += dt_ns;
+            }
+            push(Metric::ClockThrottleReasons, clock_events as f64);
+            push(Metric::PowerViolation, g.power_cap_ns as f64);
+            push(Metric::ThermalViolation, g.thermal_ns as f64);
             push(Metric::SyncBoostViolation, 0.0);
             push(Metric::BoardLimitViolation, 0.0);
             push(Metric::LowUtilViolation, 0.0);
             push(Metric::ReliabilityViolation, 0.0);
-            push(Metric::ClocksEventSwPowerCapNs, 0.0);
+            push(Metric::ClocksEventSwPowerCapNs, g.power_cap_ns as f64);
             push(Metric::ClocksEventSyncBoostNs, 0.0);
             push(Metric::ClocksEventSwThermSlowdownNs, 0.0);
-            push(Metric::ClocksEventHwThermSlowdownNs, 0.0);
+            push(Metric::ClocksEventHwThermSlowdownNs, g.thermal_ns as f64);
             push(Metric::ClocksEventHwPowerBrakeSlowdownNs, 0.0);
-            push(Metric::EccSbeVolTotal, 0.0);
-            push(Metric::EccDbeVolTotal, 0.0);
-            push(Metric::EccSbeAggTotal, 0.0);
-            push(Metric::EccDbeAggTotal, 0.0);
+            // Each remapped row comes from an ECC error: correctable rows
+            // from single-bit errors, uncorrectable ones from double-bit.
+            push(Metric::EccSbeVolTotal, correctable_rows);
+            push(Metric::EccDbeVolTotal, uncorrectable_rows);
+            push(Metric::EccSbeAggTotal, correctable_rows);
+            push(Metric::EccDbeAggTotal, uncorrectable_rows);
             push(Metric::RetiredSbe, 0.0);
             push(Metric::RetiredDbe, 0.0);
             push(Metric::RetiredPending, 0.0);

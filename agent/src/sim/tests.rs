@@ -197,6 +197,9 @@ fn xid48_sets_the_gauge_and_an_uncorrectable_row() {
             rows,
             "tick {k}"
         );
+        // The double-bit error shows in the ECC counters too.
+        assert_eq!(value(tick, 0, Metric::EccDbeVolTotal), rows, "tick {k}");
+        assert_eq!(value(tick, 0, Metric::EccDbeAggTotal), rows, "tick {k}");
         assert_eq!(value(tick, 1, Metric::XidErrors), 0.0);
     }
     let e = s.ground_truth().events();
@@ -263,6 +266,7 @@ fn thermal_throttle_heats_and_cuts_the_clock() {
     let mut s = SimulatedSource::new(config);
     let (healthy, _) = run_with(SimConfig::new(11, 2), 200);
     let mut busy_in_window = 0;
+    let mut throttled_ticks = 0u64;
     for (k, base) in healthy.iter().enumerate() {
         let mut tick = Vec::new();
         s.sample(&mut tick).unwrap();
@@ -278,6 +282,11 @@ fn thermal_throttle_heats_and_cuts_the_clock() {
             assert!((87.0..=90.0).contains(&temp), "tick {k}: {temp} °C");
             assert!(clock <= 990.0, "tick {k}: {clock} MHz");
             assert_eq!(reasons & 0x48, 0x48, "tick {k}: HW slowdown + HW thermal");
+            assert_eq!(
+                value(&tick, 1, Metric::ClockThrottleReasons) as u64 & 0x48,
+                0x48,
+                "tick {k}: the bitmask metric shows it"
+            );
             assert!(
                 value(&tick, 1, Metric::PowerUsage) <= value(base, 1, Metric::PowerUsage) + 8.0
             );
@@ -291,6 +300,17 @@ fn thermal_throttle_heats_and_cuts_the_clock() {
             assert!(clock == 345.0 || clock >= 1755.0, "tick {k}: {clock} MHz");
         }
         assert_eq!(of_gpu(&tick, 0), of_gpu(base, 0), "GPU 0 is untouched");
+        if reasons & 0x48 == 0x48 {
+            throttled_ticks += 1;
+        }
+        if k == 199 {
+            // The counter integrates the throttled ticks, 1 s each.
+            let ns = value(&tick, 1, Metric::ThermalViolation);
+            assert!(throttled_ticks >= 30);
+            assert_eq!(ns, throttled_ticks as f64 * 1e9);
+            assert_eq!(ns, value(&tick, 1, Metric::ClocksEventHwThermSlowdownNs));
+            assert_eq!(value(&tick, 0, Metric::ThermalViolation), 0.0);
+        }
     }
     assert!(
         busy_in_window > 0,
