@@ -49,6 +49,9 @@ fn maintain(st: &Storage) -> storage::Result<()> {
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
     st.enforce_retention(now_ms);
+    if let Err(e) = st.inventory().persist() {
+        error!(error = %e, "could not write the GPU inventory; retried at the next upkeep");
+    }
     Ok(())
 }
 

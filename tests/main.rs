@@ -4,6 +4,7 @@
 mod crash;
 mod delivery;
 mod ingest_protocol;
+mod inventory;
 mod replay;
 mod support;
 mod write_path;

@@ -8,7 +8,7 @@ use gpulse_proto::v1::ingest_server::Ingest;
 use gpulse_proto::v1::{
     Ack, AgentMessage, Batch, Hello, IngestReply, Reject, agent_message, ingest_reply,
 };
-use storage::{BatchOrigin, Label, SeriesKey, SeriesRef, Storage};
+use storage::{BatchOrigin, GpuRecord, Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -114,6 +114,7 @@ impl From<storage::Error> for BatchError {
 /// State of one agent stream.
 struct StreamState {
     agent_id: String,
+    host: String,
     /// Labels attached to every series of the stream: Hostname and topology.
     stream_labels: Vec<Label>,
     /// Stream-local series id -> storage series.
@@ -140,6 +141,12 @@ impl IngestService {
             None => return Ok(()),
         };
         let mut state = self.open_stream(&hello)?;
+        // A new GPU is written to disk at once: keep that off the async workers.
+        tokio::task::block_in_place(|| {
+            self.storage
+                .inventory()
+                .observe(inventory(&hello), now_ms())
+        });
         info!(%peer, agent = %hello.agent_id, host = %hello.host, gpus = hello.gpus.len(), "agent stream opened");
         loop {
             let msg = tokio::select! {
@@ -193,6 +200,7 @@ impl IngestService {
         }
         Ok(StreamState {
             agent_id: hello.agent_id.clone(),
+            host: hello.host.clone(),
             stream_labels,
             refs: HashMap::new(),
         })
@@ -203,6 +211,7 @@ impl IngestService {
     /// with `UNAVAILABLE`, so that the agent reconnects and re-sends it.
     fn on_batch(&self, state: &mut StreamState, batch: Batch) -> Result<IngestReply, Status> {
         let seq = batch.seq;
+        self.storage.inventory().touch(&state.host, now_ms());
         match self.store_batch(state, batch) {
             Ok(ack) => {
                 self.metrics.batches_acked.fetch_add(1, Relaxed);
@@ -317,4 +326,42 @@ impl IngestService {
             duplicate: out.duplicate_batch,
         })
     }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// The inventory records of the GPUs a hello announces.
+fn inventory(hello: &Hello) -> Vec<GpuRecord> {
+    let topo = hello.topology.clone().unwrap_or_default();
+    hello
+        .gpus
+        .iter()
+        .map(|g| GpuRecord {
+            cluster: topo.cluster.clone(),
+            row: topo.row.clone(),
+            rack: topo.rack.clone(),
+            host: hello.host.clone(),
+            gpu: g.index.to_string(),
+            uuid: g.uuid.clone(),
+            pci_bus_id: g.pci_bus_id.clone(),
+            model_name: g.model_name.clone(),
+            serial: g.serial.clone(),
+            vbios_version: g.vbios_version.clone(),
+            driver_version: g.driver_version.clone(),
+            inforom_version: g.inforom_version.clone(),
+            cuda_driver_version: g.cuda_driver_version.clone(),
+            mig_mode: match g.mig_mode {
+                1 => "disabled".into(),
+                2 => "enabled".into(),
+                _ => String::new(),
+            },
+            first_seen_ms: 0,
+            last_seen_ms: 0,
+        })
+        .collect()
 }

@@ -1,9 +1,10 @@
 //! gpulse read path: DataFusion tables over [`storage`] and the HTTP query API.
 //!
 //! [`QueryEngine`] owns a DataFusion `SessionContext` with the `samples` table
-//! ([`samples`]); [`http::router`] serves `POST /api/v1/sql` on top of it.
+//! ([`samples`]) and the `gpus` inventory ([`gpus`]); [`http::router`] serves `POST /api/v1/sql` on top of it.
 //! Queries are read-only: DDL, DML and SET statements are refused.
 
+pub mod gpus;
 pub mod http;
 pub mod samples;
 
@@ -70,7 +71,12 @@ impl QueryEngine {
     pub fn new(storage: Arc<Storage>) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
-        ctx.register_table("samples", Arc::new(samples::SamplesTable::new(storage)))
+        ctx.register_table(
+            "samples",
+            Arc::new(samples::SamplesTable::new(storage.clone())),
+        )
+        .expect("BUG: registering a table in a fresh context");
+        ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage)))
             .expect("BUG: registering a table in a fresh context");
         Self { ctx: Arc::new(ctx) }
     }

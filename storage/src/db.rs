@@ -211,6 +211,7 @@ pub struct Storage {
     metrics: StorageMetrics,
     replay: ReplayReport,
     producers: Producers,
+    inventory: crate::inventory::Inventory,
     /// Holds the directory's lock for the life of the storage.
     _lock: fs::File,
 }
@@ -284,6 +285,7 @@ impl Storage {
             config.ooo_window.as_millis() as i64,
         );
         let producers = Producers::default();
+        let inventory = crate::inventory::Inventory::open(&config.data_dir)?;
         let replay = replay_wal(&config.data_dir, &segments, &mut head, &producers, &metrics)?;
         let mut checkpoint = Vec::new();
         head.checkpoint(&mut checkpoint);
@@ -318,6 +320,7 @@ impl Storage {
             metrics,
             replay,
             producers,
+            inventory,
             _lock: lock,
         })
     }
@@ -329,6 +332,11 @@ impl Storage {
 
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
+    }
+
+    /// The fleet's GPU inventory, kept next to the data.
+    pub fn inventory(&self) -> &crate::inventory::Inventory {
+        &self.inventory
     }
 
     pub fn metrics(&self) -> &StorageMetrics {

@@ -21,6 +21,8 @@ pub const WAL_DIR: &str = "wal";
 /// Held (`flock`) by the process that has the data directory open for writing.
 pub const LOCK_FILE: &str = "LOCK";
 pub const WAL_EXT: &str = "wal";
+/// The GPU inventory (`crate::inventory`).
+pub const INVENTORY_FILE: &str = "inventory.ginv";
 
 pub fn wal_segment_path_in(wal_dir: &Path, n: u64) -> PathBuf {
     wal_dir.join(format!("{n:016x}.{WAL_EXT}"))

@@ -16,6 +16,7 @@ pub mod error;
 pub mod files;
 pub mod gorilla;
 mod head;
+pub mod inventory;
 pub mod segment;
 pub mod series;
 pub mod wal;
@@ -26,6 +27,7 @@ pub use db::{
 };
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
+pub use inventory::{GpuRecord, Inventory};
 pub use segment::writer::SegmentSummary;
 pub use series::{Label, Matcher, Pattern, SeriesKey};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};
