@@ -7,7 +7,7 @@ use std::time::Duration;
 use agent::replay::ReplaySpeed;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::server::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN};
+use crate::server::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_PG_LISTEN};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -85,6 +85,30 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("{s:?} is too large"))
 }
 
+/// A listen address, or `off` for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OptionalListen(pub(crate) Option<SocketAddr>);
+
+fn optional_listen(s: &str) -> Result<OptionalListen, String> {
+    if s.eq_ignore_ascii_case("off") {
+        return Ok(OptionalListen(None));
+    }
+    s.parse()
+        .map(|a| OptionalListen(Some(a)))
+        .map_err(|e| format!("{s:?} is not an address like 127.0.0.1:7402 or `off`: {e}"))
+}
+
+fn positive_count(s: &str) -> Result<u64, String> {
+    let n: u64 = s
+        .replace('_', "")
+        .parse()
+        .map_err(|e| format!("{s:?} is not a count: {e}"))?;
+    if n == 0 {
+        return Err("must be greater than zero".into());
+    }
+    Ok(n)
+}
+
 fn duration(s: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
     if d.is_zero() {
@@ -104,6 +128,18 @@ pub(crate) struct NodeArgs {
     /// Address of the HTTP query listener (port 0 picks a free port).
     #[arg(long, env = "GPULSE_HTTP_LISTEN", default_value = DEFAULT_HTTP_LISTEN)]
     pub(crate) http_listen: SocketAddr,
+    /// Address of the PostgreSQL wire-protocol listener (port 0 picks a free
+    /// port), or `off`. No authentication: keep it on a trusted address.
+    #[arg(long, env = "GPULSE_PG_LISTEN", default_value = DEFAULT_PG_LISTEN, value_parser = optional_listen)]
+    pub(crate) pg_listen: OptionalListen,
+    /// Most rows one query may return (HTTP and PostgreSQL); a larger result
+    /// fails with an error instead of filling memory.
+    #[arg(long, env = "GPULSE_MAX_RESULT_ROWS", default_value = "1000000", value_parser = positive_count)]
+    pub(crate) max_result_rows: u64,
+    /// Most bytes one query may return (Arrow memory over HTTP, encoded rows
+    /// over PostgreSQL), e.g. 1GiB.
+    #[arg(long, env = "GPULSE_MAX_RESULT_BYTES", default_value = "1GiB", value_parser = parse_size)]
+    pub(crate) max_result_bytes: u64,
     /// How often the in-memory head is sealed into a segment file (and the
     /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]
@@ -326,5 +362,40 @@ mod tests {
         };
         assert_eq!(a.replay_speed, ReplaySpeed::Max);
         assert!(matches!(a.replay_timestamps, ReplayTimestampsArg::Recorded));
+    }
+
+    #[test]
+    fn serve_flags() {
+        let serve = |args: &[&str]| {
+            let mut argv = vec!["gpulse", "serve"];
+            argv.extend_from_slice(args);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Serve(s)) => Ok(s.node),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e),
+            }
+        };
+        let n = serve(&[]).unwrap();
+        assert_eq!(
+            n.pg_listen,
+            OptionalListen(Some("127.0.0.1:7402".parse().unwrap()))
+        );
+        assert_eq!(
+            (n.max_result_rows, n.max_result_bytes),
+            (1_000_000, 1 << 30)
+        );
+        let n = serve(&[
+            "--pg-listen",
+            "off",
+            "--max-result-rows",
+            "10_000",
+            "--max-result-bytes",
+            "2MiB",
+        ])
+        .unwrap();
+        assert_eq!(n.pg_listen, OptionalListen(None));
+        assert_eq!((n.max_result_rows, n.max_result_bytes), (10_000, 2 << 20));
+        assert!(serve(&["--pg-listen", "localhost"]).is_err());
+        assert!(serve(&["--max-result-rows", "0"]).is_err());
     }
 }

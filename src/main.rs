@@ -107,6 +107,11 @@ fn serve_config(node: &NodeArgs) -> ServeConfig {
         data_dir: node.data_dir.clone(),
         grpc_listen: node.grpc_listen,
         http_listen: node.http_listen,
+        pg_listen: node.pg_listen.0,
+        limits: query::ResultLimits {
+            max_rows: node.max_result_rows,
+            max_bytes: node.max_result_bytes,
+        },
         flush_interval: node.flush_interval,
         retention: node.retention,
         ooo_window: node.ooo_window,
@@ -125,6 +130,9 @@ fn print_endpoints(s: &Server, node: &NodeArgs) {
         "  query (HTTP)    http://{}   (POST /api/v1/sql)",
         s.http_addr
     );
+    if let Some(pg) = s.pg_addr {
+        println!("  query (pg)      postgres://{pg}   (psql \"postgresql://{pg}/gpulse\")");
+    }
     println!("  data dir        {}", node.data_dir.display());
 }
 

@@ -17,12 +17,16 @@ use tracing::{error, info, warn};
 /// Default ports, documented in the README.
 pub(crate) const DEFAULT_GRPC_LISTEN: &str = "127.0.0.1:7400";
 pub(crate) const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:7401";
+pub(crate) const DEFAULT_PG_LISTEN: &str = "127.0.0.1:7402";
 
 #[derive(Debug, Clone)]
 pub(crate) struct ServeConfig {
     pub(crate) data_dir: PathBuf,
     pub(crate) grpc_listen: SocketAddr,
     pub(crate) http_listen: SocketAddr,
+    /// `None`: no PostgreSQL listener.
+    pub(crate) pg_listen: Option<SocketAddr>,
+    pub(crate) limits: query::ResultLimits,
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
@@ -59,13 +63,14 @@ fn maintain(st: &Storage) -> storage::Result<()> {
 pub(crate) struct Server {
     pub(crate) grpc_addr: SocketAddr,
     pub(crate) http_addr: SocketAddr,
+    pub(crate) pg_addr: Option<SocketAddr>,
     pub(crate) storage: Arc<Storage>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
 
 impl Server {
-    /// Opens storage, binds both listeners and starts serving.
+    /// Opens storage, binds the listeners and starts serving.
     pub(crate) async fn start(config: &ServeConfig) -> anyhow::Result<Self> {
         let mut storage_config = StorageConfig::new(&config.data_dir);
         storage_config.wal_sync = config.wal_sync;
@@ -82,7 +87,14 @@ impl Server {
         let http = TcpListener::bind(config.http_listen)
             .await
             .with_context(|| format!("binding the HTTP listener on {}", config.http_listen))?;
+        let pg = match config.pg_listen {
+            Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| {
+                format!("binding the PostgreSQL listener on {addr} (--pg-listen off disables it)")
+            })?),
+            None => None,
+        };
         let (grpc_addr, http_addr) = (grpc.local_addr()?, http.local_addr()?);
+        let pg_addr = pg.as_ref().map(TcpListener::local_addr).transpose()?;
         let (stop, _) = watch::channel(false);
         let stopped = |stop: &watch::Sender<bool>| {
             let mut rx = stop.subscribe();
@@ -103,11 +115,8 @@ impl Server {
             }),
         ));
 
-        let fut = query::http::serve(
-            http,
-            query::QueryEngine::new(storage.clone()),
-            stopped(&stop),
-        );
+        let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
+        let fut = query::http::serve(http, engine.clone(), stopped(&stop));
         tasks.push((
             "http",
             tokio::spawn(async move {
@@ -116,6 +125,17 @@ impl Server {
                 }
             }),
         ));
+        if let Some(pg) = pg {
+            let fut = query::pg::serve(pg, engine, stopped(&stop));
+            tasks.push((
+                "postgres",
+                tokio::spawn(async move {
+                    if let Err(e) = fut.await {
+                        error!(error = %e, "PostgreSQL server failed");
+                    }
+                }),
+            ));
+        }
 
         let (st, every, mut rx) = (storage.clone(), config.flush_interval, stop.subscribe());
         tasks.push((
@@ -137,10 +157,11 @@ impl Server {
                 }
             }),
         ));
-        info!(grpc = %grpc_addr, http = %http_addr, "serving");
+        info!(grpc = %grpc_addr, http = %http_addr, postgres = ?pg_addr, "serving");
         Ok(Self {
             grpc_addr,
             http_addr,
+            pg_addr,
             storage,
             stop,
             tasks,

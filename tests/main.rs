@@ -1,10 +1,12 @@
 //! End-to-end tests: each module is a scenario that starts real `gpulse`
-//! processes on 127.0.0.1 and talks to them over gRPC and HTTP.
+//! processes on 127.0.0.1 and talks to them over gRPC, HTTP and the
+//! PostgreSQL protocol (through the real `psql`).
 
 mod crash;
 mod delivery;
 mod ingest_protocol;
 mod inventory;
+mod pg;
 mod replay;
 mod support;
 mod write_path;

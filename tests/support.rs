@@ -12,6 +12,8 @@ pub(crate) struct Node {
     child: Child,
     pub(crate) grpc_url: String,
     pub(crate) http_url: String,
+    /// `postgres://127.0.0.1:PORT` of the PostgreSQL listener.
+    pub(crate) pg_url: String,
     pub(crate) log: PathBuf,
 }
 
@@ -24,7 +26,18 @@ impl Node {
 
     /// As [`Self::start`], with the given `--flush-interval`.
     pub(crate) fn start_with(data_dir: &Path, flush_interval: &str) -> Node {
+        Self::start_with_args(data_dir, &["--flush-interval", flush_interval])
+    }
+
+    /// As [`Self::start`], with more `serve` flags (`--flush-interval`
+    /// defaults to 1h here).
+    pub(crate) fn start_with_args(data_dir: &Path, extra: &[&str]) -> Node {
         let log = data_dir.with_extension("log");
+        let flush: &[&str] = if extra.contains(&"--flush-interval") {
+            &[]
+        } else {
+            &["--flush-interval", "1h"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
             .args([
                 "serve",
@@ -32,10 +45,13 @@ impl Node {
                 "127.0.0.1:0",
                 "--http-listen",
                 "127.0.0.1:0",
+                "--pg-listen",
+                "127.0.0.1:0",
             ])
             .arg("--data-dir")
             .arg(data_dir)
-            .args(["--flush-interval", flush_interval])
+            .args(flush)
+            .args(extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(
@@ -48,7 +64,7 @@ impl Node {
             .spawn()
             .expect("spawn gpulse serve");
         let stdout = child.stdout.take().expect("piped stdout");
-        let (mut grpc_url, mut http_url) = (None, None);
+        let (mut grpc_url, mut http_url, mut pg_url) = (None, None, None);
         let started = Instant::now();
         for line in BufReader::new(stdout).lines() {
             let line = line.expect("read stdout");
@@ -57,6 +73,9 @@ impl Node {
             }
             if let Some(i) = line.find("http://") {
                 http_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
+            }
+            if let Some(i) = line.find("postgres://") {
+                pg_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
             }
             if line.starts_with("gpulse ready") {
                 break;
@@ -73,6 +92,9 @@ impl Node {
                 .unwrap_or_else(|| panic!("no grpc:// endpoint printed; see {}", log.display())),
             http_url: http_url
                 .unwrap_or_else(|| panic!("no http:// endpoint printed; see {}", log.display())),
+            pg_url: pg_url.unwrap_or_else(|| {
+                panic!("no postgres:// endpoint printed; see {}", log.display())
+            }),
             log,
         }
     }

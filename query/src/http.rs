@@ -8,8 +8,9 @@
 //! JSON answer:
 //! `{"columns":[{"name":"ts","type":"Timestamp(ms, \"UTC\")"},...],"rows":[[...],...],"row_count":N}`.
 //! Non-finite floats are the strings `"NaN"`, `"+Inf"`, `"-Inf"`; timestamps
-//! are RFC 3339 strings. Errors: HTTP 400 (bad query) or 500 with
-//! `{"status":"error","errorType":"bad_data"|"execution","error":"..."}`.
+//! are RFC 3339 strings. Errors: HTTP 400 (bad query), 422 (the result passes
+//! the engine's [`crate::ResultLimits`]) or 500 with
+//! `{"status":"error","errorType":"bad_data"|"too_large"|"execution","error":"..."}`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -73,6 +74,7 @@ fn http_status(e: &QueryError) -> (StatusCode, &'static str) {
     match e {
         QueryError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_data"),
         QueryError::Execution(_) => (StatusCode::INTERNAL_SERVER_ERROR, "execution"),
+        QueryError::TooLarge(_) => (StatusCode::UNPROCESSABLE_ENTITY, "too_large"),
     }
 }
 

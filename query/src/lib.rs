@@ -1,11 +1,16 @@
-//! gpulse read path: DataFusion tables over [`storage`] and the HTTP query API.
+//! gpulse read path: DataFusion tables over [`storage`], the HTTP query API
+//! and the PostgreSQL wire protocol.
 //!
 //! [`QueryEngine`] owns a DataFusion `SessionContext` with the `samples` table
-//! ([`samples`]) and the `gpus` inventory ([`gpus`]); [`http::router`] serves `POST /api/v1/sql` on top of it.
-//! Queries are read-only: DDL, DML and SET statements are refused.
+//! ([`samples`]), the `gpus` inventory ([`gpus`]) and a `pg_catalog` schema (so
+//! that PostgreSQL clients can list tables); [`http::router`] serves
+//! `POST /api/v1/sql` and [`pg::serve`] the PostgreSQL protocol on top of it.
+//! Queries are read-only: DDL, DML and SET statements are refused. Results
+//! larger than the engine's [`ResultLimits`] fail instead of filling memory.
 
 pub mod gpus;
 pub mod http;
+pub mod pg;
 pub mod samples;
 
 use std::sync::Arc;
@@ -15,6 +20,7 @@ use arrow::datatypes::SchemaRef;
 use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use futures::StreamExt;
 use storage::Storage;
 
 /// A SQL query failed. Maps to an HTTP status in [`http`].
@@ -26,6 +32,80 @@ pub enum QueryError {
     /// The query was valid but failed while running (HTTP 500).
     #[error("{0}")]
     Execution(DataFusionError),
+    /// The result is larger than [`ResultLimits`] allows (HTTP 422).
+    #[error("{0}")]
+    TooLarge(LimitExceeded),
+}
+
+/// How large one query's result may be. Both front ends (HTTP and the
+/// PostgreSQL protocol) enforce the same limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResultLimits {
+    /// Most rows of one result (default 1,000,000).
+    pub max_rows: u64,
+    /// Most bytes of one result (default 1 GiB): Arrow memory of the
+    /// batches over HTTP, encoded row bytes over the PostgreSQL protocol.
+    pub max_bytes: u64,
+}
+
+impl Default for ResultLimits {
+    fn default() -> Self {
+        Self {
+            max_rows: 1_000_000,
+            max_bytes: 1 << 30,
+        }
+    }
+}
+
+/// A result passed one of the [`ResultLimits`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitExceeded {
+    #[error(
+        "the result has more than {limit} rows (--max-result-rows); add a LIMIT, a WHERE on ts, or aggregate"
+    )]
+    Rows { limit: u64 },
+    #[error(
+        "the result is larger than {limit} bytes (--max-result-bytes); select fewer columns or rows, or aggregate"
+    )]
+    Bytes { limit: u64 },
+}
+
+/// Counts what a result has produced so far against [`ResultLimits`].
+#[derive(Debug)]
+pub struct LimitCounter {
+    limits: ResultLimits,
+    rows: u64,
+    bytes: u64,
+}
+
+impl LimitCounter {
+    pub fn new(limits: ResultLimits) -> Self {
+        Self {
+            limits,
+            rows: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Adds `rows` rows of `bytes` bytes.
+    ///
+    /// # Errors
+    /// The limit that the totals now pass.
+    pub fn add(&mut self, rows: u64, bytes: u64) -> Result<(), LimitExceeded> {
+        self.rows = self.rows.saturating_add(rows);
+        self.bytes = self.bytes.saturating_add(bytes);
+        if self.rows > self.limits.max_rows {
+            return Err(LimitExceeded::Rows {
+                limit: self.limits.max_rows,
+            });
+        }
+        if self.bytes > self.limits.max_bytes {
+            return Err(LimitExceeded::Bytes {
+                limit: self.limits.max_bytes,
+            });
+        }
+        Ok(())
+    }
 }
 
 impl From<DataFusionError> for QueryError {
@@ -57,6 +137,7 @@ impl QueryResult {
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: Arc<SessionContext>,
+    limits: ResultLimits,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -68,7 +149,12 @@ impl std::fmt::Debug for QueryEngine {
 }
 
 impl QueryEngine {
+    /// An engine with the default [`ResultLimits`].
     pub fn new(storage: Arc<Storage>) -> Self {
+        Self::with_limits(storage, ResultLimits::default())
+    }
+
+    pub fn with_limits(storage: Arc<Storage>, limits: ResultLimits) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
         ctx.register_table(
@@ -78,7 +164,18 @@ impl QueryEngine {
         .expect("BUG: registering a table in a fresh context");
         ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage)))
             .expect("BUG: registering a table in a fresh context");
-        Self { ctx: Arc::new(ctx) }
+        // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
+        // functions psql's \dt and \d call (pg_table_is_visible, format_type).
+        // They read the context's catalog, so they list `samples` as it is.
+        pg::setup_catalog(&ctx);
+        Self {
+            ctx: Arc::new(ctx),
+            limits,
+        }
+    }
+
+    pub fn limits(&self) -> ResultLimits {
+        self.limits
     }
 
     /// The DataFusion context, for protocol front ends.
@@ -90,7 +187,9 @@ impl QueryEngine {
     ///
     /// # Errors
     /// [`QueryError::BadQuery`] for invalid SQL or a statement that would
-    /// change anything; [`QueryError::Execution`] when running fails.
+    /// change anything; [`QueryError::Execution`] when running fails;
+    /// [`QueryError::TooLarge`] as soon as the result passes the limits (the
+    /// query stops there).
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
         let options = SQLOptions::new()
             .with_allow_ddl(false)
@@ -98,7 +197,19 @@ impl QueryEngine {
             .with_allow_statements(false);
         let df = self.ctx.sql_with_options(query, options).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let batches = df.collect().await?;
+        let mut stream = df.execute_stream().await?;
+        let mut counter = LimitCounter::new(self.limits);
+        let mut batches = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch?;
+            counter
+                .add(
+                    batch.num_rows() as u64,
+                    batch.get_array_memory_size() as u64,
+                )
+                .map_err(QueryError::TooLarge)?;
+            batches.push(batch);
+        }
         Ok(QueryResult { schema, batches })
     }
 }

@@ -1,0 +1,438 @@
+//! The PostgreSQL wire protocol over the [`QueryEngine`].
+//!
+//! `psql`, Grafana's PostgreSQL data source and other PostgreSQL clients
+//! connect here and run SQL on the same DataFusion context as
+//! `POST /api/v1/sql`. The protocol (simple and extended query, text and
+//! binary results) and the `pg_catalog` schema come from `datafusion-postgres`
+//! (built on `pgwire`); this module adds what gpulse needs around it:
+//!
+//! - read-only: a hook refuses every statement but queries, EXPLAIN, SHOW,
+//!   transaction and cursor statements, and the `SET`s that only touch the
+//!   connection (SQLSTATE 25006). A `SET datafusion.*` would change the
+//!   context every client shares, so it is refused too.
+//! - result limits: each result's rows and encoded bytes are counted as they
+//!   are sent; past [`ResultLimits`] the query stops with SQLSTATE 54000.
+//! - errors carry a PostgreSQL SQLSTATE: 42601 for syntax errors, 42703 for
+//!   an unknown column, 42P01 for an unknown table, 42000 for other planning
+//!   errors, 0A000 for what DataFusion does not support, XX000 for failures
+//!   while running. The connection stays usable after any of them.
+//!
+//! There is no authentication: any user name and database name are accepted
+//! (bind to a loopback or otherwise trusted address). TLS is not offered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use datafusion::common::ParamValues;
+use datafusion::error::DataFusionError;
+use datafusion::logical_expr::LogicalPlan;
+use datafusion::prelude::SessionContext;
+use datafusion::sql::sqlparser::ast::{Set, Statement};
+use datafusion::sql::sqlparser::parser::ParserError;
+use datafusion_postgres::auth::AuthManager;
+use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
+use datafusion_postgres::hooks::HookClient;
+use datafusion_postgres::hooks::cursor::CursorStatementHook;
+use datafusion_postgres::hooks::set_show::SetShowHook;
+use datafusion_postgres::hooks::transactions::TransactionStatementHook;
+use datafusion_postgres::pgwire;
+use datafusion_postgres::{DfSessionService, QueryHook};
+use futures::{Sink, StreamExt};
+use pgwire::api::auth::StartupHandler;
+use pgwire::api::auth::noop::NoopStartupHandler;
+use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use pgwire::api::portal::Portal;
+use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
+use pgwire::api::results::{QueryResponse, Response};
+use pgwire::api::store::PortalStore;
+use pgwire::api::{
+    ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers,
+};
+use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
+use pgwire::messages::PgWireBackendMessage;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tracing::{debug, warn};
+
+use crate::{LimitCounter, LimitExceeded, QueryEngine, ResultLimits};
+
+/// Registers `pg_catalog` (tables and functions) in `ctx`, under the
+/// default catalog where `samples` lives.
+pub(crate) fn setup_catalog(ctx: &SessionContext) {
+    let catalog = ctx
+        .state()
+        .config()
+        .options()
+        .catalog
+        .default_catalog
+        .clone();
+    setup_pg_catalog(ctx, &catalog, Arc::new(AuthManager::default()))
+        .expect("BUG: the default catalog exists in a fresh context");
+}
+
+/// Serves the PostgreSQL protocol on `listener` until `shutdown` resolves.
+/// Then it stops accepting and closes open connections: a PostgreSQL
+/// connection is a session that may stay idle for hours, and a query cut
+/// short changes nothing (all are read-only).
+///
+/// # Errors
+/// None at present; the `Result` mirrors [`crate::http::serve`].
+pub async fn serve(
+    listener: TcpListener,
+    engine: QueryEngine,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let handlers = Arc::new(Handlers::new(&engine));
+    let mut connections = JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((socket, peer)) => {
+                    let handlers = handlers.clone();
+                    connections.spawn(async move {
+                        if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                            debug!(%peer, error = %e, "PostgreSQL connection ended with an error");
+                        }
+                    });
+                }
+                Err(e) => {
+                    // E.g. out of file descriptors: wait instead of spinning.
+                    warn!(error = %e, "accepting a PostgreSQL connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.shutdown().await;
+    Ok(())
+}
+
+/// The pgwire handlers of one server, shared by its connections.
+struct Handlers {
+    service: Arc<LimitedService>,
+    startup: Arc<Startup>,
+    cancel: Arc<DefaultCancelHandler>,
+}
+
+impl Handlers {
+    fn new(engine: &QueryEngine) -> Self {
+        let hooks: Vec<Arc<dyn QueryHook>> = vec![
+            Arc::new(ReadOnlyHook),
+            Arc::new(CursorStatementHook),
+            Arc::new(SetShowHook),
+            Arc::new(TransactionStatementHook),
+        ];
+        let inner = DfSessionService::new_with_hooks(engine.context().clone(), hooks);
+        let connections = Arc::new(ConnectionManager::new());
+        Self {
+            service: Arc::new(LimitedService {
+                inner,
+                limits: engine.limits(),
+            }),
+            startup: Arc::new(Startup {
+                connections: connections.clone(),
+            }),
+            cancel: Arc::new(DefaultCancelHandler::new(connections)),
+        }
+    }
+}
+
+impl PgWireServerHandlers for Handlers {
+    fn simple_query_handler(&self) -> Arc<impl SimpleQueryHandler> {
+        self.service.clone()
+    }
+
+    fn extended_query_handler(&self) -> Arc<impl ExtendedQueryHandler> {
+        self.service.clone()
+    }
+
+    fn startup_handler(&self) -> Arc<impl StartupHandler> {
+        self.startup.clone()
+    }
+
+    fn error_handler(&self) -> Arc<impl ErrorHandler> {
+        Arc::new(SqlStateErrors)
+    }
+
+    fn cancel_handler(&self) -> Arc<impl CancelHandler> {
+        self.cancel.clone()
+    }
+}
+
+/// Accepts every client without a password; registers the connection so
+/// that a cancel request (Ctrl-C in psql) can find it.
+struct Startup {
+    connections: Arc<ConnectionManager>,
+}
+
+impl NoopStartupHandler for Startup {
+    fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
+        Some(self.connections.clone())
+    }
+}
+
+/// datafusion-postgres' session service with [`ResultLimits`] on every result.
+struct LimitedService {
+    inner: DfSessionService,
+    limits: ResultLimits,
+}
+
+impl LimitedService {
+    fn limit(&self, response: Response) -> Response {
+        match response {
+            Response::Query(q) => Response::Query(limit_rows(q, self.limits)),
+            other => other,
+        }
+    }
+}
+
+/// Wraps a result's row stream so that it ends with an error as soon as the
+/// rows sent pass `limits`. Rows are counted as they are encoded, so nothing
+/// beyond one batch is held.
+fn limit_rows(mut response: QueryResponse, limits: ResultLimits) -> QueryResponse {
+    let tag = response.command_tag().to_owned();
+    let rows = std::mem::replace(&mut response.data_rows, Box::pin(futures::stream::empty()));
+    let mut counter = LimitCounter::new(limits);
+    let rows = rows.scan(false, move |failed, row| {
+        if *failed {
+            return futures::future::ready(None);
+        }
+        let item = row.and_then(|row| match counter.add(1, row.data.len() as u64) {
+            Ok(()) => Ok(row),
+            Err(e) => {
+                *failed = true;
+                Err(limit_error(&e))
+            }
+        });
+        futures::future::ready(Some(item))
+    });
+    let mut limited = QueryResponse::new(response.row_schema(), rows);
+    limited.set_command_tag(&tag);
+    limited
+}
+
+fn limit_error(e: &LimitExceeded) -> PgWireError {
+    // 54000: program_limit_exceeded.
+    user_error("54000", e.to_string())
+}
+
+fn user_error(code: &str, message: String) -> PgWireError {
+    PgWireError::UserError(Box::new(ErrorInfo::new(
+        "ERROR".to_owned(),
+        code.to_owned(),
+        message,
+    )))
+}
+
+#[async_trait]
+impl SimpleQueryHandler for LimitedService {
+    async fn do_query<C>(&self, client: &mut C, query: &str) -> PgWireResult<Vec<Response>>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore,
+        C::Error: std::fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let responses =
+            <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query).await?;
+        Ok(responses.into_iter().map(|r| self.limit(r)).collect())
+    }
+}
+
+#[async_trait]
+impl ExtendedQueryHandler for LimitedService {
+    type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
+    type QueryParser = <DfSessionService as ExtendedQueryHandler>::QueryParser;
+
+    fn query_parser(&self) -> Arc<Self::QueryParser> {
+        self.inner.query_parser()
+    }
+
+    async fn do_query<C>(
+        &self,
+        client: &mut C,
+        portal: &Portal<Self::Statement>,
+        max_rows: usize,
+    ) -> PgWireResult<Response>
+    where
+        C: ClientInfo + ClientPortalStore + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::PortalStore: PortalStore<Statement = Self::Statement>,
+        C::Error: std::fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        let response = <DfSessionService as ExtendedQueryHandler>::do_query(
+            &self.inner,
+            client,
+            portal,
+            max_rows,
+        )
+        .await?;
+        Ok(self.limit(response))
+    }
+}
+
+/// Connection-local settings that `SET` may change (datafusion-postgres
+/// keeps them per connection). Any other `SET` goes to DataFusion, whose
+/// options are shared by all clients.
+const CONNECTION_SETTINGS: &[&str] = &[
+    "statement_timeout",
+    "datestyle",
+    "bytea_output",
+    "intervalstyle",
+    "application_name",
+    "extra_float_digits",
+    "search_path",
+    "client_encoding",
+    "client_min_messages",
+    "standard_conforming_strings",
+];
+
+/// Why `statement` may not run, or `None` if it is read-only.
+fn refusal(statement: &Statement) -> Option<String> {
+    match statement {
+        Statement::Query(_)
+        | Statement::ExplainTable { .. }
+        | Statement::ShowVariable { .. }
+        | Statement::ShowVariables { .. }
+        | Statement::ShowTables { .. }
+        | Statement::ShowColumns { .. }
+        | Statement::ShowCatalogs { .. }
+        | Statement::ShowSchemas { .. }
+        | Statement::StartTransaction { .. }
+        | Statement::Commit { .. }
+        | Statement::Rollback { .. }
+        | Statement::Declare { .. }
+        | Statement::Fetch { .. }
+        | Statement::Close { .. } => None,
+        Statement::Explain { statement, .. } => match statement.as_ref() {
+            Statement::Query(_) => None,
+            _ => Some(read_only_message(statement)),
+        },
+        Statement::Set(Set::SetTimeZone { local: false, .. }) => None,
+        Statement::Set(Set::SingleAssignment {
+            scope: None,
+            hivevar: false,
+            variable,
+            ..
+        }) => {
+            let name = variable.to_string().to_lowercase();
+            if CONNECTION_SETTINGS.contains(&name.as_str()) {
+                None
+            } else {
+                Some(format!(
+                    "SET {name} is not allowed: gpulse's query settings are shared by every client; \
+                     a connection may SET only {} and TIME ZONE",
+                    CONNECTION_SETTINGS.join(", ")
+                ))
+            }
+        }
+        Statement::Set(_) => Some(format!(
+            "{statement} is not allowed: a connection may SET only {} and TIME ZONE",
+            CONNECTION_SETTINGS.join(", ")
+        )),
+        _ => Some(read_only_message(statement)),
+    }
+}
+
+fn read_only_message(statement: &Statement) -> String {
+    let text = statement.to_string();
+    let head: String = text.chars().take(60).collect();
+    let more = if head.len() < text.len() { "..." } else { "" };
+    format!(
+        "gpulse is read-only: only queries (SELECT, WITH, VALUES), EXPLAIN, SHOW and connection \
+         SETs may run, not {head}{more}"
+    )
+}
+
+/// Refuses what [`refusal`] names, in both the simple and the extended
+/// protocol; lets everything else through to the next hooks.
+struct ReadOnlyHook;
+
+impl ReadOnlyHook {
+    fn check(statement: &Statement) -> Option<PgWireError> {
+        // 25006: read_only_sql_transaction.
+        refusal(statement).map(|m| user_error("25006", m))
+    }
+}
+
+#[async_trait]
+impl QueryHook for ReadOnlyHook {
+    async fn handle_simple_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        Self::check(statement).map(Err)
+    }
+
+    async fn handle_extended_parse_query(
+        &self,
+        statement: &Statement,
+        _session_context: &SessionContext,
+        _client: &(dyn ClientInfo + Send + Sync),
+    ) -> Option<PgWireResult<LogicalPlan>> {
+        Self::check(statement).map(Err)
+    }
+
+    async fn handle_extended_query(
+        &self,
+        statement: &Statement,
+        _logical_plan: &LogicalPlan,
+        _params: &ParamValues,
+        _session_context: &SessionContext,
+        _client: &mut dyn HookClient,
+    ) -> Option<PgWireResult<Response>> {
+        Self::check(statement).map(Err)
+    }
+}
+
+/// Gives DataFusion and parser errors a PostgreSQL SQLSTATE and the same
+/// message as the HTTP API; other errors keep pgwire's mapping.
+struct SqlStateErrors;
+
+impl ErrorHandler for SqlStateErrors {
+    fn on_error<C>(&self, _client: &C, error: &mut PgWireError)
+    where
+        C: ClientInfo,
+    {
+        with_sqlstate(error);
+    }
+}
+
+fn with_sqlstate(error: &mut PgWireError) {
+    if let Some((code, message)) = sqlstate(error) {
+        debug!(code, %message, "query failed");
+        *error = user_error(code, message);
+    }
+}
+
+fn sqlstate(error: &PgWireError) -> Option<(&'static str, String)> {
+    let PgWireError::ApiError(e) = error else {
+        return None;
+    };
+    if let Some(p) = e.downcast_ref::<ParserError>() {
+        return Some(("42601", p.to_string()));
+    }
+    let e = e.downcast_ref::<DataFusionError>()?;
+    let code = match e.find_root() {
+        DataFusionError::SQL(..) => "42601",
+        DataFusionError::SchemaError(s, _) => match s.as_ref() {
+            datafusion::common::SchemaError::FieldNotFound { .. } => "42703",
+            _ => "42000",
+        },
+        DataFusionError::Plan(m) if m.contains("not found") && m.contains("table") => "42P01",
+        DataFusionError::Plan(_) => "42000",
+        DataFusionError::NotImplemented(_) => "0A000",
+        _ => "XX000",
+    };
+    // The same text as over HTTP (QueryError shows the DataFusion error as is).
+    Some((code, e.to_string()))
+}
+
+#[cfg(test)]
+mod tests;
