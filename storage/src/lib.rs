@@ -16,6 +16,7 @@ pub mod error;
 pub mod files;
 pub mod gorilla;
 mod head;
+pub mod rollup;
 pub mod segment;
 pub mod series;
 pub mod wal;
@@ -26,6 +27,8 @@ pub use db::{
 };
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
+pub use rollup::file::RollupFile;
+pub use rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 pub use segment::writer::SegmentSummary;
 pub use series::{Label, Matcher, Pattern, SeriesKey};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};
