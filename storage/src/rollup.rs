@@ -85,10 +85,10 @@ impl RollupTier {
         }
     }
 
-    /// Start of the window that holds `ts_ms` (windows are aligned to the epoch, UTC).
+    /// Start of the window that holds `ts_ms` (windows are aligned to the
+    /// epoch, UTC). Saturates at `i64::MIN` for the first partial window.
     pub fn window_start(self, ts_ms: i64) -> i64 {
-        let w = self.window_ms();
-        ts_ms.div_euclid(w) * w
+        ts_ms.saturating_sub(ts_ms.rem_euclid(self.window_ms()))
     }
 
     pub(crate) fn index(self) -> usize {
