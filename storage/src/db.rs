@@ -531,7 +531,8 @@ impl Storage {
                 continue;
             }
             i += 1;
-            let seen = |key: &SeriesKey, ts| flushed.as_deref().is_some_and(|s| s.has_sample(key, ts));
+            let seen =
+                |key: &SeriesKey, ts| flushed.as_deref().is_some_and(|s| s.has_sample(key, ts));
             match head.append_with(r, t, v, true, seen) {
                 Appended::InOrder => out.accepted += 1,
                 Appended::OutOfOrder => {
@@ -811,7 +812,10 @@ impl Storage {
             }
         }
         let wal_cut = sources.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
-        let covers = sources.iter().flat_map(|f| f.covers().iter().copied()).collect();
+        let covers = sources
+            .iter()
+            .flat_map(|f| f.covers().iter().copied())
+            .collect();
         let merged = Arc::new(self.write_rollups(wal_cut, &tables, Some(covers))?);
         let mut state = lock!(self.state.write());
         state
@@ -1014,7 +1018,9 @@ impl Storage {
         }
         let mut sources = stale;
         for f in &files {
-            if f.min_window(RollupTier::Minute).is_none() && !sources.iter().any(|s| Arc::ptr_eq(s, f)) {
+            if f.min_window(RollupTier::Minute).is_none()
+                && !sources.iter().any(|s| Arc::ptr_eq(s, f))
+            {
                 sources.push(f.clone());
             }
         }
@@ -1283,9 +1289,7 @@ fn open_rollups(
     }
     let all = out.clone();
     out.retain(|f| {
-        let leftover = all
-            .iter()
-            .any(|g| g.id() > f.id() && g.covers_id(f.id()));
+        let leftover = all.iter().any(|g| g.id() > f.id() && g.covers_id(f.id()));
         if leftover {
             warn!(file = %f.path().display(), "deleting a merged rollup file's leftover source");
             f.delete_when_unused();

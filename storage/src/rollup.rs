@@ -111,13 +111,7 @@ pub enum RollupLevel {
 }
 
 impl RollupLevel {
-    pub const ALL: [RollupLevel; 5] = [
-        Self::Gpu,
-        Self::Host,
-        Self::Rack,
-        Self::Row,
-        Self::Cluster,
-    ];
+    pub const ALL: [RollupLevel; 5] = [Self::Gpu, Self::Host, Self::Rack, Self::Row, Self::Cluster];
 
     pub(crate) fn index(self) -> usize {
         self as usize
@@ -163,11 +157,7 @@ impl RollupGroup {
     /// This group projected to a coarser (or the same) level.
     pub fn at_level(&self, level: RollupLevel) -> Self {
         let keep = |l: RollupLevel, s: &String| {
-            if level <= l {
-                s.clone()
-            } else {
-                String::new()
-            }
+            if level <= l { s.clone() } else { String::new() }
         };
         Self {
             metric: self.metric.clone(),
@@ -399,8 +389,7 @@ impl Query<'_> {
         }
         let tier = self.tier;
         let (min_ts, max_ts) = (self.min_ts, self.max_ts);
-        let overlaps =
-            |ws: i64| ws <= max_ts && ws.saturating_add(tier.window_ms() - 1) >= min_ts;
+        let overlaps = |ws: i64| ws <= max_ts && ws.saturating_add(tier.window_ms() - 1) >= min_ts;
         let mut picked = minutes
             .iter()
             .map(|r| r.in_tier(tier))

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use memmap2::Mmap;
 
 use super::{RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
-use crate::codec::{Reader, ReadResult, put_str, put_uvarint, put_varint};
+use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
 use crate::error::Corruption;
 use crate::segment::writer::sync_dir;
 use crate::{Error, Result};
@@ -237,9 +237,7 @@ impl RollupFile {
         let wal_cut = u64_at(b, fo + 24);
         let min_ts = u64_at(b, fo + 32) as i64;
         let max_ts = u64_at(b, fo + 40) as i64;
-        if covers_off < HEADER_LEN as u64
-            || covers_off.checked_add(covers_len) != Some(fo as u64)
-        {
+        if covers_off < HEADER_LEN as u64 || covers_off.checked_add(covers_len) != Some(fo as u64) {
             return Err(bad(fo as u64, Corruption::OutOfBounds { what: "covers" }));
         }
         let (co, cl) = (covers_off as usize, covers_len as usize);
@@ -256,9 +254,7 @@ impl RollupFile {
         }
         let mut covers = Vec::new();
         let mut r = Reader::new(&b[co..co + cl], co as u64);
-        let n = r
-            .len("covers count", cl)
-            .map_err(|e| corrupt(path, e))?;
+        let n = r.len("covers count", cl).map_err(|e| corrupt(path, e))?;
         for _ in 0..n {
             let lo = r.uvarint("covers").map_err(|e| corrupt(path, e))?;
             let d = r.uvarint("covers").map_err(|e| corrupt(path, e))?;
@@ -275,21 +271,39 @@ impl RollupFile {
         let mut pos = HEADER_LEN;
         while pos < co {
             if co - pos < BLOCK_HEADER_LEN {
-                return Err(bad(pos as u64, Corruption::OutOfBounds { what: "block header" }));
+                return Err(bad(
+                    pos as u64,
+                    Corruption::OutOfBounds {
+                        what: "block header",
+                    },
+                ));
             }
             let h = &b[pos..pos + BLOCK_HEADER_LEN];
             let (Some(tier), Some(level)) =
                 (RollupTier::from_index(h[0]), RollupLevel::from_index(h[1]))
             else {
-                return Err(bad(pos as u64, Corruption::OutOfBounds { what: "tier or level" }));
+                return Err(bad(
+                    pos as u64,
+                    Corruption::OutOfBounds {
+                        what: "tier or level",
+                    },
+                ));
             };
             if h[2] != 0 || h[3] != 0 {
-                return Err(bad(pos as u64 + 2, Corruption::OutOfBounds { what: "reserved" }));
+                return Err(bad(
+                    pos as u64 + 2,
+                    Corruption::OutOfBounds { what: "reserved" },
+                ));
             }
             let plen = u32_at(h, 4) as usize;
             let start = pos + BLOCK_HEADER_LEN;
             if plen > co - start {
-                return Err(bad(pos as u64 + 4, Corruption::OutOfBounds { what: "block length" }));
+                return Err(bad(
+                    pos as u64 + 4,
+                    Corruption::OutOfBounds {
+                        what: "block length",
+                    },
+                ));
             }
             let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..24]), &b[start..start + plen]);
             if u32_at(h, 24) != crc {
@@ -316,7 +330,12 @@ impl RollupFile {
             pos = start + plen;
         }
         if blocks.len() as u64 != n_blocks {
-            return Err(bad(fo as u64 + 16, Corruption::OutOfBounds { what: "block count" }));
+            return Err(bad(
+                fo as u64 + 16,
+                Corruption::OutOfBounds {
+                    what: "block count",
+                },
+            ));
         }
         Ok(Self {
             id,
@@ -388,8 +407,13 @@ impl RollupFile {
             if b.tier != tier || b.level != level || b.max_ws < min_ws || b.min_ws > max_ws {
                 continue;
             }
-            decode_payload(&self.map[b.start..b.start + b.len], b.start as u64, b, &mut f)
-                .map_err(|e| corrupt(&self.path, e))?;
+            decode_payload(
+                &self.map[b.start..b.start + b.len],
+                b.start as u64,
+                b,
+                &mut f,
+            )
+            .map_err(|e| corrupt(&self.path, e))?;
         }
         Ok(())
     }

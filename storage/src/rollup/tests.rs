@@ -137,7 +137,13 @@ fn check(st: &Storage, stored: &Model) -> Result<(), TestCaseError> {
                     prop_assert_eq!((r.first_ts_ms, r.first), n.first, "{}", ctx);
                     prop_assert_eq!((r.last_ts_ms, r.last), n.last, "{}", ctx);
                     let tol = 1e-12 * n.sum.abs().max(1.0);
-                    prop_assert!((r.sum - n.sum).abs() <= tol, "{} sum {} vs {}", ctx, r.sum, n.sum);
+                    prop_assert!(
+                        (r.sum - n.sum).abs() <= tol,
+                        "{} sum {} vs {}",
+                        ctx,
+                        r.sum,
+                        n.sum
+                    );
                 }
             }
         }
@@ -349,7 +355,11 @@ fn rollups_survive_raw_retention() {
             assert_eq!(got.len(), want.len());
         }
     }
-    assert_eq!(st.rollup_files(), 1, "expired files merged into one archive");
+    assert_eq!(
+        st.rollup_files(),
+        1,
+        "expired files merged into one archive"
+    );
     drop(st);
     let st = Storage::open(cfg).unwrap();
     assert_eq!(st.rollup_files(), 1);
@@ -393,9 +403,15 @@ fn filters_and_time_range() {
     assert!(!want.is_empty());
     assert_eq!(got.len(), want.len());
     for ((g, recs), (wg, ws)) in got.iter().zip(&want) {
-        assert_eq!([&g.metric, &g.cluster, &g.row, &g.rack], [&wg[0], &wg[1], &wg[2], &wg[3]]);
+        assert_eq!(
+            [&g.metric, &g.cluster, &g.row, &g.rack],
+            [&wg[0], &wg[1], &wg[2], &wg[3]]
+        );
         assert_eq!(g.host, "");
-        assert_eq!(recs.iter().map(|r| r.window_start_ms).collect::<Vec<_>>(), *ws);
+        assert_eq!(
+            recs.iter().map(|r| r.window_start_ms).collect::<Vec<_>>(),
+            *ws
+        );
     }
 }
 
@@ -413,8 +429,18 @@ fn corrupt_rollup_file_is_quarantined_not_a_panic() {
     bytes[20] ^= 0x40;
     std::fs::write(&path, &bytes).unwrap();
     let st = Storage::open(cfg).unwrap();
-    assert_eq!(st.metrics().rollup_files_quarantined.load(std::sync::atomic::Ordering::Relaxed), 1);
-    assert!(dir.path().join("quarantine").join(crate::files::rollup_file_name(1)).exists());
+    assert_eq!(
+        st.metrics()
+            .rollup_files_quarantined
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(
+        dir.path()
+            .join("quarantine")
+            .join(crate::files::rollup_file_name(1))
+            .exists()
+    );
     assert_eq!(st.rollup_files(), 0);
 }
 
@@ -422,26 +448,37 @@ fn corrupt_rollup_file_is_quarantined_not_a_panic() {
 #[test]
 fn every_truncation_and_flip_is_detected() {
     let mut tables = empty_tables();
-    let mut g = RollupGroup::default();
-    g.metric = "m".into();
-    g.gpu = "3".into();
+    let g = RollupGroup {
+        metric: "m".into(),
+        gpu: "3".into(),
+        ..Default::default()
+    };
     add_to_tables(
         &mut tables,
         &g,
-        &[RollupRecord::of_sample(60_000, 61_000, 2.5), RollupRecord::of_sample(180_000, 180_500, -1.0)],
+        &[
+            RollupRecord::of_sample(60_000, 61_000, 2.5),
+            RollupRecord::of_sample(180_000, 180_500, -1.0),
+        ],
     );
     let bytes = file::encode(7, &[(4, 4)], &tables);
     let f = file::RollupFile::from_bytes(&bytes).unwrap();
     assert_eq!(f.wal_cut(), 7);
     assert_eq!(f.covers(), [(4, 4)]);
     for n in 0..bytes.len() {
-        assert!(file::RollupFile::from_bytes(&bytes[..n]).is_err(), "truncated at {n}");
+        assert!(
+            file::RollupFile::from_bytes(&bytes[..n]).is_err(),
+            "truncated at {n}"
+        );
     }
     for i in 0..bytes.len() {
         for bit in 0..8 {
             let mut b = bytes.clone();
             b[i] ^= 1 << bit;
-            assert!(file::RollupFile::from_bytes(&b).is_err(), "flip at {i} bit {bit}");
+            assert!(
+                file::RollupFile::from_bytes(&b).is_err(),
+                "flip at {i} bit {bit}"
+            );
         }
     }
 }
