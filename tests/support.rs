@@ -36,6 +36,9 @@ impl Node {
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--flush-interval", flush_interval])
+            // Some scenarios write timestamps near the epoch (1970); the default
+            // 7-day raw retention would delete them at the first upkeep.
+            .args(["--retention", "36500d"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(
