@@ -149,10 +149,18 @@ pub(crate) struct NodeArgs {
     /// survives a crash of the process (kill -9) but not of the machine.
     #[arg(long, env = "GPULSE_WAL_FSYNC")]
     pub(crate) wal_fsync: bool,
-    /// Delete raw samples older than this, e.g. 7d (default: keep forever;
-    /// raw data is the only tier until rollups exist).
-    #[arg(long, env = "GPULSE_RETENTION", value_parser = duration)]
-    pub(crate) retention: Option<Duration>,
+    /// Delete raw samples older than this; their 1 min / 1 h / 1 d rollups stay.
+    #[arg(long, env = "GPULSE_RETENTION", default_value = "7d", value_parser = duration)]
+    pub(crate) retention: Duration,
+    /// Delete 1-minute rollup records older than this (1 h and 1 d records stay).
+    #[arg(long = "retention-1m", env = "GPULSE_RETENTION_1M", default_value = "30d", value_parser = duration)]
+    pub(crate) retention_1m: Duration,
+    /// Delete 1-hour rollup records older than this.
+    #[arg(long = "retention-1h", env = "GPULSE_RETENTION_1H", default_value = "400d", value_parser = duration)]
+    pub(crate) retention_1h: Duration,
+    /// Delete 1-day rollup records older than this.
+    #[arg(long = "retention-1d", env = "GPULSE_RETENTION_1D", default_value = "1825d", value_parser = duration)]
+    pub(crate) retention_1d: Duration,
     /// How far behind a series' newest sample a late sample is still stored;
     /// older ones are dropped and counted. Equal timestamps: the first write wins.
     #[arg(long, env = "GPULSE_OOO_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]

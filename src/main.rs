@@ -113,7 +113,10 @@ fn serve_config(node: &NodeArgs) -> ServeConfig {
             max_bytes: node.max_result_bytes,
         },
         flush_interval: node.flush_interval,
-        retention: node.retention,
+        retention: Some(node.retention),
+        retention_1m: Some(node.retention_1m),
+        retention_1h: Some(node.retention_1h),
+        retention_1d: Some(node.retention_1d),
         ooo_window: node.ooo_window,
         wal_sync: if node.wal_fsync {
             storage::SyncPolicy::Fsync

@@ -30,6 +30,9 @@ pub(crate) struct ServeConfig {
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
+    pub(crate) retention_1m: Option<Duration>,
+    pub(crate) retention_1h: Option<Duration>,
+    pub(crate) retention_1d: Option<Duration>,
     pub(crate) ooo_window: Duration,
 }
 
@@ -75,6 +78,9 @@ impl Server {
         let mut storage_config = StorageConfig::new(&config.data_dir);
         storage_config.wal_sync = config.wal_sync;
         storage_config.retention = config.retention;
+        storage_config.retention_1m = config.retention_1m;
+        storage_config.retention_1h = config.retention_1h;
+        storage_config.retention_1d = config.retention_1d;
         storage_config.ooo_window = config.ooo_window;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?

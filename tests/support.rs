@@ -52,6 +52,9 @@ impl Node {
             .arg(data_dir)
             .args(flush)
             .args(extra)
+            // Some scenarios write timestamps near the epoch (1970); the default
+            // 7-day raw retention would delete them at the first upkeep.
+            .args(["--retention", "36500d"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(

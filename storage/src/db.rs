@@ -17,20 +17,30 @@
 //! sample in the head at a freeze is in the WAL before the cut, and every
 //! sample after it is in the WAL after the cut. A query sees every sample
 //! exactly once, whether a flush is running or not.
+//!
+//! Rollups ([`crate::rollup`]): every sample the head accepts is folded into
+//! the head's rollups under the same head lock; a flush takes them out with
+//! the chunks, writes them to a rollup file *before* the segment, and
+//! [`Storage::select_rollups`] merges rollup files, a flush in progress and
+//! the head under the same `state` -> `head` locks as [`Storage::select`].
 
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
 use tracing::{error, info, warn};
 
 use crate::error::Error;
-use crate::files::{self, QUARANTINE_DIR, SEGMENTS_DIR, TMP_EXT};
+use crate::files::{self, QUARANTINE_DIR, ROLLUPS_DIR, SEGMENTS_DIR, TMP_EXT};
 use crate::gorilla::GorillaDecoder;
 use crate::head::{Appended, FrozenSeries, Head, MemChunk, SeriesRef};
+use crate::rollup::file::{self as rollup_file, RollupFile};
+use crate::rollup::{
+    Query, RollupDelta, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier,
+};
 use crate::segment::writer::{SegmentSummary, write_segment};
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{Matcher, SeriesKey};
@@ -59,9 +69,16 @@ pub struct StorageConfig {
     /// Size at which a WAL segment is closed and the next one started. Default 128 MiB.
     pub wal_segment_bytes: u64,
     /// Raw samples older than this (by their timestamp, against the wall
-    /// clock) are deleted, a segment at a time. Default `None`: kept forever,
-    /// since raw data is the only tier until rollups exist.
+    /// clock) are deleted, a segment at a time; their rollups stay. Default 7 d;
+    /// `None` keeps them forever.
     pub retention: Option<std::time::Duration>,
+    /// 1-minute rollup records whose window ended longer ago than this are
+    /// dropped (the 1 h and 1 d records stay). Default 30 d; `None`: forever.
+    pub retention_1m: Option<std::time::Duration>,
+    /// As `retention_1m`, for 1-hour records. Default 400 d.
+    pub retention_1h: Option<std::time::Duration>,
+    /// As `retention_1m`, for 1-day records. Default 5 × 365 d.
+    pub retention_1d: Option<std::time::Duration>,
     /// [`Storage::compact`] merges the segments of each finished window of this
     /// length into one. Default 2 h.
     pub compaction_window: std::time::Duration,
@@ -70,7 +87,18 @@ pub struct StorageConfig {
     pub ooo_window: std::time::Duration,
 }
 
+const DAY_S: u64 = 86_400;
+
 impl StorageConfig {
+    /// Retention of a rollup tier.
+    pub fn rollup_retention(&self, tier: RollupTier) -> Option<std::time::Duration> {
+        match tier {
+            RollupTier::Minute => self.retention_1m,
+            RollupTier::Hour => self.retention_1h,
+            RollupTier::Day => self.retention_1d,
+        }
+    }
+
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
         Self {
             data_dir: data_dir.into(),
@@ -78,7 +106,10 @@ impl StorageConfig {
             max_series: 5_000_000,
             wal_sync: SyncPolicy::Os,
             wal_segment_bytes: 128 << 20,
-            retention: None,
+            retention: Some(std::time::Duration::from_secs(7 * DAY_S)),
+            retention_1m: Some(std::time::Duration::from_secs(30 * DAY_S)),
+            retention_1h: Some(std::time::Duration::from_secs(400 * DAY_S)),
+            retention_1d: Some(std::time::Duration::from_secs(5 * 365 * DAY_S)),
             compaction_window: std::time::Duration::from_secs(2 * 3600),
             ooo_window: std::time::Duration::from_secs(600),
         }
@@ -106,6 +137,12 @@ pub struct StorageMetrics {
     pub wal_orphan_samples: AtomicU64,
     /// Batches dropped whole because their producer's sequence number was already stored.
     pub batches_duplicate: AtomicU64,
+    /// Rollup files moved to quarantine/ because they failed validation.
+    pub rollup_files_quarantined: AtomicU64,
+    /// Rollup file blocks that failed to decode at query time (skipped).
+    pub rollup_read_errors: AtomicU64,
+    /// Rollup files written by merges (compaction and downsampling).
+    pub rollup_compactions: AtomicU64,
 }
 
 /// Who sent a batch, for de-duplication of re-sends: a producer (an agent's
@@ -195,6 +232,35 @@ struct State {
     segments: Vec<Arc<Segment>>,
     /// Head data being written to a segment; visible to queries meanwhile.
     frozen: Option<Arc<Vec<FrozenSeries>>>,
+    /// Rollup files, by id.
+    rollups: Vec<Arc<RollupFile>>,
+    /// Head rollups being written to a rollup file; visible to queries meanwhile.
+    frozen_rollup: Option<Arc<RollupDelta>>,
+}
+
+impl State {
+    /// Whether a segment or the flush in progress holds a sample of `key` at `ts_ms`.
+    fn has_sample(&self, key: &SeriesKey, ts_ms: i64) -> bool {
+        self.frozen
+            .as_deref()
+            .is_some_and(|f| frozen_has_sample(f, key, ts_ms))
+            || segments_have_sample(&self.segments, key, ts_ms)
+    }
+}
+
+fn segments_have_sample(segments: &[Arc<Segment>], key: &SeriesKey, ts_ms: i64) -> bool {
+    segments.iter().any(|s| s.has_sample(key, ts_ms))
+}
+
+fn frozen_has_sample(frozen: &[FrozenSeries], key: &SeriesKey, ts_ms: i64) -> bool {
+    let Ok(i) = frozen.binary_search_by(|(k, _)| k.as_ref().cmp(key)) else {
+        return false;
+    };
+    frozen[i]
+        .1
+        .iter()
+        .filter(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts)
+        .any(|c| GorillaDecoder::new(&c.bytes, c.count).any(|s| s.is_ok_and(|(t, _)| t == ts_ms)))
 }
 
 /// The storage engine of one data directory. Thread-safe.
@@ -208,6 +274,7 @@ pub struct Storage {
     gate: RwLock<()>,
     wal: Wal,
     next_segment: AtomicU64,
+    next_rollup: AtomicU64,
     metrics: StorageMetrics,
     replay: ReplayReport,
     producers: Producers,
@@ -278,6 +345,7 @@ impl Storage {
             }
         }
         let segments = drop_compacted_sources(segments, &q_dir, &metrics)?;
+        let (rollups, max_rollup_id) = open_rollups(&config.data_dir, &q_dir, &metrics)?;
         let samples: u64 = segments.iter().map(|s| s.num_samples()).sum();
         let mut head = Head::new(
             config.max_chunk_samples,
@@ -286,7 +354,15 @@ impl Storage {
         );
         let producers = Producers::default();
         let inventory = crate::inventory::Inventory::open(&config.data_dir)?;
-        let replay = replay_wal(&config.data_dir, &segments, &mut head, &producers, &metrics)?;
+        let rollup_cut = rollups.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
+        let replay = replay_wal(
+            &config.data_dir,
+            &segments,
+            rollup_cut,
+            &mut head,
+            &producers,
+            &metrics,
+        )?;
         let mut checkpoint = Vec::new();
         head.checkpoint(&mut checkpoint);
         producers.checkpoint(&mut checkpoint);
@@ -311,12 +387,15 @@ impl Storage {
             state: RwLock::new(State {
                 segments,
                 frozen: None,
+                rollups,
+                frozen_rollup: None,
             }),
             head: RwLock::new(head),
             flush_lock: Mutex::new(()),
             gate: RwLock::new(()),
             wal,
             next_segment: AtomicU64::new(max_id + 1),
+            next_rollup: AtomicU64::new(max_rollup_id + 1),
             metrics,
             replay,
             producers,
@@ -446,8 +525,23 @@ impl Storage {
         }
         let mut head = lock!(self.head.write());
         let mut out = AppendOutcome::default();
-        for ((&r, &t), &v) in refs.iter().zip(ts_ms).zip(values) {
-            match head.append(r, t, v) {
+        // Taken only for a late sample that may repeat a flushed timestamp. The
+        // gate keeps freezes out, so `maybe_flushed` cannot change meanwhile;
+        // the head lock is let go first to keep the lock order state -> head.
+        let mut flushed: Option<RwLockReadGuard<'_, State>> = None;
+        let mut i = 0;
+        while i < refs.len() {
+            let (r, t, v) = (refs[i], ts_ms[i], values[i]);
+            if flushed.is_none() && head.maybe_flushed(r, t) {
+                drop(head);
+                flushed = Some(lock!(self.state.read()));
+                head = lock!(self.head.write());
+                continue;
+            }
+            i += 1;
+            let seen =
+                |key: &SeriesKey, ts| flushed.as_deref().is_some_and(|s| s.has_sample(key, ts));
+            match head.append_with(r, t, v, true, seen) {
                 Appended::InOrder => out.accepted += 1,
                 Appended::OutOfOrder => {
                     out.accepted += 1;
@@ -458,6 +552,7 @@ impl Storage {
             }
         }
         drop(head);
+        drop(flushed);
         let m = &self.metrics;
         m.samples_appended.fetch_add(out.accepted as u64, Relaxed);
         m.samples_out_of_order
@@ -487,6 +582,7 @@ impl Storage {
                 .unwrap_or_default();
             let mut head = lock!(self.head.write());
             let mut fresh = head.freeze();
+            let fresh_rollup = head.take_rollups();
             let mut checkpoint = Vec::new();
             head.checkpoint(&mut checkpoint);
             drop(head);
@@ -501,6 +597,13 @@ impl Storage {
             }
             let frozen = Arc::new(carried);
             state.frozen = Some(frozen.clone());
+            let mut rollup = state
+                .frozen_rollup
+                .take()
+                .map(|f| (*f).clone())
+                .unwrap_or_default();
+            rollup.extend(fresh_rollup);
+            state.frozen_rollup = (!rollup.is_empty()).then(|| Arc::new(rollup));
             // Samples from here on go to WAL segments at or after `cut`.
             let cut = self
                 .wal
@@ -510,6 +613,24 @@ impl Storage {
         };
 
         let started = Instant::now();
+        // Rollups first: a crash before the segment is durable leaves the WAL
+        // in place, and replay then refills the head but not the rollups (the
+        // WAL below this file's cut is counted in it).
+        let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
+        if let Some(delta) = frozen_rollup {
+            let file = self.write_rollups(cut, &crate::rollup::delta_tables(&delta), None);
+            match file {
+                Ok(file) => {
+                    let mut state = lock!(self.state.write());
+                    state.rollups.push(Arc::new(file));
+                    state.frozen_rollup = None;
+                }
+                Err(e) => {
+                    error!(error = %e, "flush failed writing rollups; the data stays in memory and is retried by the next flush");
+                    return Err(e);
+                }
+            }
+        }
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
@@ -600,6 +721,155 @@ impl Storage {
             .collect()
     }
 
+    /// Writes a rollup file covering `covers` (a new id of its own when
+    /// `None`) and opens it.
+    fn write_rollups(
+        &self,
+        wal_cut: u64,
+        tables: &crate::rollup::Tables,
+        covers: Option<Vec<(u64, u64)>>,
+    ) -> Result<RollupFile> {
+        let id = self.next_rollup.fetch_add(1, Relaxed);
+        let covers = rollup_file::union_covers(
+            covers
+                .unwrap_or_default()
+                .into_iter()
+                .chain([(id, id)])
+                .collect(),
+        );
+        let tmp = files::rollup_tmp_path(&self.config.data_dir, id);
+        let dst = files::rollup_path(&self.config.data_dir, id);
+        let done = rollup_file::write(&tmp, &dst, wal_cut, &covers, tables)
+            .and_then(|()| RollupFile::open(&dst, id));
+        if done.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        done
+    }
+
+    /// Groups matching `filter` with their records whose window overlaps
+    /// `[min_ts, max_ts]`; groups sorted, records in window order. Merges the
+    /// rollup files, a flush in progress and the head, so it counts every
+    /// stored sample exactly once. A file block that fails to decode is
+    /// logged, counted (`rollup_read_errors`) and skipped.
+    pub fn select_rollups(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
+        let mut q = Query {
+            tier,
+            level,
+            filter,
+            min_ts,
+            max_ts,
+            out: Default::default(),
+        };
+        if min_ts > max_ts {
+            return Vec::new();
+        }
+        let state = lock!(self.state.read());
+        for f in &state.rollups {
+            let read = f.for_each(tier, level, tier.window_start(min_ts), max_ts, |g, r| {
+                if q.overlaps(r.window_start_ms) && filter.matches(g) {
+                    q.add_record(g, r);
+                }
+            });
+            if let Err(e) = read {
+                error!(error = %e, "rollup file block does not decode; skipped");
+                self.metrics.rollup_read_errors.fetch_add(1, Relaxed);
+            }
+        }
+        if let Some(delta) = &state.frozen_rollup {
+            for (g, minutes) in delta.iter() {
+                q.add_minutes(g, minutes);
+            }
+        }
+        lock!(self.head.read()).for_each_rollup(|g, minutes| q.add_minutes(g, minutes));
+        drop(state);
+        q.finish()
+    }
+
+    /// Rollup files currently in use (for stats and tests).
+    pub fn rollup_files(&self) -> usize {
+        lock!(self.state.read()).rollups.len()
+    }
+
+    /// Merges `sources` into one new rollup file, dropping the records that
+    /// `expired` says are past their tier's retention, then swaps them in and
+    /// deletes the sources. Caller holds the flush lock.
+    fn merge_rollups(
+        &self,
+        sources: &[Arc<RollupFile>],
+        expired: impl Fn(RollupTier, i64) -> bool,
+    ) -> Result<()> {
+        let started = Instant::now();
+        let mut tables = crate::rollup::empty_tables();
+        for f in sources {
+            f.merge_into(&mut tables)?;
+        }
+        for tier in RollupTier::ALL {
+            for t in &mut tables[tier.index()] {
+                for w in t.values_mut() {
+                    w.retain(|&ws, _| !expired(tier, ws));
+                }
+                t.retain(|_, w| !w.is_empty());
+            }
+        }
+        let wal_cut = sources.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
+        let covers = sources
+            .iter()
+            .flat_map(|f| f.covers().iter().copied())
+            .collect();
+        let merged = Arc::new(self.write_rollups(wal_cut, &tables, Some(covers))?);
+        let mut state = lock!(self.state.write());
+        state
+            .rollups
+            .retain(|f| !sources.iter().any(|s| Arc::ptr_eq(s, f)));
+        state.rollups.push(merged.clone());
+        state.rollups.sort_by_key(|f| f.id());
+        drop(state);
+        for s in sources {
+            s.delete_when_unused();
+        }
+        self.metrics.rollup_compactions.fetch_add(1, Relaxed);
+        info!(
+            sources = sources.len(),
+            file = %merged.path().display(),
+            bytes = merged.size_bytes(),
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "merged rollup files"
+        );
+        Ok(())
+    }
+
+    /// Merges the rollup files of the oldest finished compaction window (by
+    /// their newest sample), if it has two or more. Caller holds the flush lock.
+    fn compact_rollups(&self) -> Result<bool> {
+        let window_ms = (self.config.compaction_window.as_millis() as i64).max(1);
+        let files = lock!(self.state.read()).rollups.clone();
+        let window_of = |f: &RollupFile| f.time_range().1.div_euclid(window_ms);
+        let Some(newest) = files.iter().map(|f| window_of(f)).max() else {
+            return Ok(false);
+        };
+        let mut by_window: std::collections::BTreeMap<i64, Vec<Arc<RollupFile>>> =
+            Default::default();
+        for f in &files {
+            let w = window_of(f);
+            if w < newest {
+                by_window.entry(w).or_default().push(f.clone());
+            }
+        }
+        let Some(group) = by_window.into_values().find(|g| g.len() >= 2) else {
+            return Ok(false);
+        };
+        self.merge_rollups(&group, |_, _| false)?;
+        Ok(true)
+    }
+
     /// Merges the segments of the oldest finished compaction window (one that a
     /// later segment has moved past) into one segment, if it has two or more.
     /// Call it repeatedly to catch up. Queries go on meanwhile; the sources are
@@ -610,6 +880,10 @@ impl Storage {
     /// then stay as they are.
     pub fn compact(&self) -> Result<Option<SegmentSummary>> {
         let _one_at_a_time = lock!(self.flush_lock.lock());
+        // Rollup files first: one merge per call, like segments.
+        if let Err(e) = self.compact_rollups() {
+            error!(error = %e, "rollup compaction failed; the files stay as they are");
+        }
         let window_ms = (self.config.compaction_window.as_millis() as i64).max(1);
         let segments = lock!(self.state.read()).segments.clone();
         let window_of = |s: &Segment| s.time_range().1.div_euclid(window_ms);
@@ -697,7 +971,15 @@ impl Storage {
     /// (see [`StorageConfig::retention`]) at `now_ms`. A query that holds a
     /// dropped segment keeps reading it; the file goes when the query ends.
     /// Returns how many segments were dropped.
+    ///
+    /// Rollups have their own tiers ([`StorageConfig::retention_1m`] etc.):
+    /// the rollup files holding a record whose window ended before its
+    /// tier's cutoff are merged, with the files that hold no 1-minute records
+    /// any more (earlier results of this), into one file without the expired
+    /// records. So raw data and 1-minute records expire while the 1 h and 1 d
+    /// records stay. Errors there are logged; the files stay as they were.
     pub fn enforce_retention(&self, now_ms: i64) -> usize {
+        self.enforce_rollup_retention(now_ms);
         let Some(keep) = self.config.retention else {
             return 0;
         };
@@ -717,6 +999,42 @@ impl Storage {
             .segments_expired
             .fetch_add(expired.len() as u64, Relaxed);
         expired.len()
+    }
+
+    fn enforce_rollup_retention(&self, now_ms: i64) {
+        let _one_at_a_time = lock!(self.flush_lock.lock());
+        let cutoff = |tier: RollupTier| {
+            self.config
+                .rollup_retention(tier)
+                .map(|d| now_ms.saturating_sub(d.as_millis() as i64))
+        };
+        let expired = |tier: RollupTier, ws: i64| {
+            cutoff(tier).is_some_and(|c| ws.saturating_add(tier.window_ms() - 1) < c)
+        };
+        let files = lock!(self.state.read()).rollups.clone();
+        let stale: Vec<_> = files
+            .iter()
+            .filter(|f| {
+                RollupTier::ALL
+                    .iter()
+                    .any(|&t| f.min_window(t).is_some_and(|ws| expired(t, ws)))
+            })
+            .cloned()
+            .collect();
+        if stale.is_empty() {
+            return;
+        }
+        let mut sources = stale;
+        for f in &files {
+            if f.min_window(RollupTier::Minute).is_none()
+                && !sources.iter().any(|s| Arc::ptr_eq(s, f))
+            {
+                sources.push(f.clone());
+            }
+        }
+        if let Err(e) = self.merge_rollups(&sources, expired) {
+            error!(error = %e, "rollup retention failed; the files stay as they are");
+        }
     }
 
     pub fn stats(&self) -> StorageStats {
@@ -751,6 +1069,7 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
 fn replay_wal(
     data_dir: &Path,
     segments: &[Arc<Segment>],
+    rollup_cut: u64,
     head: &mut Head,
     producers: &Producers,
     metrics: &StorageMetrics,
@@ -771,13 +1090,17 @@ fn replay_wal(
     let skip_below = segments.iter().map(|s| s.wal_cut()).max().unwrap_or(0);
     let mut refs: HashMap<u32, SeriesRef> = HashMap::new();
     let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
-    let report = wal::replay(data_dir, skip_below, |rec| match rec {
+    // WAL segments at or after `skip_below` but below `rollup_cut` are
+    // counted in a rollup file already (a crash between a flush's rollup
+    // file and its segment): they refill the head but not the rollups.
+    let report = wal::replay(data_dir, skip_below, |n, rec| match rec {
         Record::Series { wal_ref, key } => {
             let until = flushed_until.get(&key).copied();
             match head.get_or_create(key) {
                 Ok(r) => {
                     if let Some(t) = until {
                         head.raise_last_ts(r, t);
+                        head.raise_flushed(r, t);
                     }
                     refs.insert(wal_ref, r);
                 }
@@ -792,8 +1115,9 @@ fn replay_wal(
             for ((wr, t), v) in rs.iter().zip(ts_ms).zip(values) {
                 match refs.get(wr) {
                     Some(&r) => {
+                        let seen = |key: &SeriesKey, ts| segments_have_sample(segments, key, ts);
                         let stored = matches!(
-                            head.append(r, t, v),
+                            head.append_with(r, t, v, n >= rollup_cut, seen),
                             Appended::InOrder | Appended::OutOfOrder
                         );
                         replayed += stored as u64;
@@ -920,6 +1244,67 @@ fn drop_compacted_sources(
         kept.push(s);
     }
     Ok(kept)
+}
+
+/// Opens every rollup file: deletes leftover `*.tmp` files and the sources
+/// of a merge that crashed before deleting them (a file whose id a newer file
+/// covers), and quarantines files that fail validation. Returns the files by
+/// id and the largest id seen (quarantine included).
+fn open_rollups(
+    data_dir: &Path,
+    q_dir: &Path,
+    metrics: &StorageMetrics,
+) -> Result<(Vec<Arc<RollupFile>>, u64)> {
+    let dir = data_dir.join(ROLLUPS_DIR);
+    fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+    let mut max_id = 0;
+    if let Ok(entries) = fs::read_dir(q_dir) {
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io(q_dir, e))?;
+            if let Some(id) = files::parse_rollup_file_name(&entry.file_name().to_string_lossy()) {
+                max_id = max_id.max(id);
+            }
+        }
+    }
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))? {
+        let entry = entry.map_err(|e| Error::io(&dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(&format!(".{TMP_EXT}")) {
+            warn!(file = %entry.path().display(), "removing unfinished rollup file of an interrupted flush");
+            fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        } else if let Some(id) = files::parse_rollup_file_name(&name) {
+            ids.push(id);
+        }
+    }
+    ids.sort();
+    let mut out: Vec<Arc<RollupFile>> = Vec::with_capacity(ids.len());
+    for id in ids {
+        max_id = max_id.max(id);
+        let path = files::rollup_path(data_dir, id);
+        match RollupFile::open(&path, id) {
+            Ok(f) => out.push(Arc::new(f)),
+            Err(e @ Error::Corrupt { .. }) => {
+                error!(error = %e, "quarantining corrupt rollup file");
+                fs::create_dir_all(q_dir).map_err(|e| Error::io(q_dir, e))?;
+                let dst = q_dir.join(files::rollup_file_name(id));
+                fs::rename(&path, &dst).map_err(|e| Error::io(&path, e))?;
+                metrics.rollup_files_quarantined.fetch_add(1, Relaxed);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    let all = out.clone();
+    out.retain(|f| {
+        let leftover = all.iter().any(|g| g.id() > f.id() && g.covers_id(f.id()));
+        if leftover {
+            warn!(file = %f.path().display(), "deleting a merged rollup file's leftover source");
+            f.delete_when_unused();
+        }
+        !leftover
+    });
+    Ok((out, max_id))
 }
 
 fn max_segment_id(dir: &Path) -> Result<u64> {

@@ -6,6 +6,9 @@
 //!   segments/<id:016x>.gseg.tmp    segment being written; deleted on open
 //!   quarantine/<id:016x>.gseg      segment that failed validation, kept for inspection
 //!   wal/<n:016x>.wal               write-ahead log segment (docs/format/wal.md)
+//!   rollups/<id:016x>.groll        rollup records of one flush or merge (docs/format/rollup.md)
+//!   rollups/<id:016x>.groll.tmp    rollup file being written; deleted on open
+//!   quarantine/<id:016x>.groll     rollup file that failed validation
 //!   LOCK                           locked while a process has the directory open
 //! ```
 
@@ -23,6 +26,30 @@ pub const LOCK_FILE: &str = "LOCK";
 pub const WAL_EXT: &str = "wal";
 /// The GPU inventory (`crate::inventory`).
 pub const INVENTORY_FILE: &str = "inventory.ginv";
+pub const ROLLUPS_DIR: &str = "rollups";
+pub const ROLLUP_EXT: &str = "groll";
+
+pub fn rollup_file_name(id: u64) -> String {
+    format!("{id:016x}.{ROLLUP_EXT}")
+}
+
+pub fn rollup_path(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir.join(ROLLUPS_DIR).join(rollup_file_name(id))
+}
+
+pub fn rollup_tmp_path(data_dir: &Path, id: u64) -> PathBuf {
+    data_dir
+        .join(ROLLUPS_DIR)
+        .join(format!("{}.{TMP_EXT}", rollup_file_name(id)))
+}
+
+/// Parses `<id:016x>.groll`; anything else is `None`.
+pub fn parse_rollup_file_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(&format!(".{ROLLUP_EXT}"))?;
+    (stem.len() == 16)
+        .then(|| u64::from_str_radix(stem, 16).ok())
+        .flatten()
+}
 
 pub fn wal_segment_path_in(wal_dir: &Path, n: u64) -> PathBuf {
     wal_dir.join(format!("{n:016x}.{WAL_EXT}"))
@@ -70,5 +97,8 @@ mod tests {
         assert_eq!(parse_segment_file_name("000000000000002a.gseg"), Some(id));
         assert_eq!(parse_segment_file_name("000000000000002a.gseg.tmp"), None);
         assert_eq!(parse_segment_file_name("2a.gseg"), None);
+        assert_eq!(rollup_file_name(0x2a), "000000000000002a.groll");
+        assert_eq!(parse_rollup_file_name("000000000000002a.groll"), Some(0x2a));
+        assert_eq!(parse_rollup_file_name("000000000000002a.groll.tmp"), None);
     }
 }

@@ -9,7 +9,14 @@
 //! Ordering policy, per series (`docs/format/column.md` has the read side):
 //! - a sample after the series' newest timestamp is appended in order;
 //! - a sample with a timestamp the head already holds is a duplicate and is
-//!   dropped: the first write wins (re-sent batches store nothing twice);
+//!   dropped: the first write wins (re-sent batches store nothing twice). That
+//!   includes an out-of-order sample whose timestamp is in one of the series'
+//!   head chunks (found by decoding the chunks whose range covers it: only
+//!   late samples pay for it), and, through the caller's check
+//!   ([`Head::append_with`]), one whose timestamp was already flushed to a
+//!   segment. Before rollups, such samples were stored and then hidden by the
+//!   readers' first-write-wins dedup; now they are dropped and counted as
+//!   duplicates, so that rollups count exactly the samples queries see;
 //! - an older sample within `ooo_window_ms` of the newest is kept in the
 //!   series' out-of-order buffer, sealed as a chunk of its own;
 //! - an older sample beyond the window is dropped as too old.
@@ -21,7 +28,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::gorilla::GorillaEncoder;
+use crate::gorilla::{GorillaDecoder, GorillaEncoder};
+use crate::rollup::{RollupDelta, RollupGroup, SeriesRollup};
 use crate::series::SeriesKey;
 use crate::{Error, Result};
 
@@ -49,6 +57,13 @@ struct HeadSeries {
     ooo: Vec<(i64, f64)>,
     /// Defined in the current WAL generation (by a series record or a checkpoint).
     logged: bool,
+    /// The series' gpu-level rollup group, computed once.
+    group: Arc<RollupGroup>,
+    /// Rollups of the samples accepted since the last freeze.
+    rollup: SeriesRollup,
+    /// Newest timestamp the series has in segments (or in a flush in
+    /// progress); an older sample may duplicate a flushed one.
+    flushed_max: Option<i64>,
 }
 
 impl HeadSeries {
@@ -86,6 +101,20 @@ impl HeadSeries {
             count: e.count(),
             bytes: Arc::from(e.bytes()),
         })
+    }
+
+    /// Whether a sealed or open chunk of the head holds a sample at `ts_ms`
+    /// (the out-of-order buffer is checked by the caller).
+    fn holds(&self, ts_ms: i64) -> bool {
+        let has = |bytes: &[u8], count: u32| {
+            GorillaDecoder::new(bytes, count).any(|s| s.is_ok_and(|(t, _)| t == ts_ms))
+        };
+        self.closed
+            .iter()
+            .any(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts && has(&c.bytes, c.count))
+            || (self.open.count() > 0
+                && self.open_min_ts <= ts_ms
+                && has(self.open.bytes(), self.open.count()))
     }
 
     fn seal_ooo(&mut self) {
@@ -147,6 +176,9 @@ impl Head {
         let r = SeriesRef(self.series.len() as u32);
         let key = Arc::new(key);
         self.series.push(HeadSeries {
+            group: Arc::new(RollupGroup::of_series(&key)),
+            rollup: SeriesRollup::default(),
+            flushed_max: None,
             key: key.clone(),
             closed: Vec::new(),
             open: GorillaEncoder::new(),
@@ -177,6 +209,20 @@ impl Head {
         s.last_ts = Some(s.last_ts.map_or(ts_ms, |t| t.max(ts_ms)));
     }
 
+    /// The series has flushed samples up to `ts_ms` (WAL replay at open).
+    pub(crate) fn raise_flushed(&mut self, r: SeriesRef, ts_ms: i64) {
+        let s = &mut self.series[r.0 as usize];
+        s.flushed_max = Some(s.flushed_max.map_or(ts_ms, |t| t.max(ts_ms)));
+    }
+
+    /// Whether a sample of `r` at `ts_ms` may duplicate a flushed one, so that
+    /// [`Self::append_with`] will ask. Changes only at a freeze.
+    pub(crate) fn maybe_flushed(&self, r: SeriesRef, ts_ms: i64) -> bool {
+        self.series[r.0 as usize]
+            .flushed_max
+            .is_some_and(|m| ts_ms <= m)
+    }
+
     /// Encodes a WAL series record for every series (their refs as WAL refs)
     /// and marks them all logged: the checkpoint that starts a WAL segment.
     pub(crate) fn checkpoint(&mut self, dst: &mut Vec<u8>) {
@@ -194,7 +240,23 @@ impl Head {
     ///
     /// # Panics
     /// If `r` did not come from this head (callers check with [`Self::contains`]).
+    #[cfg(test)]
     pub(crate) fn append(&mut self, r: SeriesRef, ts_ms: i64, value: f64) -> Appended {
+        self.append_with(r, ts_ms, value, true, |_, _| false)
+    }
+
+    /// [`Self::append`], folding an accepted sample into the series' rollups
+    /// when `fold`. For a late sample at or before the series' newest flushed
+    /// timestamp, `flushed(key, ts_ms)` says whether a segment (or a flush in
+    /// progress) already holds that timestamp; if so it is a duplicate.
+    pub(crate) fn append_with(
+        &mut self,
+        r: SeriesRef,
+        ts_ms: i64,
+        value: f64,
+        fold: bool,
+        flushed: impl FnOnce(&SeriesKey, i64) -> bool,
+    ) -> Appended {
         let max = self.max_chunk_samples;
         let s = &mut self.series[r.0 as usize];
         if let Some(last) = s.last_ts
@@ -205,6 +267,14 @@ impl Head {
             }
             if last.saturating_sub(ts_ms) > self.ooo_window_ms {
                 return Appended::TooOld;
+            }
+            if s.holds(ts_ms)
+                || (s.flushed_max.is_some_and(|m| ts_ms <= m) && flushed(&s.key, ts_ms))
+            {
+                return Appended::Duplicate;
+            }
+            if fold {
+                s.rollup.add(ts_ms, value);
             }
             s.ooo.push((ts_ms, value));
             if s.ooo.len() >= max as usize {
@@ -221,6 +291,9 @@ impl Head {
         }
         s.open.append(ts_ms, value);
         s.last_ts = Some(ts_ms);
+        if fold {
+            s.rollup.add(ts_ms, value);
+        }
         self.samples += 1;
         Appended::InOrder
     }
@@ -241,6 +314,9 @@ impl Head {
         for s in &mut self.series {
             s.seal_open();
             s.seal_ooo();
+            if let Some(m) = s.closed.iter().map(|c| c.max_ts).max() {
+                s.flushed_max = Some(s.flushed_max.map_or(m, |f| f.max(m)));
+            }
             if !s.closed.is_empty() {
                 out.push((s.key.clone(), std::mem::take(&mut s.closed)));
             }
@@ -248,6 +324,28 @@ impl Head {
         self.samples = 0;
         out.sort_by(|a, b| a.0.cmp(&b.0));
         out
+    }
+
+    /// Takes the rollups of every series out of the head (with [`Self::freeze`],
+    /// under the same lock).
+    pub(crate) fn take_rollups(&mut self) -> RollupDelta {
+        self.series
+            .iter_mut()
+            .filter(|s| !s.rollup.minutes.is_empty())
+            .map(|s| (s.group.clone(), std::mem::take(&mut s.rollup.minutes)))
+            .collect()
+    }
+
+    /// Calls `f` with each series' gpu-level group and its minute records.
+    pub(crate) fn for_each_rollup(
+        &self,
+        mut f: impl FnMut(&RollupGroup, &[crate::rollup::RollupRecord]),
+    ) {
+        for s in &self.series {
+            if !s.rollup.minutes.is_empty() {
+                f(&s.group, &s.rollup.minutes);
+            }
+        }
     }
 
     /// Calls `f` with each series that `pred` accepts and a copy of its chunks

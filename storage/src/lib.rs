@@ -17,6 +17,7 @@ pub mod files;
 pub mod gorilla;
 mod head;
 pub mod inventory;
+pub mod rollup;
 pub mod segment;
 pub mod series;
 pub mod wal;
@@ -28,6 +29,8 @@ pub use db::{
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};
 pub use inventory::{GpuRecord, Inventory};
+pub use rollup::file::RollupFile;
+pub use rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 pub use segment::writer::SegmentSummary;
 pub use series::{Label, Matcher, Pattern, SeriesKey};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};

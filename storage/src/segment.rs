@@ -339,6 +339,34 @@ impl Segment {
         &self.series[ordinal as usize].key
     }
 
+    /// Ordinal of the series with exactly this key (the index is sorted by key).
+    pub(crate) fn find_series(&self, key: &SeriesKey) -> Option<u32> {
+        self.series
+            .binary_search_by(|s| s.key.as_ref().cmp(key))
+            .ok()
+            .map(|i| i as u32)
+    }
+
+    /// Whether the series `key` has a sample at exactly `ts_ms` here. A chunk
+    /// that does not decode counts as not holding it.
+    pub(crate) fn has_sample(&self, key: &SeriesKey, ts_ms: i64) -> bool {
+        if ts_ms < self.min_ts || ts_ms > self.max_ts {
+            return false;
+        }
+        let Some(ord) = self.find_series(key) else {
+            return false;
+        };
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        self.chunks(ord)
+            .iter()
+            .filter(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts)
+            .any(|c| {
+                ts.clear();
+                vals.clear();
+                self.read_chunk(c, &mut ts, &mut vals).is_ok() && ts.contains(&ts_ms)
+            })
+    }
+
     pub fn chunks(&self, ordinal: u32) -> &[ChunkRef] {
         &self.series[ordinal as usize].chunks
     }

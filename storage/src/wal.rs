@@ -317,7 +317,7 @@ pub struct ReplayReport {
 pub(crate) fn replay(
     data_dir: &Path,
     skip_below: u64,
-    mut apply: impl FnMut(Record),
+    mut apply: impl FnMut(u64, Record),
 ) -> Result<ReplayReport> {
     let dir = data_dir.join(WAL_DIR);
     let mut segments = list_segments(&dir).map_err(|e| Error::io(&dir, e))?;
@@ -355,7 +355,7 @@ pub(crate) fn replay(
         while pos < buf.len() {
             match record::decode(&buf[pos..]) {
                 Ok((rec, len)) => {
-                    apply(rec);
+                    apply(n, rec);
                     report.records += 1;
                     pos += len;
                 }

@@ -44,7 +44,7 @@ fn write_log(dir: &Path) -> Vec<Record> {
 
 fn replay_all(dir: &Path) -> (ReplayReport, Vec<Record>) {
     let mut got = Vec::new();
-    let report = replay(dir, 0, |r| got.push(r)).unwrap();
+    let report = replay(dir, 0, |_, r| got.push(r)).unwrap();
     (report, got)
 }
 

@@ -1,0 +1,585 @@
+//! Rollup files (`rollups/<id:016x>.groll`, `docs/format/rollup.md`): the
+//! rollup records of one flush (or of several merged files), for every tier
+//! and level. Written as `*.tmp`, fsynced, renamed, directory fsynced; never
+//! modified afterwards; read through `mmap`.
+//!
+//! ```text
+//! +---------------------------------------------------------------+
+//! | header  magic "GPLSROL1" | version u32 | crc32c(header) u32    | 16 B
+//! +---------------------------------------------------------------+
+//! | blocks, back to back; each: 28-byte block header (tier, level,  |
+//! | payload length, window range, crc32c of header+payload), then   |
+//! | groups and their records                                        |
+//! +---------------------------------------------------------------+
+//! | covers: the ids of the files merged into this one (ranges)      |
+//! +---------------------------------------------------------------+
+//! | footer  offsets, counts, wal_cut, time range, crc32cs, magic    | 64 B
+//! +---------------------------------------------------------------+
+//! ```
+//!
+//! Opening checks every checksum and parses every block, so a file that
+//! opens decodes; any failure is [`Error::Corrupt`] with path and offset.
+
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use memmap2::Mmap;
+
+use super::{RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
+use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
+use crate::error::Corruption;
+use crate::segment::writer::sync_dir;
+use crate::{Error, Result};
+
+pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
+pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLREND1";
+pub(crate) const VERSION: u32 = 1;
+pub(crate) const HEADER_LEN: usize = 16;
+pub(crate) const BLOCK_HEADER_LEN: usize = 28;
+pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
+/// Most groups in one block, so a reader decodes a bounded amount at a time.
+const MAX_BLOCK_GROUPS: usize = 4096;
+
+#[derive(Debug, Clone, Copy)]
+struct BlockInfo {
+    tier: RollupTier,
+    level: RollupLevel,
+    min_ws: i64,
+    max_ws: i64,
+    /// Payload position in the file.
+    start: usize,
+    len: usize,
+}
+
+/// An open, validated rollup file.
+#[derive(Debug)]
+pub struct RollupFile {
+    id: u64,
+    path: PathBuf,
+    map: Mmap,
+    blocks: Vec<BlockInfo>,
+    covers: Vec<(u64, u64)>,
+    wal_cut: u64,
+    min_ts: i64,
+    max_ts: i64,
+    deleted: AtomicBool,
+}
+
+fn corrupt(path: &Path, (offset, kind): (u64, Corruption)) -> Error {
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        offset,
+        kind,
+    }
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().expect("BUG: 8 bytes"))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("BUG: 4 bytes"))
+}
+
+fn f64_of(r: &mut Reader<'_>, what: &'static str) -> ReadResult<f64> {
+    let b = r.bytes(8, what)?;
+    Ok(f64::from_le_bytes(b.try_into().expect("BUG: 8 bytes")))
+}
+
+/// Parses one block's payload, calling `f` per record. Checks that windows are
+/// aligned, ascending per group and inside the block's range, that sample
+/// timestamps lie in their window, and that group fields below the level are empty.
+fn decode_payload(
+    buf: &[u8],
+    base: u64,
+    b: &BlockInfo,
+    mut f: impl FnMut(&RollupGroup, RollupRecord),
+) -> ReadResult<()> {
+    let oob = |r: &Reader<'_>, what| Err((r.offset(), Corruption::OutOfBounds { what }));
+    let mut r = Reader::new(buf, base);
+    let w = b.tier.window_ms();
+    let n_groups = r.len("group count", buf.len())?;
+    for _ in 0..n_groups {
+        let g = RollupGroup {
+            metric: r.string("metric")?,
+            cluster: r.string("cluster")?,
+            row: r.string("row")?,
+            rack: r.string("rack")?,
+            host: r.string("host")?,
+            gpu: r.string("gpu")?,
+        };
+        if g != g.at_level(b.level) {
+            return oob(&r, "group field below its level");
+        }
+        let n = r.len("record count", buf.len())?;
+        let mut prev: Option<i64> = None;
+        for _ in 0..n {
+            let d = r.varint("window start")?;
+            let ws = match prev {
+                None => d,
+                Some(p) if d > 0 => match p.checked_add(d) {
+                    Some(ws) => ws,
+                    None => return oob(&r, "window start"),
+                },
+                Some(_) => return oob(&r, "window order"),
+            };
+            prev = Some(ws);
+            if ws.rem_euclid(w) != 0 || ws < b.min_ws || ws > b.max_ws {
+                return oob(&r, "window start");
+            }
+            let count = r.uvarint("count")?;
+            let sum = f64_of(&mut r, "sum")?;
+            let min = f64_of(&mut r, "min")?;
+            let max = f64_of(&mut r, "max")?;
+            let first = f64_of(&mut r, "first")?;
+            let first_off = r.uvarint("first_ts")?;
+            let last = f64_of(&mut r, "last")?;
+            let last_off = r.uvarint("last_ts")?;
+            if count == 0 || first_off > last_off || last_off >= w as u64 {
+                return oob(&r, "record");
+            }
+            f(
+                &g,
+                RollupRecord {
+                    window_start_ms: ws,
+                    count,
+                    sum,
+                    min,
+                    max,
+                    first,
+                    first_ts_ms: ws + first_off as i64,
+                    last,
+                    last_ts_ms: ws + last_off as i64,
+                },
+            );
+        }
+    }
+    if !r.is_empty() {
+        return oob(&r, "bytes after the last group");
+    }
+    Ok(())
+}
+
+impl RollupFile {
+    /// Opens and validates a rollup file.
+    ///
+    /// # Errors
+    /// [`Error::Io`] if it can't be read, [`Error::Corrupt`] if it doesn't validate.
+    pub fn open(path: &Path, id: u64) -> Result<Self> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        // SAFETY: rollup files are never modified or truncated in place: they
+        // are written as *.tmp, fsynced and renamed, and only deleted whole.
+        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        Self::from_map(path, id, map)
+    }
+
+    /// Validates a rollup file held in memory (fuzzing, tools).
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let path = Path::new("<memory>");
+        let mut anon =
+            memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io(path, e))?;
+        anon[..bytes.len()].copy_from_slice(bytes);
+        let map = anon.make_read_only().map_err(|e| Error::io(path, e))?;
+        let mut f = Self::from_map(path, 0, map)?;
+        // The anonymous map has at least one byte; an empty input never validates.
+        f.id = 0;
+        Ok(f)
+    }
+
+    fn from_map(path: &Path, id: u64, map: Mmap) -> Result<Self> {
+        let bad = |offset: u64, kind| corrupt(path, (offset, kind));
+        let b: &[u8] = &map;
+        let len = b.len();
+        if len < HEADER_LEN + FOOTER_LEN {
+            return Err(bad(0, Corruption::TooShort { len: len as u64 }));
+        }
+        if &b[..8] != MAGIC {
+            return Err(bad(0, Corruption::BadMagic));
+        }
+        let crc = crc32c::crc32c(&b[..12]);
+        if u32_at(b, 12) != crc {
+            return Err(bad(
+                12,
+                Corruption::ChecksumMismatch {
+                    section: "header",
+                    expected: u32_at(b, 12),
+                    actual: crc,
+                },
+            ));
+        }
+        let version = u32_at(b, 8);
+        if version != VERSION {
+            return Err(bad(8, Corruption::UnsupportedVersion { version }));
+        }
+        let fo = len - FOOTER_LEN;
+        if &b[len - 8..] != FOOTER_MAGIC {
+            return Err(bad((len - 8) as u64, Corruption::BadMagic));
+        }
+        let crc = crc32c::crc32c(&b[fo..fo + 52]);
+        if u32_at(b, fo + 52) != crc {
+            return Err(bad(
+                (fo + 52) as u64,
+                Corruption::ChecksumMismatch {
+                    section: "footer",
+                    expected: u32_at(b, fo + 52),
+                    actual: crc,
+                },
+            ));
+        }
+        let covers_off = u64_at(b, fo);
+        let covers_len = u64_at(b, fo + 8);
+        let n_blocks = u64_at(b, fo + 16);
+        let wal_cut = u64_at(b, fo + 24);
+        let min_ts = u64_at(b, fo + 32) as i64;
+        let max_ts = u64_at(b, fo + 40) as i64;
+        if covers_off < HEADER_LEN as u64 || covers_off.checked_add(covers_len) != Some(fo as u64) {
+            return Err(bad(fo as u64, Corruption::OutOfBounds { what: "covers" }));
+        }
+        let (co, cl) = (covers_off as usize, covers_len as usize);
+        let crc = crc32c::crc32c(&b[co..co + cl]);
+        if u32_at(b, fo + 48) != crc {
+            return Err(bad(
+                co as u64,
+                Corruption::ChecksumMismatch {
+                    section: "covers",
+                    expected: u32_at(b, fo + 48),
+                    actual: crc,
+                },
+            ));
+        }
+        let mut covers = Vec::new();
+        let mut r = Reader::new(&b[co..co + cl], co as u64);
+        let n = r.len("covers count", cl).map_err(|e| corrupt(path, e))?;
+        for _ in 0..n {
+            let lo = r.uvarint("covers").map_err(|e| corrupt(path, e))?;
+            let d = r.uvarint("covers").map_err(|e| corrupt(path, e))?;
+            let hi = lo
+                .checked_add(d)
+                .ok_or_else(|| bad(r.offset(), Corruption::OutOfBounds { what: "covers" }))?;
+            covers.push((lo, hi));
+        }
+        if !r.is_empty() {
+            return Err(bad(r.offset(), Corruption::OutOfBounds { what: "covers" }));
+        }
+
+        let mut blocks = Vec::new();
+        let mut pos = HEADER_LEN;
+        while pos < co {
+            if co - pos < BLOCK_HEADER_LEN {
+                return Err(bad(
+                    pos as u64,
+                    Corruption::OutOfBounds {
+                        what: "block header",
+                    },
+                ));
+            }
+            let h = &b[pos..pos + BLOCK_HEADER_LEN];
+            let (Some(tier), Some(level)) =
+                (RollupTier::from_index(h[0]), RollupLevel::from_index(h[1]))
+            else {
+                return Err(bad(
+                    pos as u64,
+                    Corruption::OutOfBounds {
+                        what: "tier or level",
+                    },
+                ));
+            };
+            if h[2] != 0 || h[3] != 0 {
+                return Err(bad(
+                    pos as u64 + 2,
+                    Corruption::OutOfBounds { what: "reserved" },
+                ));
+            }
+            let plen = u32_at(h, 4) as usize;
+            let start = pos + BLOCK_HEADER_LEN;
+            if plen > co - start {
+                return Err(bad(
+                    pos as u64 + 4,
+                    Corruption::OutOfBounds {
+                        what: "block length",
+                    },
+                ));
+            }
+            let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..24]), &b[start..start + plen]);
+            if u32_at(h, 24) != crc {
+                return Err(bad(
+                    pos as u64,
+                    Corruption::ChecksumMismatch {
+                        section: "block",
+                        expected: u32_at(h, 24),
+                        actual: crc,
+                    },
+                ));
+            }
+            let info = BlockInfo {
+                tier,
+                level,
+                min_ws: u64_at(h, 8) as i64,
+                max_ws: u64_at(h, 16) as i64,
+                start,
+                len: plen,
+            };
+            decode_payload(&b[start..start + plen], start as u64, &info, |_, _| {})
+                .map_err(|e| corrupt(path, e))?;
+            blocks.push(info);
+            pos = start + plen;
+        }
+        if blocks.len() as u64 != n_blocks {
+            return Err(bad(
+                fo as u64 + 16,
+                Corruption::OutOfBounds {
+                    what: "block count",
+                },
+            ));
+        }
+        Ok(Self {
+            id,
+            path: path.to_path_buf(),
+            map,
+            blocks,
+            covers,
+            wal_cut,
+            min_ts,
+            max_ts,
+            deleted: AtomicBool::new(false),
+        })
+    }
+
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// WAL segments numbered below this are fully counted in rollup files.
+    pub fn wal_cut(&self) -> u64 {
+        self.wal_cut
+    }
+
+    /// Ids of the rollup files this one replaces (its own included), as inclusive ranges.
+    pub fn covers(&self) -> &[(u64, u64)] {
+        &self.covers
+    }
+
+    pub(crate) fn covers_id(&self, id: u64) -> bool {
+        self.covers.iter().any(|&(lo, hi)| lo <= id && id <= hi)
+    }
+
+    /// Inclusive range of the sample timestamps counted in this file.
+    pub fn time_range(&self) -> (i64, i64) {
+        (self.min_ts, self.max_ts)
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.map.len() as u64
+    }
+
+    /// Oldest window start of `tier` in this file, if it has records of it.
+    pub(crate) fn min_window(&self, tier: RollupTier) -> Option<i64> {
+        self.blocks
+            .iter()
+            .filter(|b| b.tier == tier)
+            .map(|b| b.min_ws)
+            .min()
+    }
+
+    /// Calls `f` with every record of (`tier`, `level`) in blocks whose window
+    /// range overlaps `[min_ws, max_ws]` (record-level filtering is the caller's).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] if a block no longer decodes (it did when opened).
+    pub fn for_each(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        min_ws: i64,
+        max_ws: i64,
+        mut f: impl FnMut(&RollupGroup, RollupRecord),
+    ) -> Result<()> {
+        for b in &self.blocks {
+            if b.tier != tier || b.level != level || b.max_ws < min_ws || b.min_ws > max_ws {
+                continue;
+            }
+            decode_payload(
+                &self.map[b.start..b.start + b.len],
+                b.start as u64,
+                b,
+                &mut f,
+            )
+            .map_err(|e| corrupt(&self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Merges every record of the file into `tables`.
+    ///
+    /// # Errors
+    /// As [`Self::for_each`].
+    pub(crate) fn merge_into(&self, tables: &mut Tables) -> Result<()> {
+        for tier in RollupTier::ALL {
+            for level in RollupLevel::ALL {
+                let t = &mut tables[tier.index()][level.index()];
+                self.for_each(tier, level, i64::MIN, i64::MAX, |g, r| {
+                    let w = match t.get_mut(g) {
+                        Some(w) => w,
+                        None => t.entry(g.clone()).or_default(),
+                    };
+                    w.entry(r.window_start_ms)
+                        .and_modify(|m| m.merge(&r))
+                        .or_insert(r);
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the file once no one holds it any more.
+    pub(crate) fn delete_when_unused(&self) {
+        self.deleted.store(true, Ordering::Release);
+    }
+}
+
+impl Drop for RollupFile {
+    fn drop(&mut self) {
+        if self.deleted.load(Ordering::Acquire)
+            && let Err(e) = fs::remove_file(&self.path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %self.path.display(), error = %e, "could not delete a dropped rollup file; the next start deletes it");
+        }
+    }
+}
+
+fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut Vec<u8>) -> usize {
+    let groups: Vec<_> = table.iter().filter(|(_, w)| !w.is_empty()).collect();
+    let mut n_blocks = 0;
+    for chunk in groups.chunks(MAX_BLOCK_GROUPS) {
+        let mut payload = Vec::new();
+        let (mut min_ws, mut max_ws) = (i64::MAX, i64::MIN);
+        put_uvarint(&mut payload, chunk.len() as u64);
+        for (g, windows) in chunk {
+            for s in [&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu] {
+                put_str(&mut payload, s);
+            }
+            put_uvarint(&mut payload, windows.len() as u64);
+            let mut prev: Option<i64> = None;
+            for r in windows.values() {
+                let ws = r.window_start_ms;
+                min_ws = min_ws.min(ws);
+                max_ws = max_ws.max(ws);
+                put_varint(&mut payload, prev.map_or(ws, |p| ws - p));
+                prev = Some(ws);
+                put_uvarint(&mut payload, r.count);
+                for v in [r.sum, r.min, r.max, r.first] {
+                    payload.extend_from_slice(&v.to_le_bytes());
+                }
+                put_uvarint(&mut payload, (r.first_ts_ms - ws) as u64);
+                payload.extend_from_slice(&r.last.to_le_bytes());
+                put_uvarint(&mut payload, (r.last_ts_ms - ws) as u64);
+            }
+        }
+        let mut h = Vec::with_capacity(BLOCK_HEADER_LEN);
+        h.extend_from_slice(&[tier.index() as u8, level.index() as u8, 0, 0]);
+        h.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        h.extend_from_slice(&min_ws.to_le_bytes());
+        h.extend_from_slice(&max_ws.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&h), &payload);
+        h.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&h);
+        out.extend_from_slice(&payload);
+        n_blocks += 1;
+    }
+    n_blocks
+}
+
+/// Encodes `tables` as a rollup file's bytes.
+pub(crate) fn encode(wal_cut: u64, covers: &[(u64, u64)], tables: &Tables) -> Vec<u8> {
+    let mut out = Vec::new();
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.extend_from_slice(&crc32c::crc32c(&out).to_le_bytes());
+    let mut n_blocks = 0u64;
+    let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            let t = &tables[tier.index()][level.index()];
+            for r in t.values().flat_map(|w| w.values()) {
+                min_ts = min_ts.min(r.first_ts_ms);
+                max_ts = max_ts.max(r.last_ts_ms);
+            }
+            n_blocks += encode_table(t, tier, level, &mut out) as u64;
+        }
+    }
+    let covers_off = out.len() as u64;
+    let mut c = Vec::new();
+    put_uvarint(&mut c, covers.len() as u64);
+    for &(lo, hi) in covers {
+        put_uvarint(&mut c, lo);
+        put_uvarint(&mut c, hi - lo);
+    }
+    out.extend_from_slice(&c);
+    let fo = out.len();
+    for v in [
+        covers_off,
+        c.len() as u64,
+        n_blocks,
+        wal_cut,
+        min_ts as u64,
+        max_ts as u64,
+    ] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&crc32c::crc32c(&c).to_le_bytes());
+    let crc = crc32c::crc32c(&out[fo..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(FOOTER_MAGIC);
+    debug_assert_eq!(out.len() - fo, FOOTER_LEN);
+    out
+}
+
+/// Writes `tables` to `tmp`, fsyncs, renames to `dst` and fsyncs the
+/// directory. When this returns `Ok`, the file is durable.
+///
+/// # Errors
+/// I/O errors; `tmp` may then be left behind (the caller removes it).
+pub(crate) fn write(
+    tmp: &Path,
+    dst: &Path,
+    wal_cut: u64,
+    covers: &[(u64, u64)],
+    tables: &Tables,
+) -> Result<()> {
+    let bytes = encode(wal_cut, covers, tables);
+    let io = |e| Error::io(tmp, e);
+    let file = File::create(tmp).map_err(io)?;
+    let mut w = BufWriter::new(file);
+    w.write_all(&bytes).map_err(io)?;
+    let file = w.into_inner().map_err(|e| io(e.into_error()))?;
+    file.sync_all().map_err(io)?;
+    drop(file);
+    fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))?;
+    if let Some(dir) = dst.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Merges sorted, inclusive id ranges.
+pub(crate) fn union_covers(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
+    ranges.sort();
+    let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
+    for (lo, hi) in ranges {
+        match out.last_mut() {
+            Some(l) if lo <= l.1.saturating_add(1) => l.1 = l.1.max(hi),
+            _ => out.push((lo, hi)),
+        }
+    }
+    out
+}

@@ -1,0 +1,495 @@
+//! Rollups against a naive fold over the raw samples the test knows were
+//! stored (first write wins), computed here without the code under test.
+
+use std::collections::{BTreeMap, HashMap};
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::{Label, SeriesKey, Storage, StorageConfig};
+
+/// Topology of test series `i`: (metric, cluster, row, rack, host label name, host, gpu, uuid).
+fn topo(i: usize) -> [String; 8] {
+    let pick = |n: usize, opts: &[&str]| opts[n % opts.len()].to_string();
+    [
+        pick(i, &["m0", "m1"]),
+        pick(i / 2, &["c0", "", "c1"]),
+        pick(i / 3, &["r0", ""]),
+        pick(i / 5, &["k0", "k1", ""]),
+        pick(i / 7, &["Hostname", "hostname", "Hostname"]),
+        pick(i / 4, &["h0", "h1", ""]),
+        pick(i / 6, &["0", "1"]),
+        pick(i / 11, &["u0", "u1"]),
+    ]
+}
+
+fn key_of(i: usize) -> SeriesKey {
+    let t = topo(i);
+    SeriesKey::new(
+        t[0].clone(),
+        vec![
+            Label::new("cluster", t[1].clone()),
+            Label::new("row", t[2].clone()),
+            Label::new("rack", t[3].clone()),
+            Label::new(t[4].clone(), t[5].clone()),
+            Label::new("gpu", t[6].clone()),
+            Label::new("UUID", t[7].clone()),
+        ],
+    )
+    .unwrap()
+}
+
+/// The group of series `i` at `level`, from the topology (not from the code under test).
+fn group_of(i: usize, level: RollupLevel) -> [String; 6] {
+    let t = topo(i);
+    let depth = match level {
+        RollupLevel::Gpu => 5,
+        RollupLevel::Host => 4,
+        RollupLevel::Rack => 3,
+        RollupLevel::Row => 2,
+        RollupLevel::Cluster => 1,
+    };
+    let f = [&t[0], &t[1], &t[2], &t[3], &t[5], &t[6]];
+    std::array::from_fn(|k| {
+        if k <= depth {
+            f[k].clone()
+        } else {
+            String::new()
+        }
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Naive {
+    count: u64,
+    sum: f64,
+    min: f64,
+    max: f64,
+    first: (i64, f64),
+    last: (i64, f64),
+}
+
+type Model = HashMap<(usize, i64), f64>;
+
+fn naive(
+    stored: &Model,
+    tier: RollupTier,
+    level: RollupLevel,
+) -> BTreeMap<[String; 6], BTreeMap<i64, Naive>> {
+    let w = tier.window_ms();
+    let mut out: BTreeMap<[String; 6], BTreeMap<i64, Naive>> = BTreeMap::new();
+    for (&(i, t), &v) in stored {
+        let ws = t.div_euclid(w) * w;
+        let e = out
+            .entry(group_of(i, level))
+            .or_default()
+            .entry(ws)
+            .or_insert(Naive {
+                count: 0,
+                sum: 0.0,
+                min: f64::INFINITY,
+                max: f64::NEG_INFINITY,
+                first: (i64::MAX, f64::INFINITY),
+                last: (i64::MIN, f64::NEG_INFINITY),
+            });
+        e.count += 1;
+        e.sum += v;
+        e.min = e.min.min(v);
+        e.max = e.max.max(v);
+        if t < e.first.0 || (t == e.first.0 && v < e.first.1) {
+            e.first = (t, v);
+        }
+        if t > e.last.0 || (t == e.last.0 && v > e.last.1) {
+            e.last = (t, v);
+        }
+    }
+    out
+}
+
+fn check(st: &Storage, stored: &Model) -> Result<(), TestCaseError> {
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            let want = naive(stored, tier, level);
+            let got = st.select_rollups(tier, level, &RollupFilter::default(), i64::MIN, i64::MAX);
+            let got_keys: Vec<[String; 6]> = got
+                .iter()
+                .map(|(g, _)| {
+                    [
+                        g.metric.clone(),
+                        g.cluster.clone(),
+                        g.row.clone(),
+                        g.rack.clone(),
+                        g.host.clone(),
+                        g.gpu.clone(),
+                    ]
+                })
+                .collect();
+            let want_keys: Vec<[String; 6]> = want.keys().cloned().collect();
+            prop_assert_eq!(&got_keys, &want_keys, "groups of {:?} {:?}", tier, level);
+            for ((_, recs), (g, wins)) in got.iter().zip(&want) {
+                prop_assert_eq!(recs.len(), wins.len(), "windows of {:?}", g);
+                for (r, (&ws, n)) in recs.iter().zip(wins) {
+                    let ctx = format!("{tier:?} {level:?} {g:?} window {ws}");
+                    prop_assert_eq!(r.window_start_ms, ws, "{}", ctx);
+                    prop_assert_eq!(r.count, n.count, "{}", ctx);
+                    prop_assert_eq!(r.min, n.min, "{}", ctx);
+                    prop_assert_eq!(r.max, n.max, "{}", ctx);
+                    prop_assert_eq!((r.first_ts_ms, r.first), n.first, "{}", ctx);
+                    prop_assert_eq!((r.last_ts_ms, r.last), n.last, "{}", ctx);
+                    let tol = 1e-12 * n.sum.abs().max(1.0);
+                    prop_assert!(
+                        (r.sum - n.sum).abs() <= tol,
+                        "{} sum {} vs {}",
+                        ctx,
+                        r.sum,
+                        n.sum
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// (series, timestamp slot, value)
+    Batch(Vec<(usize, i64, i32)>),
+    Flush,
+    /// Drop without flushing, reopen (WAL replay).
+    Crash,
+    Compact,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => prop::collection::vec((0usize..14, 0i64..300, -40i32..40), 1..30).prop_map(Op::Batch),
+        1 => Just(Op::Flush),
+        1 => Just(Op::Crash),
+        1 => Just(Op::Compact),
+    ]
+}
+
+fn config(dir: &std::path::Path) -> StorageConfig {
+    let mut cfg = StorageConfig::new(dir);
+    cfg.max_chunk_samples = 7;
+    // Wider than the whole test range: nothing is too old, so what is stored
+    // is exactly the first write of each (series, timestamp).
+    cfg.ooo_window = std::time::Duration::from_secs(30 * 86_400);
+    cfg.compaction_window = std::time::Duration::from_secs(6 * 3600);
+    cfg.retention = None;
+    cfg
+}
+
+/// A slot spreads over ~3.5 days, so minute, hour and day windows all vary.
+fn slot_ts(slot: i64) -> i64 {
+    slot * 997_000 + (slot % 7) * 13_000
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let mut st = Storage::open(cfg.clone()).unwrap();
+    let mut stored = Model::new();
+    for op in ops {
+        match op {
+            Op::Batch(rows) => {
+                let refs: Vec<_> = rows
+                    .iter()
+                    .map(|r| st.series_ref(key_of(r.0)).unwrap())
+                    .collect();
+                let ts: Vec<i64> = rows.iter().map(|r| slot_ts(r.1)).collect();
+                let vals: Vec<f64> = rows.iter().map(|r| r.2 as f64 * 0.25).collect();
+                st.append(&refs, &ts, &vals).unwrap();
+                for (r, (&t, &v)) in rows.iter().zip(ts.iter().zip(&vals)) {
+                    stored.entry((r.0, t)).or_insert(v);
+                }
+            }
+            Op::Flush => {
+                st.flush().unwrap();
+            }
+            Op::Crash => {
+                drop(st);
+                st = Storage::open(cfg.clone()).unwrap();
+            }
+            Op::Compact => {
+                st.compact().unwrap();
+            }
+        }
+        check(&st, &stored)?;
+    }
+    drop(st);
+    let st = Storage::open(cfg).unwrap();
+    check(&st, &stored)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Every tier and level equals the naive fold, after every operation:
+    /// appends (late and duplicate samples included), flushes, crashes, compactions.
+    #[test]
+    fn rollups_equal_a_naive_fold(ops in prop::collection::vec(op(), 1..25)) {
+        run(ops)?;
+    }
+}
+
+/// A sample repeating a flushed timestamp, within the out-of-order window,
+/// must count once, before and after a crash.
+#[test]
+fn late_duplicate_of_a_flushed_sample_counts_once() {
+    run(vec![
+        Op::Batch(vec![(0, 10, 1), (0, 12, 2), (0, 14, 3)]),
+        Op::Flush,
+        Op::Batch(vec![(0, 12, 9), (0, 11, 5), (0, 13, 4), (0, 13, 8)]),
+        Op::Crash,
+        Op::Batch(vec![(0, 12, 7), (0, 11, 6)]),
+        Op::Flush,
+        Op::Batch(vec![(0, 10, 7), (0, 13, 6)]),
+    ])
+    .unwrap();
+}
+
+/// The flush fails after its rollup file is durable and before its segment
+/// is (a directory sits where the segment's tmp file goes). Retried without a
+/// crash, and with a crash in between: rollups still equal the fold.
+#[test]
+fn crash_between_rollup_file_and_segment() {
+    for crash in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let st = Storage::open(cfg.clone()).unwrap();
+        let mut stored = Model::new();
+        fn append(st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]) {
+            for &(i, slot, v) in rows {
+                let r = st.series_ref(key_of(i)).unwrap();
+                st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
+                stored.entry((i, slot_ts(slot))).or_insert(v);
+            }
+        }
+        append(&st, &mut stored, &[(0, 1, 1.0), (1, 2, 2.0), (0, 3, 3.0)]);
+        st.flush().unwrap();
+        append(&st, &mut stored, &[(0, 4, 4.0), (2, 5, 5.0), (0, 2, 6.0)]);
+        let blockers: Vec<_> = (1..4)
+            .map(|id| crate::files::segment_tmp_path(dir.path(), crate::SegmentId(id)))
+            .collect();
+        for b in &blockers {
+            let _ = std::fs::create_dir(b);
+        }
+        assert!(st.flush().is_err(), "the segment write fails");
+        assert_eq!(st.rollup_files(), 2, "the rollup file was written first");
+        check(&st, &stored).unwrap();
+        append(&st, &mut stored, &[(0, 6, 7.0), (1, 1, 8.0)]);
+        check(&st, &stored).unwrap();
+        for b in &blockers {
+            let _ = std::fs::remove_dir(b);
+        }
+        let st = if crash {
+            drop(st);
+            Storage::open(cfg.clone()).unwrap()
+        } else {
+            st
+        };
+        check(&st, &stored).unwrap();
+        st.flush().unwrap();
+        check(&st, &stored).unwrap();
+        drop(st);
+        let st = Storage::open(cfg).unwrap();
+        check(&st, &stored).unwrap();
+    }
+}
+
+/// Raw data expires; the rollups of its windows stay. Then 1-minute records
+/// expire while the hour and day records stay.
+#[test]
+fn rollups_survive_raw_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.retention = Some(std::time::Duration::from_millis(1));
+    cfg.retention_1m = Some(std::time::Duration::from_secs(86_400));
+    let st = Storage::open(cfg.clone()).unwrap();
+    let mut stored = Model::new();
+    for slot in 0..40 {
+        for i in 0..5 {
+            let r = st.series_ref(key_of(i)).unwrap();
+            st.append(&[r], &[slot_ts(slot)], &[(slot + i as i64) as f64])
+                .unwrap();
+            stored.insert((i, slot_ts(slot)), (slot + i as i64) as f64);
+        }
+        if slot % 9 == 0 {
+            st.flush().unwrap();
+        }
+    }
+    st.flush().unwrap();
+    let max_ts = slot_ts(39);
+    assert!(st.stats().segments > 0);
+    // Raw retention only: the minute records are younger than a day at this "now".
+    assert!(st.enforce_retention(max_ts + 1000) > 0);
+    assert_eq!(st.stats().segments, 0, "raw data expired");
+    assert!(st.select(&[], i64::MIN, i64::MAX).is_empty());
+    check(&st, &stored).unwrap();
+    drop(st);
+    let st = Storage::open(cfg.clone()).unwrap();
+    check(&st, &stored).unwrap();
+
+    // Two days later, the minute records are gone; hours and days stay.
+    let now = max_ts + 2 * 86_400_000;
+    st.enforce_retention(now);
+    let minute = st.select_rollups(
+        RollupTier::Minute,
+        RollupLevel::Gpu,
+        &RollupFilter::default(),
+        i64::MIN,
+        i64::MAX,
+    );
+    assert!(minute.is_empty(), "minute records expired: {minute:?}");
+    for tier in [RollupTier::Hour, RollupTier::Day] {
+        for level in RollupLevel::ALL {
+            let got = st.select_rollups(tier, level, &RollupFilter::default(), i64::MIN, i64::MAX);
+            let want = naive(&stored, tier, level);
+            let count = |it: &mut dyn Iterator<Item = u64>| it.sum::<u64>();
+            assert_eq!(
+                count(&mut got.iter().flat_map(|(_, r)| r.iter().map(|r| r.count))),
+                count(&mut want.values().flat_map(|w| w.values().map(|n| n.count))),
+            );
+            assert_eq!(got.len(), want.len());
+        }
+    }
+    assert_eq!(
+        st.rollup_files(),
+        1,
+        "expired files merged into one archive"
+    );
+    drop(st);
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.rollup_files(), 1);
+}
+
+#[test]
+fn filters_and_time_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Storage::open(config(dir.path())).unwrap();
+    let mut stored = Model::new();
+    for slot in 0..20 {
+        for i in 0..14 {
+            let r = st.series_ref(key_of(i)).unwrap();
+            st.append(&[r], &[slot_ts(slot)], &[i as f64]).unwrap();
+            stored.insert((i, slot_ts(slot)), i as f64);
+        }
+        if slot == 10 {
+            st.flush().unwrap();
+        }
+    }
+    let f = RollupFilter {
+        metric: Some("m1".into()),
+        cluster: Some("c0".into()),
+        ..Default::default()
+    };
+    let (lo, hi) = (slot_ts(5), slot_ts(15));
+    let got = st.select_rollups(RollupTier::Minute, RollupLevel::Rack, &f, lo, hi);
+    let want = naive(&stored, RollupTier::Minute, RollupLevel::Rack);
+    let want: Vec<_> = want
+        .into_iter()
+        .filter(|(g, _)| g[0] == "m1" && g[1] == "c0")
+        .map(|(g, w)| {
+            let w: Vec<i64> = w
+                .into_keys()
+                .filter(|&ws| ws <= hi && ws + 59_999 >= lo)
+                .collect();
+            (g, w)
+        })
+        .filter(|(_, w)| !w.is_empty())
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(got.len(), want.len());
+    for ((g, recs), (wg, ws)) in got.iter().zip(&want) {
+        assert_eq!(
+            [&g.metric, &g.cluster, &g.row, &g.rack],
+            [&wg[0], &wg[1], &wg[2], &wg[3]]
+        );
+        assert_eq!(g.host, "");
+        assert_eq!(
+            recs.iter().map(|r| r.window_start_ms).collect::<Vec<_>>(),
+            *ws
+        );
+    }
+}
+
+#[test]
+fn corrupt_rollup_file_is_quarantined_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let st = Storage::open(cfg.clone()).unwrap();
+    let r = st.series_ref(key_of(0)).unwrap();
+    st.append(&[r], &[1000], &[1.0]).unwrap();
+    st.flush().unwrap();
+    drop(st);
+    let path = crate::files::rollup_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[20] ^= 0x40;
+    std::fs::write(&path, &bytes).unwrap();
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(
+        st.metrics()
+            .rollup_files_quarantined
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    assert!(
+        dir.path()
+            .join("quarantine")
+            .join(crate::files::rollup_file_name(1))
+            .exists()
+    );
+    assert_eq!(st.rollup_files(), 0);
+}
+
+/// Every truncation and every bit flip is an error, never a panic.
+#[test]
+fn every_truncation_and_flip_is_detected() {
+    let mut tables = empty_tables();
+    let g = RollupGroup {
+        metric: "m".into(),
+        gpu: "3".into(),
+        ..Default::default()
+    };
+    add_to_tables(
+        &mut tables,
+        &g,
+        &[
+            RollupRecord::of_sample(60_000, 61_000, 2.5),
+            RollupRecord::of_sample(180_000, 180_500, -1.0),
+        ],
+    );
+    let bytes = file::encode(7, &[(4, 4)], &tables);
+    let f = file::RollupFile::from_bytes(&bytes).unwrap();
+    assert_eq!(f.wal_cut(), 7);
+    assert_eq!(f.covers(), [(4, 4)]);
+    for n in 0..bytes.len() {
+        assert!(
+            file::RollupFile::from_bytes(&bytes[..n]).is_err(),
+            "truncated at {n}"
+        );
+    }
+    for i in 0..bytes.len() {
+        for bit in 0..8 {
+            let mut b = bytes.clone();
+            b[i] ^= 1 << bit;
+            assert!(
+                file::RollupFile::from_bytes(&b).is_err(),
+                "flip at {i} bit {bit}"
+            );
+        }
+    }
+}
+
+#[test]
+fn merge_is_order_independent_on_ties() {
+    let a = RollupRecord::of_sample(0, 5, 1.0);
+    let b = RollupRecord::of_sample(0, 5, 2.0);
+    let (mut ab, mut ba) = (a, b);
+    ab.merge(&b);
+    ba.merge(&a);
+    assert_eq!(ab, ba);
+    assert_eq!((ab.first, ab.last), (1.0, 2.0));
+}
