@@ -1,12 +1,9 @@
 //! Bad input on the agent stream: a clear error, a reject for the bad batch,
 //! and the rest of the stream unharmed.
 
-use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{AgentMessage, Batch, Hello, Label, SeriesDef, agent_message, ingest_reply};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::support::Node;
+use crate::support::{Node, open_stream};
 
 fn batch(
     seq: u64,
@@ -42,20 +39,11 @@ fn def(id: u32, metric: &str) -> SeriesDef {
 fn bad_batches_are_rejected_and_the_stream_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     let node = Node::start(&dir.path().join("data"));
-    let url = node.grpc_url.replace("grpc://", "http://");
+    let url = node.grpc_url.clone();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         // A stream that does not start with a hello is refused.
-        let mut client = IngestClient::connect(url.clone()).await.unwrap();
-        let (tx, rx) = mpsc::channel(8);
-        tx.send(batch(1, vec![], vec![], vec![], vec![]))
-            .await
-            .unwrap();
-        let mut replies = client
-            .stream(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        let (_tx, mut replies) = open_stream(&url, batch(1, vec![], vec![], vec![], vec![])).await;
         let err = replies
             .message()
             .await
@@ -63,22 +51,15 @@ fn bad_batches_are_rejected_and_the_stream_goes_on() {
         assert_eq!(err.code(), tonic::Code::InvalidArgument);
         assert!(err.message().contains("hello"), "{}", err.message());
 
-        let (tx, rx) = mpsc::channel(8);
         let hello = Hello {
             agent_id: "a".into(),
             host: "proto-host".into(),
             ..Default::default()
         };
-        tx.send(AgentMessage {
+        let hello = AgentMessage {
             msg: Some(agent_message::Msg::Hello(hello)),
-        })
-        .await
-        .unwrap();
-        let mut replies = client
-            .stream(ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
+        };
+        let (tx, mut replies) = open_stream(&url, hello).await;
         let mut next = async || replies.message().await.unwrap().unwrap().reply.unwrap();
 
         // Columns of different lengths.

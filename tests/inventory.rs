@@ -2,18 +2,13 @@
 //! hosts run a driver that differs from the fleet majority" in one query,
 //! and survives a restart.
 
-use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{AgentMessage, GpuInfo, Hello, Topology, agent_message, ingest_reply};
 use serde_json::Value;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::support::Node;
+use crate::support::{Node, open_stream};
 
 /// Sends one hello and one empty batch for `host`, and waits for the ack.
 async fn announce(url: &str, host: &str, rack: &str, driver: &str) {
-    let mut client = IngestClient::connect(url.to_string()).await.unwrap();
-    let (tx, rx) = mpsc::channel(4);
     let gpus = (0..2)
         .map(|i| GpuInfo {
             index: i,
@@ -37,21 +32,15 @@ async fn announce(url: &str, host: &str, rack: &str, driver: &str) {
         gpus,
         agent_version: "test".into(),
     };
-    tx.send(AgentMessage {
+    let hello = AgentMessage {
         msg: Some(agent_message::Msg::Hello(hello)),
-    })
-    .await
-    .unwrap();
+    };
+    let (tx, mut replies) = open_stream(url, hello).await;
     tx.send(AgentMessage {
         msg: Some(agent_message::Msg::Batch(Default::default())),
     })
     .await
     .unwrap();
-    let mut replies = client
-        .stream(ReceiverStream::new(rx))
-        .await
-        .unwrap()
-        .into_inner();
     let r = replies.message().await.unwrap().unwrap().reply.unwrap();
     assert!(matches!(r, ingest_reply::Reply::Ack(_)), "{r:?}");
 }
@@ -66,7 +55,7 @@ fn gpus_table_finds_the_odd_driver_and_survives_restart() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let node = Node::start(&data);
-    let url = node.grpc_url.replace("grpc://", "http://");
+    let url = node.grpc_url.clone();
     let before = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -4,14 +4,11 @@
 
 use std::process::{Command, Output};
 
-use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{
     AgentMessage, Batch, Hello, Label, SeriesDef, Topology, agent_message, ingest_reply,
 };
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
-use crate::support::Node;
+use crate::support::{Node, open_stream};
 
 /// 2026-11-30T10:00:00Z in ms.
 const T0: i64 = 1_796_032_800_000;
@@ -69,14 +66,11 @@ const FLEET: &[Series] = &[
 
 /// Streams the fleet to ingest: one stream per host, with its topology.
 fn write_fleet(grpc_url: &str) {
-    let url = grpc_url.replace("grpc://", "http://");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         for host in ["node-a", "node-b"] {
-            let mut client = IngestClient::connect(url.clone()).await.unwrap();
-            let (tx, rx) = mpsc::channel(8);
             let rack = FLEET.iter().find(|s| s.host == host).unwrap().rack;
-            tx.send(AgentMessage {
+            let hello = AgentMessage {
                 msg: Some(agent_message::Msg::Hello(Hello {
                     agent_id: host.into(),
                     host: host.into(),
@@ -87,14 +81,8 @@ fn write_fleet(grpc_url: &str) {
                     }),
                     ..Default::default()
                 })),
-            })
-            .await
-            .unwrap();
-            let mut replies = client
-                .stream(ReceiverStream::new(rx))
-                .await
-                .unwrap()
-                .into_inner();
+            };
+            let (tx, mut replies) = open_stream(grpc_url, hello).await;
             let mut batch = Batch {
                 seq: 1,
                 ..Default::default()

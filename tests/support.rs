@@ -190,3 +190,27 @@ impl Drop for Node {
         let _ = self.child.wait();
     }
 }
+
+/// Opens an ingest stream to `grpc_url` whose first message is `first` (a
+/// hello, or anything a test wants refused); returns the sender for the rest
+/// of the stream and the replies.
+pub(crate) async fn open_stream(
+    grpc_url: &str,
+    first: gpulse_proto::v1::AgentMessage,
+) -> (
+    tokio::sync::mpsc::Sender<gpulse_proto::v1::AgentMessage>,
+    tonic::Streaming<gpulse_proto::v1::IngestReply>,
+) {
+    let url = grpc_url.replace("grpc://", "http://");
+    let mut client = gpulse_proto::v1::ingest_client::IngestClient::connect(url)
+        .await
+        .expect("connect to ingest");
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tx.send(first).await.expect("queue the first message");
+    let replies = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .expect("open the stream")
+        .into_inner();
+    (tx, replies)
+}
