@@ -14,7 +14,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::SegmentId;
+use memmap2::Mmap;
+
+use crate::{Error, Result, SegmentId};
 
 pub const SEGMENTS_DIR: &str = "segments";
 pub const QUARANTINE_DIR: &str = "quarantine";
@@ -84,6 +86,25 @@ pub fn parse_segment_file_name(name: &str) -> Option<SegmentId> {
         return None;
     }
     u64::from_str_radix(stem, 16).ok().map(SegmentId)
+}
+
+/// Maps a sealed file (a segment or a rollup file) read-only.
+pub(crate) fn map_sealed(path: &Path) -> Result<Mmap> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    // SAFETY: sealed files are never modified or truncated in place: they are
+    // written as *.tmp, fsynced and renamed, and only deleted whole.
+    unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+/// Copies `bytes` into an anonymous read-only map (at least one byte long),
+/// so that a decoder of sealed files can validate bytes held in memory
+/// (fuzzing, tools).
+pub(crate) fn map_copy(bytes: &[u8]) -> Result<Mmap> {
+    let path = Path::new("<memory>");
+    let mut anon =
+        memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io(path, e))?;
+    anon[..bytes.len()].copy_from_slice(bytes);
+    anon.make_read_only().map_err(|e| Error::io(path, e))
 }
 
 #[cfg(test)]

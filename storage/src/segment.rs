@@ -26,7 +26,6 @@
 pub(crate) mod writer;
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -109,10 +108,7 @@ impl Segment {
     /// [`Error::Io`] if the file can't be read, [`Error::Corrupt`] with the
     /// offset of the first problem if it doesn't validate.
     pub fn open(path: &Path, id: SegmentId) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: sealed segments are never modified or truncated in place: they
-        // are written as *.tmp, fsynced and renamed, and only deleted whole.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let map = crate::files::map_sealed(path)?;
         Self::from_map(path, id, map)
     }
 
@@ -123,10 +119,7 @@ impl Segment {
     /// As [`Self::open`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let path = Path::new("<memory>");
-        let mut anon =
-            memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io(path, e))?;
-        anon[..bytes.len()].copy_from_slice(bytes);
-        let map = anon.make_read_only().map_err(|e| Error::io(path, e))?;
+        let map = crate::files::map_copy(bytes)?;
         if bytes.is_empty() {
             return Err(Error::Corrupt {
                 path: path.into(),

@@ -168,10 +168,7 @@ impl RollupFile {
     /// # Errors
     /// [`Error::Io`] if it can't be read, [`Error::Corrupt`] if it doesn't validate.
     pub fn open(path: &Path, id: u64) -> Result<Self> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        // SAFETY: rollup files are never modified or truncated in place: they
-        // are written as *.tmp, fsynced and renamed, and only deleted whole.
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+        let map = crate::files::map_sealed(path)?;
         Self::from_map(path, id, map)
     }
 
@@ -181,10 +178,7 @@ impl RollupFile {
     /// As [`Self::open`].
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         let path = Path::new("<memory>");
-        let mut anon =
-            memmap2::MmapMut::map_anon(bytes.len().max(1)).map_err(|e| Error::io(path, e))?;
-        anon[..bytes.len()].copy_from_slice(bytes);
-        let map = anon.make_read_only().map_err(|e| Error::io(path, e))?;
+        let map = crate::files::map_copy(bytes)?;
         let mut f = Self::from_map(path, 0, map)?;
         // The anonymous map has at least one byte; an empty input never validates.
         f.id = 0;
