@@ -315,19 +315,7 @@ impl Storage {
         let started = Instant::now();
 
         let mut max_id = max_segment_id(&q_dir)?;
-        let mut ids = Vec::new();
-        for entry in fs::read_dir(&seg_dir).map_err(|e| Error::io(&seg_dir, e))? {
-            let entry = entry.map_err(|e| Error::io(&seg_dir, e))?;
-            let name = entry.file_name();
-            let name = name.to_string_lossy();
-            if name.ends_with(&format!(".{TMP_EXT}")) {
-                warn!(file = %entry.path().display(), "removing unfinished segment of an interrupted flush");
-                fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-            } else if let Some(id) = files::parse_segment_file_name(&name) {
-                ids.push(id);
-            }
-        }
-        ids.sort();
+        let ids = list_sealed(&seg_dir, "segment", files::parse_segment_file_name)?;
         let mut segments = Vec::with_capacity(ids.len());
         for id in ids {
             max_id = max_id.max(id.0);
@@ -1062,6 +1050,29 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
     carried.extend(map);
 }
 
+/// The ids of the sealed files in `dir`, sorted. Leftover `*.tmp` files of an
+/// interrupted flush (`what`: "segment", "rollup file") are deleted.
+fn list_sealed<T: Ord>(
+    dir: &Path,
+    what: &str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Vec<T>> {
+    let mut ids = Vec::new();
+    for entry in fs::read_dir(dir).map_err(|e| Error::io(dir, e))? {
+        let entry = entry.map_err(|e| Error::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.ends_with(&format!(".{TMP_EXT}")) {
+            warn!(file = %entry.path().display(), "removing unfinished {what} of an interrupted flush");
+            fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
+        } else if let Some(id) = parse(&name) {
+            ids.push(id);
+        }
+    }
+    ids.sort();
+    Ok(ids)
+}
+
 /// Replays the WAL into `head`, skipping the WAL segments that the segments
 /// already contain. Series that also live in segments start with their last
 /// flushed timestamp, so that a batch re-sent after a restart counts as a
@@ -1266,19 +1277,7 @@ fn open_rollups(
             }
         }
     }
-    let mut ids = Vec::new();
-    for entry in fs::read_dir(&dir).map_err(|e| Error::io(&dir, e))? {
-        let entry = entry.map_err(|e| Error::io(&dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.ends_with(&format!(".{TMP_EXT}")) {
-            warn!(file = %entry.path().display(), "removing unfinished rollup file of an interrupted flush");
-            fs::remove_file(entry.path()).map_err(|e| Error::io(entry.path(), e))?;
-        } else if let Some(id) = files::parse_rollup_file_name(&name) {
-            ids.push(id);
-        }
-    }
-    ids.sort();
+    let ids = list_sealed(&dir, "rollup file", files::parse_rollup_file_name)?;
     let mut out: Vec<Arc<RollupFile>> = Vec::with_capacity(ids.len());
     for id in ids {
         max_id = max_id.max(id);
