@@ -2,7 +2,9 @@
 //! and the PostgreSQL wire protocol.
 //!
 //! [`QueryEngine`] owns a DataFusion `SessionContext` with the `samples` table
-//! ([`samples`]), the `gpus` inventory ([`gpus`]) and a `pg_catalog` schema (so
+//! ([`samples`]), the rollup tables `rollup_1m`, `rollup_1h`, `rollup_1d` and
+//! the tier-picking function `rollup(start, end, step)` ([`rollups`]), the
+//! `gpus` inventory ([`gpus`]) and a `pg_catalog` schema (so
 //! that PostgreSQL clients can list tables); [`http::router`] serves
 //! `POST /api/v1/sql` and [`pg::serve`] the PostgreSQL protocol on top of it.
 //! Queries are read-only: DDL, DML and SET statements are refused. Results
@@ -11,6 +13,8 @@
 pub mod gpus;
 pub mod http;
 pub mod pg;
+mod pushdown;
+pub mod rollups;
 pub mod samples;
 
 use std::sync::Arc;
@@ -162,8 +166,16 @@ impl QueryEngine {
             Arc::new(samples::SamplesTable::new(storage.clone())),
         )
         .expect("BUG: registering a table in a fresh context");
-        ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage)))
+        ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage.clone())))
             .expect("BUG: registering a table in a fresh context");
+        for tier in storage::RollupTier::ALL {
+            ctx.register_table(
+                rollups::table_name(tier),
+                Arc::new(rollups::RollupTable::new(storage.clone(), tier)),
+            )
+            .expect("BUG: registering a table in a fresh context");
+        }
+        ctx.register_udtf("rollup", Arc::new(rollups::RollupFunction::new(storage)));
         // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
         // functions psql's \dt and \d call (pg_table_is_visible, format_type).
         // They read the context's catalog, so they list `samples` as it is.

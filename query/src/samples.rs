@@ -22,13 +22,13 @@ use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
-use datafusion::logical_expr::{
-    Between, BinaryExpr, Expr, Operator, TableProviderFilterPushDown, TableType,
-};
+use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown, TableType};
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use storage::{Matcher, SelectedSeries, SeriesKey, Storage};
+
+use crate::pushdown::{TimeRange, comparisons, string_of};
 
 /// Rows per record batch produced by a scan.
 const BATCH_ROWS: usize = 8192;
@@ -138,22 +138,11 @@ impl SamplesTable {
 }
 
 /// What a scan's filters allow it to skip.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 struct Pushdown {
-    min_ts: i64,
-    max_ts: i64,
+    time: TimeRange,
     /// Label column = value.
     equal: Vec<(Col, String)>,
-}
-
-impl Default for Pushdown {
-    fn default() -> Self {
-        Self {
-            min_ts: i64::MIN,
-            max_ts: i64::MAX,
-            equal: Vec::new(),
-        }
-    }
 }
 
 impl Pushdown {
@@ -165,67 +154,24 @@ impl Pushdown {
         p
     }
 
-    /// Narrows the pushdown by `e`; true if `e` was understood.
+    /// Narrows the pushdown by `e`; true if all of `e` was understood.
     fn absorb(&mut self, e: &Expr) -> bool {
-        match e {
-            Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::And => {
-                // Both sides must be understood for the conjunction to count as pushed,
-                // but narrowing by either side alone is still correct.
-                let l = self.absorb(left);
-                let r = self.absorb(right);
-                l && r
-            }
-            Expr::BinaryExpr(BinaryExpr { left, op, right }) => {
-                let (col, lit, op) = match (column_of(left), literal_of(right)) {
-                    (Some(c), Some(l)) => (c, l, *op),
-                    _ => match (column_of(right), literal_of(left), op.swap()) {
-                        (Some(c), Some(l), Some(op)) => (c, l, op),
-                        _ => return false,
-                    },
-                };
-                self.absorb_cmp(col, op, lit)
-            }
-            Expr::Between(Between {
-                expr,
-                negated: false,
-                low,
-                high,
-            }) => match (column_of(expr), literal_of(low), literal_of(high)) {
-                (Some(Col::Ts), Some(lo), Some(hi)) => {
-                    self.absorb_cmp(Col::Ts, Operator::GtEq, lo)
-                        && self.absorb_cmp(Col::Ts, Operator::LtEq, hi)
-                }
-                _ => false,
-            },
-            _ => false,
+        let (cmps, mut all) = comparisons(e);
+        for c in cmps {
+            all &= Col::by_name(c.column).is_some_and(|col| self.absorb_cmp(col, c.op, c.literal));
         }
+        all
     }
 
     fn absorb_cmp(&mut self, col: Col, op: Operator, lit: &ScalarValue) -> bool {
         match col {
-            Col::Ts => {
-                let Some((lo_ms, hi_ms)) = timestamp_ms_bounds(lit) else {
-                    return false;
-                };
-                match op {
-                    Operator::Gt | Operator::GtEq => self.min_ts = self.min_ts.max(lo_ms),
-                    Operator::Lt | Operator::LtEq => self.max_ts = self.max_ts.min(hi_ms),
-                    Operator::Eq => {
-                        self.min_ts = self.min_ts.max(lo_ms);
-                        self.max_ts = self.max_ts.min(hi_ms);
-                    }
-                    _ => return false,
-                }
-                true
-            }
-            Col::Metric | Col::Label(..) if op == Operator::Eq => match lit {
-                ScalarValue::Utf8(Some(s))
-                | ScalarValue::Utf8View(Some(s))
-                | ScalarValue::LargeUtf8(Some(s)) => {
-                    self.equal.push((col, s.clone()));
+            Col::Ts => self.time.absorb(op, lit),
+            Col::Metric | Col::Label(..) if op == Operator::Eq => match string_of(lit) {
+                Some(s) => {
+                    self.equal.push((col, s.to_string()));
                     true
                 }
-                _ => false,
+                None => false,
             },
             _ => false,
         }
@@ -248,41 +194,6 @@ impl Pushdown {
             .iter()
             .all(|(col, v)| col.label_value(key) == Some(v.as_str()))
     }
-}
-
-/// The column an expression reads, looking through casts (which are
-/// monotonic for timestamps and identity-like for strings).
-fn column_of(e: &Expr) -> Option<Col> {
-    match e {
-        Expr::Column(c) => Col::by_name(&c.name),
-        Expr::Cast(c) => column_of(&c.expr),
-        Expr::TryCast(c) => column_of(&c.expr),
-        _ => None,
-    }
-}
-
-fn literal_of(e: &Expr) -> Option<&ScalarValue> {
-    match e {
-        Expr::Literal(v, _) => Some(v),
-        _ => None,
-    }
-}
-
-/// A timestamp literal as a millisecond range `[floor, ceil]` that contains it.
-fn timestamp_ms_bounds(v: &ScalarValue) -> Option<(i64, i64)> {
-    let (raw, per_ms): (i64, i64) = match v {
-        ScalarValue::TimestampSecond(Some(s), _) => {
-            return Some((s.saturating_mul(1000), s.saturating_mul(1000)));
-        }
-        ScalarValue::TimestampMillisecond(Some(v), _) => (*v, 1),
-        ScalarValue::TimestampMicrosecond(Some(v), _) => (*v, 1_000),
-        ScalarValue::TimestampNanosecond(Some(v), _) => (*v, 1_000_000),
-        _ => return None,
-    };
-    Some((
-        raw.div_euclid(per_ms),
-        raw.div_euclid(per_ms) + i64::from(raw.rem_euclid(per_ms) != 0),
-    ))
 }
 
 #[async_trait]
@@ -326,7 +237,11 @@ impl TableProvider for SamplesTable {
         let schema = Arc::new(self.schema.project(&cols)?);
         let series: Vec<SelectedSeries> = self
             .storage
-            .select(&pushdown.matchers(), pushdown.min_ts, pushdown.max_ts)
+            .select(
+                &pushdown.matchers(),
+                pushdown.time.min_ts,
+                pushdown.time.max_ts,
+            )
             .into_iter()
             .filter(|s| pushdown.accepts(&s.key))
             .collect();
@@ -353,8 +268,8 @@ impl TableProvider for SamplesTable {
                     schema: schema.clone(),
                     cols: cols.iter().map(|&i| COLUMNS[i]).collect(),
                     series: Arc::new(series),
-                    min_ts: pushdown.min_ts,
-                    max_ts: pushdown.max_ts,
+                    min_ts: pushdown.time.min_ts,
+                    max_ts: pushdown.time.max_ts,
                 }) as Arc<dyn PartitionStream>
             })
             .collect();

@@ -397,6 +397,11 @@ impl Storage {
         &self.replay
     }
 
+    /// The configuration this storage was opened with.
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
     pub fn data_dir(&self) -> &Path {
         &self.config.data_dir
     }

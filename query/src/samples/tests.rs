@@ -192,8 +192,8 @@ fn pushdown_extracts_time_bounds_and_labels() {
         col("host").eq(lit("h")),
         col("value").gt(lit(1.0)),
     ]);
-    assert_eq!(p.min_ts, 1000);
-    assert_eq!(p.max_ts, 5001);
+    assert_eq!(p.time.min_ts, 1000);
+    assert_eq!(p.time.max_ts, 5001);
     assert_eq!(
         p.equal,
         vec![

@@ -1,0 +1,787 @@
+//! The rollup tables `rollup_1m`, `rollup_1h` and `rollup_1d`, and the table
+//! function `rollup(start, end, step)` that picks one of them.
+//!
+//! One row per (level, group, window) of [`Storage::select_rollups`]:
+//!
+//! | column | type | |
+//! | --- | --- | --- |
+//! | `ts` | `TIMESTAMP(ms, UTC)` | start of the window |
+//! | `level` | text | `gpu`, `host`, `rack`, `row` or `cluster` |
+//! | `metric`, `cluster`, `row`, `rack`, `host`, `gpu` | text | the group; NULL below its level (and for a missing label) |
+//! | `count` | bigint | samples in the window |
+//! | `sum`, `min`, `max`, `first`, `last`, `avg` | double | of those samples; `first`/`last` by timestamp |
+//!
+//! A table holds every level, so a query names the one it wants
+//! (`WHERE level = 'rack'`); rows of different levels count the same samples
+//! again. `avg` is `sum / count` of the window: to average over several
+//! windows, divide sums of `sum` by sums of `count` rather than averaging
+//! `avg`.
+//!
+//! Pushdown: `level = …` and `level IN (…)`, equality on `metric` and the
+//! topology columns, and time bounds on `ts` select the (tier, level) blocks,
+//! groups and windows that storage reads; nothing else is decoded. `EXPLAIN`
+//! shows what was pushed in the `RollupScanExec` line. The filters are also
+//! applied by DataFusion (`Inexact`), since a window *overlapping* a time
+//! bound is read but its `ts` (the window start) may lie outside it.
+//!
+//! `rollup(start, end, step)` returns the same columns plus `tier` (`1m`,
+//! `1h` or `1d`): the rows of windows that start in `[start, end)` from the
+//! coarsest tier whose windows are no longer than `step` and whose retention
+//! still covers `start`. When no such tier covers `start`, it falls back to
+//! the finest tier that does (coarser than asked, which `tier` shows), and
+//! when none does, to the one kept longest. `start` and `end` are timestamps
+//! (literals, strings in RFC 3339, or constant expressions such as
+//! `now() - interval '30 days'`); `step` is an interval or a string such as
+//! `'1h'`, `'15m'`, `'1 day'`.
+
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, Float64Builder, Int64Builder, RecordBatch, RecordBatchOptions, StringBuilder,
+    TimestampMillisecondBuilder,
+};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use async_trait::async_trait;
+use datafusion::catalog::{Session, TableFunctionImpl, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
+use datafusion::common::{ScalarValue, plan_err};
+use datafusion::error::Result;
+use datafusion::execution::{SendableRecordBatchStream, TaskContext};
+use datafusion::logical_expr::expr::InList;
+use datafusion::logical_expr::simplify::SimplifyContext;
+use datafusion::logical_expr::{
+    BinaryExpr, Expr, Operator, TableProviderFilterPushDown, TableType,
+};
+use datafusion::optimizer::simplify_expressions::ExprSimplifier;
+use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExpr};
+use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
+use storage::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage};
+
+use crate::pushdown::{TimeRange, column_of, comparisons, literal_of, string_of};
+
+/// Rows per record batch produced by a scan.
+const BATCH_ROWS: usize = 8192;
+
+/// The columns of every rollup table, in order.
+const COLUMNS: [&str; 15] = [
+    "ts", "level", "metric", "cluster", "row", "rack", "host", "gpu", "count", "sum", "min", "max",
+    "first", "last", "avg",
+];
+
+/// The SQL name of a tier's table.
+pub fn table_name(tier: RollupTier) -> &'static str {
+    match tier {
+        RollupTier::Minute => "rollup_1m",
+        RollupTier::Hour => "rollup_1h",
+        RollupTier::Day => "rollup_1d",
+    }
+}
+
+fn tier_label(tier: RollupTier) -> &'static str {
+    match tier {
+        RollupTier::Minute => "1m",
+        RollupTier::Hour => "1h",
+        RollupTier::Day => "1d",
+    }
+}
+
+fn level_name(level: RollupLevel) -> &'static str {
+    match level {
+        RollupLevel::Gpu => "gpu",
+        RollupLevel::Host => "host",
+        RollupLevel::Rack => "rack",
+        RollupLevel::Row => "row",
+        RollupLevel::Cluster => "cluster",
+    }
+}
+
+fn level_by_name(name: &str) -> Option<RollupLevel> {
+    RollupLevel::ALL
+        .into_iter()
+        .find(|&l| level_name(l) == name)
+}
+
+fn schema(with_tier: bool) -> SchemaRef {
+    let mut fields: Vec<Field> = COLUMNS
+        .iter()
+        .map(|&name| match name {
+            "ts" => Field::new(
+                name,
+                DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+                false,
+            ),
+            "level" => Field::new(name, DataType::Utf8, false),
+            "metric" | "cluster" | "row" | "rack" | "host" | "gpu" => {
+                Field::new(name, DataType::Utf8, true)
+            }
+            "count" => Field::new(name, DataType::Int64, false),
+            _ => Field::new(name, DataType::Float64, false),
+        })
+        .collect();
+    if with_tier {
+        fields.push(Field::new("tier", DataType::Utf8, false));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// A rollup table: every level of one tier, optionally limited to the
+/// windows that start in a fixed range (the tables `rollup(…)` returns).
+#[derive(Debug)]
+pub struct RollupTable {
+    storage: Arc<Storage>,
+    tier: RollupTier,
+    /// Windows whose start lies outside this range are not rows of the table.
+    window_starts: TimeRange,
+    /// Whether the table has the `tier` column (`rollup(…)`).
+    with_tier: bool,
+    schema: SchemaRef,
+}
+
+impl RollupTable {
+    /// The table `rollup_1m`, `rollup_1h` or `rollup_1d`.
+    pub fn new(storage: Arc<Storage>, tier: RollupTier) -> Self {
+        Self {
+            storage,
+            tier,
+            window_starts: TimeRange::default(),
+            with_tier: false,
+            schema: schema(false),
+        }
+    }
+
+    pub fn tier(&self) -> RollupTier {
+        self.tier
+    }
+}
+
+/// What a scan's filters allow storage to skip.
+#[derive(Debug, Clone, PartialEq)]
+struct Pushdown {
+    /// Levels that may match, indexed like [`RollupLevel::ALL`].
+    levels: [bool; 5],
+    filter: RollupFilter,
+    time: TimeRange,
+    /// Two filters contradict each other (`metric = 'a' AND metric = 'b'`):
+    /// no row can match.
+    none: bool,
+}
+
+impl Default for Pushdown {
+    fn default() -> Self {
+        Self {
+            levels: [true; 5],
+            filter: RollupFilter::default(),
+            time: TimeRange::default(),
+            none: false,
+        }
+    }
+}
+
+impl Pushdown {
+    fn from_filters(filters: &[Expr]) -> Self {
+        let mut p = Self::default();
+        for f in filters {
+            p.absorb(f);
+        }
+        p
+    }
+
+    /// Narrows the pushdown by `e`; true if all of `e` was understood.
+    fn absorb(&mut self, e: &Expr) -> bool {
+        if let Some(allowed) = level_set(e) {
+            self.keep_levels(allowed);
+            return true;
+        }
+        let (cmps, mut all) = comparisons(e);
+        for c in cmps {
+            all &= self.absorb_cmp(c.column, c.op, c.literal);
+        }
+        all
+    }
+
+    fn absorb_cmp(&mut self, column: &str, op: Operator, lit: &ScalarValue) -> bool {
+        if column == "ts" {
+            return self.time.absorb(op, lit);
+        }
+        let (Operator::Eq, Some(value)) = (op, string_of(lit)) else {
+            return false;
+        };
+        let field = match column {
+            "level" => {
+                self.keep_levels(one_level(value));
+                return true;
+            }
+            "metric" => &mut self.filter.metric,
+            "cluster" => &mut self.filter.cluster,
+            "row" => &mut self.filter.row,
+            "rack" => &mut self.filter.rack,
+            "host" => &mut self.filter.host,
+            "gpu" => &mut self.filter.gpu,
+            _ => return false,
+        };
+        match field {
+            Some(had) if had != value => self.none = true,
+            _ => *field = Some(value.to_string()),
+        }
+        true
+    }
+
+    fn keep_levels(&mut self, allowed: [bool; 5]) {
+        for (l, a) in self.levels.iter_mut().zip(allowed) {
+            *l &= a;
+        }
+    }
+
+    /// The levels to read: those allowed, minus those where a filter on a
+    /// field blanked at that level (`host = 'x'` at rack level) can't match.
+    fn levels(&self) -> Vec<RollupLevel> {
+        if self.none {
+            return Vec::new();
+        }
+        let f = &self.filter;
+        RollupLevel::ALL
+            .into_iter()
+            .filter(|&l| self.levels[l as usize])
+            .filter(|&l| {
+                let below = |field: &Option<String>, kept_from: RollupLevel| {
+                    field.is_some() && l > kept_from
+                };
+                !(below(&f.row, RollupLevel::Row)
+                    || below(&f.rack, RollupLevel::Rack)
+                    || below(&f.host, RollupLevel::Host)
+                    || below(&f.gpu, RollupLevel::Gpu))
+            })
+            .collect()
+    }
+
+    /// The pushdown as `EXPLAIN` shows it.
+    fn display(&self, time: &TimeRange) -> String {
+        let levels: Vec<&str> = self.levels().into_iter().map(level_name).collect();
+        let mut s = format!("levels=[{}]", levels.join(", "));
+        let f = &self.filter;
+        for (name, v) in [
+            ("metric", &f.metric),
+            ("cluster", &f.cluster),
+            ("row", &f.row),
+            ("rack", &f.rack),
+            ("host", &f.host),
+            ("gpu", &f.gpu),
+        ] {
+            if let Some(v) = v {
+                s.push_str(&format!(", {name}={v}"));
+            }
+        }
+        s.push_str(&format!(", ts={}", time.display()));
+        s
+    }
+}
+
+/// The levels `e` allows, if it is a condition on `level` alone:
+/// `level = 'x'`, `level IN (…)`, or an OR of those (DataFusion turns short
+/// IN lists into ORs). Unknown level names allow nothing.
+fn level_set(e: &Expr) -> Option<[bool; 5]> {
+    match e {
+        Expr::InList(InList {
+            expr,
+            list,
+            negated: false,
+        }) if column_of(expr) == Some("level") => {
+            let mut allowed = [false; 5];
+            for item in list {
+                let name = literal_of(item).and_then(string_of)?;
+                for (a, b) in allowed.iter_mut().zip(one_level(name)) {
+                    *a |= b;
+                }
+            }
+            Some(allowed)
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::Or => {
+            let (l, r) = (level_set(left)?, level_set(right)?);
+            Some(std::array::from_fn(|i| l[i] || r[i]))
+        }
+        Expr::BinaryExpr(BinaryExpr { left, op, right }) if *op == Operator::Eq => {
+            let name = match (column_of(left), column_of(right)) {
+                (Some("level"), _) => literal_of(right).and_then(string_of)?,
+                (_, Some("level")) => literal_of(left).and_then(string_of)?,
+                _ => return None,
+            };
+            Some(one_level(name))
+        }
+        _ => None,
+    }
+}
+
+fn one_level(name: &str) -> [bool; 5] {
+    let mut allowed = [false; 5];
+    if let Some(l) = level_by_name(name) {
+        allowed[l as usize] = true;
+    }
+    allowed
+}
+
+#[async_trait]
+impl TableProvider for RollupTable {
+    fn schema(&self) -> SchemaRef {
+        self.schema.clone()
+    }
+
+    fn table_type(&self) -> TableType {
+        TableType::Base
+    }
+
+    fn supports_filters_pushdown(
+        &self,
+        filters: &[&Expr],
+    ) -> Result<Vec<TableProviderFilterPushDown>> {
+        Ok(filters
+            .iter()
+            .map(|f| {
+                if Pushdown::default().absorb(f) {
+                    TableProviderFilterPushDown::Inexact
+                } else {
+                    TableProviderFilterPushDown::Unsupported
+                }
+            })
+            .collect())
+    }
+
+    async fn scan(
+        &self,
+        _state: &dyn Session,
+        projection: Option<&Vec<usize>>,
+        filters: &[Expr],
+        _limit: Option<usize>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        let pushdown = Pushdown::from_filters(filters);
+        let cols: Vec<usize> = match projection {
+            Some(p) => p.clone(),
+            None => (0..self.schema.fields().len()).collect(),
+        };
+        let schema = Arc::new(self.schema.project(&cols)?);
+        let mut time = pushdown.time;
+        time.min_ts = time.min_ts.max(self.window_starts.min_ts);
+        time.max_ts = time.max_ts.min(self.window_starts.max_ts);
+        let properties = PlanProperties::new(
+            EquivalenceProperties::new(schema.clone()),
+            Partitioning::UnknownPartitioning(1),
+            EmissionType::Incremental,
+            Boundedness::Bounded,
+        );
+        Ok(Arc::new(RollupScanExec {
+            storage: self.storage.clone(),
+            tier: self.tier,
+            with_tier: self.with_tier,
+            window_starts: self.window_starts,
+            pushdown,
+            time,
+            cols,
+            schema,
+            properties: Arc::new(properties),
+        }))
+    }
+}
+
+/// Reads one tier's rollups from storage, one level after the other.
+#[derive(Debug)]
+pub struct RollupScanExec {
+    storage: Arc<Storage>,
+    tier: RollupTier,
+    with_tier: bool,
+    window_starts: TimeRange,
+    pushdown: Pushdown,
+    /// The time range asked of storage.
+    time: TimeRange,
+    cols: Vec<usize>,
+    schema: SchemaRef,
+    properties: Arc<PlanProperties>,
+}
+
+impl DisplayAs for RollupScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let names: Vec<&str> = self
+            .cols
+            .iter()
+            .map(|&i| COLUMNS.get(i).copied().unwrap_or("tier"))
+            .collect();
+        write!(
+            f,
+            "RollupScanExec: table={}, {}, projection=[{}]",
+            table_name(self.tier),
+            self.pushdown.display(&self.time),
+            names.join(", ")
+        )
+    }
+}
+
+impl ExecutionPlan for RollupScanExec {
+    fn name(&self) -> &str {
+        "RollupScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(&Arc<dyn PhysicalExpr>) -> Result<TreeNodeRecursion>,
+    ) -> Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        _partition: usize,
+        _context: Arc<TaskContext>,
+    ) -> Result<SendableRecordBatchStream> {
+        let iter = RollupBatches {
+            storage: self.storage.clone(),
+            tier: self.tier,
+            tier_label: self.with_tier.then(|| tier_label(self.tier)),
+            filter: self.pushdown.filter.clone(),
+            time: self.time,
+            window_starts: self.window_starts,
+            levels: self.pushdown.levels().into_iter(),
+            level: RollupLevel::Gpu,
+            groups: Vec::new().into_iter(),
+            current: None,
+            cols: self.cols.clone(),
+            schema: self.schema.clone(),
+        };
+        Ok(Box::pin(RecordBatchStreamAdapter::new(
+            self.schema.clone(),
+            futures::stream::iter(iter),
+        )))
+    }
+}
+
+/// Reads a level from storage when the previous one is used up, and cuts its
+/// rows into batches of [`BATCH_ROWS`].
+struct RollupBatches {
+    storage: Arc<Storage>,
+    tier: RollupTier,
+    tier_label: Option<&'static str>,
+    filter: RollupFilter,
+    time: TimeRange,
+    window_starts: TimeRange,
+    levels: std::vec::IntoIter<RollupLevel>,
+    /// The level `groups` belong to.
+    level: RollupLevel,
+    groups: std::vec::IntoIter<(RollupGroup, Vec<RollupRecord>)>,
+    /// The group being emitted and the next of its records.
+    current: Option<(RollupGroup, std::vec::IntoIter<RollupRecord>)>,
+    cols: Vec<usize>,
+    schema: SchemaRef,
+}
+
+enum Builder {
+    Ts(TimestampMillisecondBuilder),
+    Text(StringBuilder),
+    Count(Int64Builder),
+    Float(Float64Builder),
+}
+
+impl RollupBatches {
+    /// The next record of this scan with its group, reading the next level
+    /// from storage when needed.
+    fn next_record(&mut self) -> Option<(RollupLevel, &RollupGroup, RollupRecord)> {
+        loop {
+            if let Some((_, records)) = &mut self.current
+                && let Some(r) = records.next()
+            {
+                if r.window_start_ms < self.window_starts.min_ts
+                    || r.window_start_ms > self.window_starts.max_ts
+                {
+                    continue;
+                }
+                let (g, _) = self.current.as_ref().expect("BUG: checked above");
+                return Some((self.level, g, r));
+            }
+            if let Some((g, records)) = self.groups.next() {
+                self.current = Some((g, records.into_iter()));
+                continue;
+            }
+            let level = self.levels.next()?;
+            self.level = level;
+            self.groups = self
+                .storage
+                .select_rollups(
+                    self.tier,
+                    level,
+                    &self.filter,
+                    self.time.min_ts,
+                    self.time.max_ts,
+                )
+                .into_iter();
+        }
+    }
+}
+
+fn group_field(g: &RollupGroup, col: &str) -> Option<String> {
+    let v = match col {
+        "metric" => &g.metric,
+        "cluster" => &g.cluster,
+        "row" => &g.row,
+        "rack" => &g.rack,
+        "host" => &g.host,
+        _ => &g.gpu,
+    };
+    (!v.is_empty()).then(|| v.clone())
+}
+
+impl Iterator for RollupBatches {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let mut builders: Vec<(usize, Builder)> = self
+            .cols
+            .iter()
+            .map(|&i| {
+                let b = match COLUMNS.get(i).copied() {
+                    Some("ts") => Builder::Ts(
+                        TimestampMillisecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC"),
+                    ),
+                    Some("count") => Builder::Count(Int64Builder::with_capacity(BATCH_ROWS)),
+                    Some("level" | "metric" | "cluster" | "row" | "rack" | "host" | "gpu")
+                    | None => {
+                        Builder::Text(StringBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8))
+                    }
+                    Some(_) => Builder::Float(Float64Builder::with_capacity(BATCH_ROWS)),
+                };
+                (i, b)
+            })
+            .collect();
+        let tier_label = self.tier_label.unwrap_or_default();
+        let mut rows = 0;
+        while rows < BATCH_ROWS {
+            let Some((level, g, r)) = self.next_record() else {
+                break;
+            };
+            let level = level_name(level);
+            for (i, b) in &mut builders {
+                match (COLUMNS.get(*i).copied(), b) {
+                    (_, Builder::Ts(b)) => b.append_value(r.window_start_ms),
+                    (_, Builder::Count(b)) => {
+                        b.append_value(i64::try_from(r.count).unwrap_or(i64::MAX))
+                    }
+                    (Some("level"), Builder::Text(b)) => b.append_value(level),
+                    (None, Builder::Text(b)) => b.append_value(tier_label),
+                    (Some(col), Builder::Text(b)) => b.append_option(group_field(g, col)),
+                    (Some(col), Builder::Float(b)) => b.append_value(match col {
+                        "sum" => r.sum,
+                        "min" => r.min,
+                        "max" => r.max,
+                        "first" => r.first,
+                        "last" => r.last,
+                        _ => r.avg(),
+                    }),
+                    (None, Builder::Float(_)) => unreachable!("BUG: tier is text"),
+                }
+            }
+            rows += 1;
+        }
+        if rows == 0 {
+            return None;
+        }
+        let arrays: Vec<ArrayRef> = builders
+            .into_iter()
+            .map(|(_, b)| -> ArrayRef {
+                match b {
+                    Builder::Ts(mut b) => Arc::new(b.finish()),
+                    Builder::Text(mut b) => Arc::new(b.finish()),
+                    Builder::Count(mut b) => Arc::new(b.finish()),
+                    Builder::Float(mut b) => Arc::new(b.finish()),
+                }
+            })
+            .collect();
+        let options = RecordBatchOptions::new().with_row_count(Some(rows));
+        Some(
+            RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)
+                .map_err(Into::into),
+        )
+    }
+}
+
+/// The table function `rollup(start, end, step)` (see the module docs).
+#[derive(Debug)]
+pub struct RollupFunction {
+    storage: Arc<Storage>,
+}
+
+impl RollupFunction {
+    pub fn new(storage: Arc<Storage>) -> Self {
+        Self { storage }
+    }
+}
+
+impl TableFunctionImpl for RollupFunction {
+    fn call_with_args(
+        &self,
+        args: datafusion::catalog::TableFunctionArgs,
+    ) -> Result<Arc<dyn TableProvider>> {
+        let exprs = args.exprs();
+        if exprs.len() != 3 {
+            return plan_err!(
+                "rollup(start, end, step) takes 3 arguments, got {}",
+                exprs.len()
+            );
+        }
+        // `now()` in the arguments is the query's start, as everywhere else.
+        let context = match args.session().execution_props().query_execution_start_time {
+            Some(t) => SimplifyContext::builder().with_query_execution_start_time(Some(t)),
+            None => SimplifyContext::builder().with_current_time(),
+        }
+        .build();
+        let now_ms = context
+            .query_execution_start_time()
+            .expect("BUG: set above")
+            .timestamp_millis();
+        let simplifier = ExprSimplifier::new(context);
+        let mut values = Vec::with_capacity(3);
+        for (i, e) in exprs.iter().enumerate() {
+            match simplifier.simplify(e.clone())? {
+                Expr::Literal(v, _) => values.push(v),
+                other => {
+                    return plan_err!(
+                        "rollup(): argument {} must be a constant, got {other}",
+                        i + 1
+                    );
+                }
+            }
+        }
+        let Some(start) = timestamp_ms(&values[0]) else {
+            return plan_err!(
+                "rollup(): start must be a timestamp, got {} ({})",
+                values[0],
+                values[0].data_type()
+            );
+        };
+        let Some(end) = timestamp_ms(&values[1]) else {
+            return plan_err!(
+                "rollup(): end must be a timestamp, got {} ({})",
+                values[1],
+                values[1].data_type()
+            );
+        };
+        let Some(step_ms) = step_ms(&values[2]) else {
+            return plan_err!(
+                "rollup(): step must be a positive interval such as '1h', '15m' or INTERVAL '1 day', got {}",
+                values[2]
+            );
+        };
+        if end <= start {
+            return plan_err!("rollup(): end must be after start");
+        }
+        let tier = pick_tier(self.storage.config(), now_ms, start, step_ms);
+        Ok(Arc::new(RollupTable {
+            storage: self.storage.clone(),
+            tier,
+            window_starts: TimeRange {
+                min_ts: start,
+                max_ts: end - 1,
+            },
+            with_tier: true,
+            schema: schema(true),
+        }))
+    }
+}
+
+/// The tier `rollup(start, …, step)` reads (see the module docs).
+pub fn pick_tier(
+    config: &storage::StorageConfig,
+    now_ms: i64,
+    start_ms: i64,
+    step_ms: i64,
+) -> RollupTier {
+    let covers = |tier: RollupTier| match config.rollup_retention(tier) {
+        None => true,
+        Some(keep) => {
+            let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+            start_ms >= now_ms.saturating_sub(keep_ms)
+        }
+    };
+    let fine_enough = |tier: RollupTier| tier.window_ms() <= step_ms;
+    if let Some(t) = RollupTier::ALL
+        .into_iter()
+        .rev()
+        .find(|&t| fine_enough(t) && covers(t))
+    {
+        return t;
+    }
+    if let Some(t) = RollupTier::ALL.into_iter().find(|&t| covers(t)) {
+        return t;
+    }
+    RollupTier::ALL
+        .into_iter()
+        .max_by_key(|&t| {
+            config
+                .rollup_retention(t)
+                .map_or(u128::MAX, |d| d.as_millis())
+        })
+        .expect("BUG: three tiers")
+}
+
+/// A timestamp argument in milliseconds: a timestamp, an RFC 3339 string, or
+/// an integer of milliseconds since the epoch.
+fn timestamp_ms(v: &ScalarValue) -> Option<i64> {
+    if let Some((lo, _)) = crate::pushdown::timestamp_ms_bounds(v) {
+        return Some(lo);
+    }
+    match v {
+        ScalarValue::Int64(Some(ms)) => Some(*ms),
+        v => {
+            let s = string_of(v)?;
+            arrow::compute::kernels::cast_utils::string_to_timestamp_nanos(s)
+                .ok()
+                .map(|ns| ns.div_euclid(1_000_000))
+        }
+    }
+}
+
+/// A step argument in milliseconds: an interval, or a duration string.
+fn step_ms(v: &ScalarValue) -> Option<i64> {
+    let ms = match v {
+        ScalarValue::IntervalMonthDayNano(Some(i)) if i.months == 0 => {
+            i64::from(i.days) * 86_400_000 + i.nanoseconds / 1_000_000
+        }
+        ScalarValue::IntervalDayTime(Some(i)) => {
+            i64::from(i.days) * 86_400_000 + i64::from(i.milliseconds)
+        }
+        v => parse_duration_ms(string_of(v)?)?,
+    };
+    (ms > 0).then_some(ms)
+}
+
+/// `'90s'`, `'15m'`, `'1h'`, `'1d'`, `'1w'` (Prometheus style, one unit) or
+/// `'15 minutes'`, `'1 hour'`, `'2 days'`.
+pub(crate) fn parse_duration_ms(s: &str) -> Option<i64> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit())?;
+    let n: i64 = s[..split].parse().ok()?;
+    let unit_ms: i64 = match s[split..].trim() {
+        "ms" | "millisecond" | "milliseconds" => 1,
+        "s" | "sec" | "second" | "seconds" => 1_000,
+        "m" | "min" | "minute" | "minutes" => 60_000,
+        "h" | "hour" | "hours" => 3_600_000,
+        "d" | "day" | "days" => 86_400_000,
+        "w" | "week" | "weeks" => 7 * 86_400_000,
+        _ => return None,
+    };
+    n.checked_mul(unit_ms)
+}
+
+#[cfg(test)]
+mod tests;
