@@ -8,14 +8,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arrow::array::{Array, AsArray};
-use arrow::datatypes::{Float64Type, TimestampMillisecondType};
+use arrow::datatypes::{Float64Type, Int64Type, TimestampMillisecondType};
 use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{AgentMessage, Batch, Hello, Label, SeriesDef, agent_message, ingest_reply};
 use rand::{Rng, SeedableRng};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::support::Node;
+use crate::support::{Fold, Node};
 
 const SERIES: u32 = 8;
 /// Kills per run; `GPULSE_CRASH_KILLS=500 cargo test --test e2e crash` runs longer.
@@ -194,5 +194,54 @@ fn acked_samples_survive_sigkill() {
         batches * SERIES as u64,
         "samples that were never sent"
     );
+
+    // The rollups, rebuilt from files and WAL after all those kills, equal a
+    // fold over the raw samples read back above.
+    for (table, window) in [
+        ("rollup_1m", 60_000),
+        ("rollup_1h", 3_600_000),
+        ("rollup_1d", 86_400_000),
+    ] {
+        let want = Fold::windows(
+            seen.iter()
+                .map(|(&(_, t), &bits)| (t, f64::from_bits(bits))),
+            window,
+        );
+        for level in ["gpu", "cluster"] {
+            let mut got = Vec::new();
+            for b in node.sql_arrow(&format!(
+                "SELECT CAST(ts AS BIGINT) AS t, count, sum, min, max, first, last FROM {table} \
+                 WHERE level = '{level}' AND metric = 'crash_test' ORDER BY t"
+            )) {
+                let f = |c: usize| b.column(c).as_primitive::<Float64Type>().clone();
+                let (ts, n) = (
+                    b.column(0).as_primitive::<Int64Type>().clone(),
+                    b.column(1).as_primitive::<Int64Type>().clone(),
+                );
+                let (sum, min, max, first, last) = (f(2), f(3), f(4), f(5), f(6));
+                for r in 0..b.num_rows() {
+                    got.push((
+                        ts.value(r),
+                        n.value(r) as u64,
+                        [sum.value(r), min.value(r), max.value(r)],
+                        [first.value(r).to_bits(), last.value(r).to_bits()],
+                    ));
+                }
+            }
+            assert_eq!(got.len(), want.len(), "{table} {level}: windows");
+            for (g, (ws, w)) in got.iter().zip(&want) {
+                let what = format!("{table} {level} window {ws} (seed {seed:#x})");
+                assert_eq!((g.0, g.1), (*ws, w.count), "{what}");
+                let same = |a: f64, b: f64| {
+                    (a.is_nan() && b.is_nan())
+                        || (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
+                };
+                for (i, x) in [w.sum, w.min, w.max].into_iter().enumerate() {
+                    assert!(same(g.2[i], x), "{what}: column {i}: {} vs {x}", g.2[i]);
+                }
+                assert_eq!(g.3, [w.first.1.to_bits(), w.last.1.to_bits()], "{what}");
+            }
+        }
+    }
     node.stop();
 }

@@ -5,10 +5,10 @@
 use std::process::{Command, Output};
 
 use gpulse_proto::v1::{
-    AgentMessage, Batch, Hello, Label, SeriesDef, Topology, agent_message, ingest_reply,
+    AgentMessage, Batch, GpuInfo, Hello, Label, SeriesDef, Topology, agent_message, ingest_reply,
 };
 
-use crate::support::{Node, open_stream};
+use crate::support::{Fold, Node, open_stream};
 
 /// 2026-11-30T10:00:00Z in ms.
 const T0: i64 = 1_796_032_800_000;
@@ -64,6 +64,34 @@ const FLEET: &[Series] = &[
     },
 ];
 
+/// The driver each host runs: node-b is the odd one out.
+fn driver_of(host: &str) -> &'static str {
+    if host == "node-b" {
+        "535.104.05"
+    } else {
+        "550.54.15"
+    }
+}
+
+/// The inventory a host's hello carries: its GPUs in FLEET.
+fn gpus_of(host: &str) -> Vec<GpuInfo> {
+    let mut gpus: Vec<&str> = FLEET
+        .iter()
+        .filter(|s| s.host == host)
+        .map(|s| s.gpu)
+        .collect();
+    gpus.dedup();
+    gpus.iter()
+        .map(|g| GpuInfo {
+            index: g.parse().unwrap(),
+            uuid: format!("GPU-{host}-{g}"),
+            model_name: "NVIDIA H100 80GB HBM3".into(),
+            driver_version: driver_of(host).into(),
+            ..Default::default()
+        })
+        .collect()
+}
+
 /// Streams the fleet to ingest: one stream per host, with its topology.
 fn write_fleet(grpc_url: &str) {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -79,6 +107,7 @@ fn write_fleet(grpc_url: &str) {
                         row: "r1".into(),
                         rack: rack.into(),
                     }),
+                    gpus: gpus_of(host),
                     ..Default::default()
                 })),
             };
@@ -244,12 +273,88 @@ fn psql_runs_aggregates_grafana_queries_and_catalog_commands() {
         assert_eq!(got, want, "{filter}");
     }
 
-    // \dt lists samples (psql's own pg_catalog query).
-    let got = psql_ok(&node, &["\\dt"]);
-    assert!(
-        got.iter().any(|l| l.starts_with("public|samples|table|")),
-        "{got:?}"
+    // The rack-hour rollups, against a fold over the input.
+    let got = psql_ok(
+        &node,
+        &[&format!(
+            "SELECT rack, ts, count, sum, min, max, first, last, avg FROM rollup_1h \
+             WHERE level = 'rack' AND metric = '{TEMP}' ORDER BY rack, ts"
+        )],
     );
+    let mut want = Vec::new();
+    for rack in ["k1", "k2"] {
+        let points = FLEET
+            .iter()
+            .filter(|s| s.rack == rack && s.metric == TEMP)
+            .flat_map(|s| s.points.iter().map(|&(dt, v)| (T0 + dt * 1000, v)));
+        for (hour, f) in Fold::windows(points, 3_600_000) {
+            want.push(format!(
+                "{rack}|2026-11-30 {:02}:00:00.000000+00|{}|{}|{}|{}|{}|{}|{}",
+                10 + (hour - T0) / 3_600_000,
+                f.count,
+                pg_float(f.sum),
+                pg_float(f.min),
+                pg_float(f.max),
+                pg_float(f.first.1),
+                pg_float(f.last.1),
+                pg_float(f.sum / f.count as f64),
+            ));
+        }
+    }
+    assert_eq!(want.len(), 3, "k1 at 10:00, k2 at 09:00 and 10:00");
+    assert_eq!(got, want);
+
+    // The tier-picking function: an hourly step over two hours reads rollup_1h.
+    let got = psql_ok(
+        &node,
+        &[&format!(
+            "SELECT tier, sum(count) FROM rollup('2026-11-30T09:00:00Z', '2026-11-30T11:00:00Z', '1h') \
+             WHERE level = 'cluster' AND metric = '{TEMP}' GROUP BY tier"
+        )],
+    );
+    let temps: usize = FLEET
+        .iter()
+        .filter(|s| s.metric == TEMP)
+        .map(|s| s.points.len())
+        .sum();
+    assert_eq!(got, [format!("1h|{temps}")]);
+
+    // The inventory: one row per GPU from the hellos, and the hosts whose
+    // driver differs from the fleet's majority.
+    let got = psql_ok(
+        &node,
+        &["SELECT host, gpu, uuid, driver_version FROM gpus ORDER BY host, gpu"],
+    );
+    let mut want = Vec::new();
+    for host in ["node-a", "node-b"] {
+        for g in gpus_of(host) {
+            want.push(format!(
+                "{host}|{}|{}|{}",
+                g.index, g.uuid, g.driver_version
+            ));
+        }
+    }
+    assert_eq!(got, want);
+    let got = psql_ok(
+        &node,
+        &[
+            "WITH m AS (SELECT driver_version FROM gpus GROUP BY driver_version \
+           ORDER BY count(*) DESC LIMIT 1) \
+           SELECT DISTINCT host FROM gpus \
+           WHERE driver_version <> (SELECT driver_version FROM m) ORDER BY host",
+        ],
+    );
+    assert_eq!(got, ["node-b"]);
+
+    // \dt lists the tables (psql's own pg_catalog query).
+    let got = psql_ok(&node, &["\\dt"]);
+    for table in ["samples", "gpus", "rollup_1m", "rollup_1h", "rollup_1d"] {
+        assert!(
+            got.iter()
+                .any(|l| l.starts_with(&format!("public|{table}|table|"))),
+            "{table}: {got:?}"
+        );
+    }
 
     // A bad query: an error with its SQLSTATE, a non-zero exit, and the
     // connection still answers the next command.

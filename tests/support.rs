@@ -53,8 +53,10 @@ impl Node {
             .args(flush)
             .args(extra)
             // Some scenarios write timestamps near the epoch (1970); the default
-            // 7-day raw retention would delete them at the first upkeep.
-            .args(["--retention", "36500d"])
+            // retentions (raw 7 d, rollups 30 d to 5 y) would delete them at
+            // the first upkeep.
+            .args(["--retention", "36500d", "--retention-1m", "36500d"])
+            .args(["--retention-1h", "36500d", "--retention-1d", "36500d"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(
@@ -140,10 +142,19 @@ impl Node {
 
     /// Runs SQL and returns the Arrow IPC answer, decoded (exact bits).
     pub(crate) fn sql_arrow(&self, query: &str) -> Vec<arrow::array::RecordBatch> {
-        let mut resp = ureq::post(&format!("{}/api/v1/sql?format=arrow", self.http_url))
+        let agent: ureq::Agent = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .build()
+            .into();
+        let mut resp = agent
+            .post(&format!("{}/api/v1/sql?format=arrow", self.http_url))
             .header("content-type", "text/plain")
             .send(query.as_bytes())
             .expect("HTTP request");
+        if resp.status() != 200 {
+            let body = resp.body_mut().read_to_string().unwrap_or_default();
+            panic!("query {query:?} failed ({}): {body}", resp.status());
+        }
         let body = resp
             .body_mut()
             .with_config()
@@ -213,4 +224,63 @@ pub(crate) async fn open_stream(
         .expect("open the stream")
         .into_inner();
     (tx, replies)
+}
+
+/// A rollup record folded from raw samples in the test, by the rules the
+/// rollup tables document: `min`/`max` ignore NaN unless every value is NaN;
+/// `first` is the value at the smallest timestamp and `last` at the largest,
+/// ties going to the smaller (first) or larger (last) value in `total_cmp`
+/// order.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fold {
+    pub count: u64,
+    pub sum: f64,
+    pub min: f64,
+    pub max: f64,
+    pub first: (i64, f64),
+    pub last: (i64, f64),
+}
+
+impl Fold {
+    pub(crate) fn of(ts: i64, v: f64) -> Self {
+        Self {
+            count: 1,
+            sum: v,
+            min: v,
+            max: v,
+            first: (ts, v),
+            last: (ts, v),
+        }
+    }
+
+    pub(crate) fn add(&mut self, ts: i64, v: f64) {
+        self.count += 1;
+        self.sum += v;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        if ts
+            .cmp(&self.first.0)
+            .then(v.total_cmp(&self.first.1))
+            .is_lt()
+        {
+            self.first = (ts, v);
+        }
+        if ts.cmp(&self.last.0).then(v.total_cmp(&self.last.1)).is_gt() {
+            self.last = (ts, v);
+        }
+    }
+
+    /// Folds `(ts, value)` pairs into windows of `window_ms`, keyed by start.
+    pub(crate) fn windows(
+        samples: impl IntoIterator<Item = (i64, f64)>,
+        window_ms: i64,
+    ) -> std::collections::BTreeMap<i64, Fold> {
+        let mut out = std::collections::BTreeMap::new();
+        for (ts, v) in samples {
+            out.entry(ts - ts.rem_euclid(window_ms))
+                .and_modify(|f: &mut Fold| f.add(ts, v))
+                .or_insert_with(|| Fold::of(ts, v));
+        }
+        out
+    }
 }
