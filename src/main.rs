@@ -9,6 +9,7 @@
 mod agent_cmd;
 mod cli;
 mod import;
+mod node_metrics;
 mod server;
 mod stats;
 

@@ -111,6 +111,7 @@ impl Server {
 
         let mut tasks = Vec::new();
         let service = ingest::service(storage.clone(), ingest::IngestConfig::default());
+        let ingest_metrics = service.metrics().clone();
         let fut = ingest::serve(grpc, service, stopped(&stop));
         tasks.push((
             "ingest",
@@ -122,7 +123,22 @@ impl Server {
         ));
 
         let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
-        let fut = query::http::serve(http, engine.clone(), stopped(&stop));
+        let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
+        let router = query::http::router(engine.clone())
+            .merge(query::remote::router(
+                storage.clone(),
+                query::remote::RemoteLimits::default(),
+                remote_metrics.clone(),
+            ))
+            .merge(crate::node_metrics::router(
+                crate::node_metrics::NodeMetrics {
+                    storage: storage.clone(),
+                    ingest: ingest_metrics,
+                    query: engine.metrics().clone(),
+                    remote: remote_metrics,
+                },
+            ));
+        let fut = query::http::serve(http, router, stopped(&stop));
         tasks.push((
             "http",
             tokio::spawn(async move {

@@ -14,10 +14,12 @@ pub mod gpus;
 pub mod http;
 pub mod pg;
 mod pushdown;
+pub mod remote;
 pub mod rollups;
 pub mod samples;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
@@ -137,11 +139,70 @@ impl QueryResult {
     }
 }
 
+/// Upper bounds (seconds) of the query latency histogram's buckets.
+const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0];
+
+/// Counts and times the SQL queries of [`QueryEngine::sql`], for `/metrics`.
+#[derive(Debug, Default)]
+pub struct QueryMetrics {
+    /// Cumulative counts per bucket of [`LATENCY_BUCKETS`] (the last: all).
+    buckets: [AtomicU64; LATENCY_BUCKETS.len() + 1],
+    /// Sum of the latencies in microseconds.
+    sum_us: AtomicU64,
+    /// Queries refused as invalid or too large, or failed while running.
+    pub failed: AtomicU64,
+}
+
+impl QueryMetrics {
+    fn observe(&self, took: std::time::Duration, ok: bool) {
+        let s = took.as_secs_f64();
+        for (i, &le) in LATENCY_BUCKETS.iter().enumerate() {
+            if s <= le {
+                self.buckets[i].fetch_add(1, Relaxed);
+            }
+        }
+        self.buckets[LATENCY_BUCKETS.len()].fetch_add(1, Relaxed);
+        self.sum_us
+            .fetch_add(took.as_micros().try_into().unwrap_or(u64::MAX), Relaxed);
+        if !ok {
+            self.failed.fetch_add(1, Relaxed);
+        }
+    }
+
+    /// Appends the histogram and counters in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let name = "gpulse_sql_query_duration_seconds";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time to plan and run a SQL query over HTTP.\n# TYPE {name} histogram"
+        );
+        for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{name}_bucket{{le=\"{le}\"}} {}",
+                self.buckets[i].load(Relaxed)
+            );
+        }
+        let count = self.buckets[LATENCY_BUCKETS.len()].load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+        let failed = "gpulse_sql_queries_failed_total";
+        let _ = writeln!(
+            out,
+            "# HELP {failed} SQL queries over HTTP that failed or were refused.\n# TYPE {failed} counter\n{failed} {}",
+            self.failed.load(Relaxed)
+        );
+    }
+}
+
 /// Runs SQL over the tables of one storage.
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: Arc<SessionContext>,
     limits: ResultLimits,
+    metrics: Arc<QueryMetrics>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -183,7 +244,12 @@ impl QueryEngine {
         Self {
             ctx: Arc::new(ctx),
             limits,
+            metrics: Arc::default(),
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<QueryMetrics> {
+        &self.metrics
     }
 
     pub fn limits(&self) -> ResultLimits {
@@ -203,6 +269,13 @@ impl QueryEngine {
     /// [`QueryError::TooLarge`] as soon as the result passes the limits (the
     /// query stops there).
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
+        let started = std::time::Instant::now();
+        let result = self.run_sql(query).await;
+        self.metrics.observe(started.elapsed(), result.is_ok());
+        result
+    }
+
+    async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
         let options = SQLOptions::new()
             .with_allow_ddl(false)
             .with_allow_dml(false)

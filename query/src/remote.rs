@@ -1,0 +1,556 @@
+//! Prometheus remote write 1.0 (`POST /api/v1/write`) and remote read
+//! (`POST /api/v1/read`), so that Prometheus, or anything that speaks these
+//! protocols, can send data to gpulse and read it back.
+//!
+//! Bodies are snappy block-compressed protobuf (`proto/prometheus/*.proto`).
+//! The decompressed length in the snappy header is checked against
+//! [`RemoteLimits::max_request_bytes`] before anything is allocated.
+//!
+//! Write: each series needs a `__name__`; labels keep their names as sent
+//! (`Hostname` and `hostname` are different labels). Answers 204 when every
+//! sample is stored or was already stored (a retry), 400 for input a retry
+//! cannot fix (bad protobuf, a series without a name, native histograms,
+//! samples older than the out-of-order window: the rest of the request is
+//! stored), and 500 only when storage failed, which is worth retrying.
+//!
+//! Read: the response type is the first of the client's
+//! `accepted_response_types` (or `SAMPLES` when it lists none):
+//! - `SAMPLES`: one snappy-compressed `ReadResponse`, one result per query.
+//! - `STREAMED_XOR_CHUNKS`: frames of a uvarint length, a big-endian CRC32C
+//!   (Castagnoli) of the message, and one `ChunkedReadResponse` holding one
+//!   series (a series larger than 1 MiB continues in the next frame), its
+//!   samples in Prometheus XOR chunks of up to 120 samples ([`xor`]).
+//!
+//! Series come sorted by their label sets; matchers are Prometheus's four
+//! types with fully anchored regexes, and time bounds are inclusive. A read
+//! that passes [`RemoteLimits::max_samples`] or `max_response_bytes` fails
+//! with 400 and says which limit.
+
+pub mod xor;
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use gpulse_proto::prometheus::{
+    Chunk, ChunkedReadResponse, ChunkedSeries, Label as PromLabel, LabelMatcher, QueryResult,
+    ReadRequest, ReadResponse, Sample, TimeSeries, WriteRequest, chunk, label_matcher,
+    read_request::ResponseType,
+};
+use prost::Message;
+use storage::{Label, Matcher, SeriesKey, SeriesRef, Storage};
+use tracing::warn;
+
+use self::xor::{SAMPLES_PER_CHUNK, XorChunk, put_uvarint};
+
+/// Frames of a streamed read are cut at about this size.
+const MAX_FRAME_BYTES: usize = 1 << 20;
+
+const STREAMED_CONTENT_TYPE: &str =
+    "application/x-streamed-protobuf; proto=prometheus.ChunkedReadResponse";
+
+/// Bounds on one remote read or write request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RemoteLimits {
+    /// Largest request body, compressed or decompressed (default 32 MiB).
+    pub max_request_bytes: usize,
+    /// Most samples one read may return (default 50,000,000, Prometheus's
+    /// `query.max-samples`).
+    pub max_samples: u64,
+    /// Largest read response, before compression (default 1 GiB).
+    pub max_response_bytes: usize,
+}
+
+impl Default for RemoteLimits {
+    fn default() -> Self {
+        Self {
+            max_request_bytes: 32 << 20,
+            max_samples: 50_000_000,
+            max_response_bytes: 1 << 30,
+        }
+    }
+}
+
+/// Counters of the remote endpoints, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct RemoteMetrics {
+    pub write_requests: AtomicU64,
+    /// Write requests answered with a 4xx.
+    pub write_requests_invalid: AtomicU64,
+    /// Write requests answered with a 5xx.
+    pub write_requests_failed: AtomicU64,
+    pub write_samples_accepted: AtomicU64,
+    /// Samples of accepted requests not stored (already stored, too old).
+    pub write_samples_dropped: AtomicU64,
+    pub read_requests: AtomicU64,
+    /// Read requests answered with an error.
+    pub read_requests_failed: AtomicU64,
+    pub read_series: AtomicU64,
+    pub read_samples: AtomicU64,
+}
+
+impl RemoteMetrics {
+    /// Appends the counters in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        let counters: [(&str, &str, &AtomicU64); 9] = [
+            (
+                "gpulse_remote_write_requests_total",
+                "Remote-write requests received.",
+                &self.write_requests,
+            ),
+            (
+                "gpulse_remote_write_requests_invalid_total",
+                "Remote-write requests refused as invalid (HTTP 4xx).",
+                &self.write_requests_invalid,
+            ),
+            (
+                "gpulse_remote_write_requests_failed_total",
+                "Remote-write requests that failed in storage (HTTP 5xx).",
+                &self.write_requests_failed,
+            ),
+            (
+                "gpulse_remote_write_samples_total",
+                "Remote-write samples stored.",
+                &self.write_samples_accepted,
+            ),
+            (
+                "gpulse_remote_write_samples_dropped_total",
+                "Remote-write samples not stored: already stored, or too old.",
+                &self.write_samples_dropped,
+            ),
+            (
+                "gpulse_remote_read_requests_total",
+                "Remote-read requests received.",
+                &self.read_requests,
+            ),
+            (
+                "gpulse_remote_read_requests_failed_total",
+                "Remote-read requests answered with an error.",
+                &self.read_requests_failed,
+            ),
+            (
+                "gpulse_remote_read_series_total",
+                "Series returned by remote read.",
+                &self.read_series,
+            ),
+            (
+                "gpulse_remote_read_samples_total",
+                "Samples returned by remote read.",
+                &self.read_samples,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Remote {
+    storage: Arc<Storage>,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+}
+
+/// The routes `/api/v1/write` and `/api/v1/read`.
+pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMetrics>) -> Router {
+    Router::new()
+        .route("/api/v1/write", post(write))
+        .route("/api/v1/read", post(read))
+        .layer(DefaultBodyLimit::max(limits.max_request_bytes))
+        .with_state(Arc::new(Remote {
+            storage,
+            limits,
+            metrics,
+        }))
+}
+
+/// An error answer: a status and a plain-text message, as Prometheus sends.
+#[derive(Debug)]
+struct HttpError(StatusCode, String);
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        (self.0, format!("{}\n", self.1)).into_response()
+    }
+}
+
+fn bad(msg: impl Into<String>) -> HttpError {
+    HttpError(StatusCode::BAD_REQUEST, msg.into())
+}
+
+/// Snappy-decodes a body after checking its declared length.
+fn decompress(body: &[u8], max: usize) -> Result<Vec<u8>, HttpError> {
+    let len = snap::raw::decompress_len(body)
+        .map_err(|e| bad(format!("body is not snappy-compressed: {e}")))?;
+    if len > max {
+        return Err(HttpError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("decompressed body would be {len} bytes, more than the limit of {max}"),
+        ));
+    }
+    snap::raw::Decoder::new()
+        .decompress_vec(body)
+        .map_err(|e| bad(format!("body is not valid snappy: {e}")))
+}
+
+async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
+    let m = &remote.metrics;
+    m.write_requests.fetch_add(1, Relaxed);
+    let storage = remote.storage.clone();
+    let max = remote.limits.max_request_bytes;
+    let metrics = remote.metrics.clone();
+    // Decoding and the WAL write block: keep them off the async workers.
+    let result =
+        tokio::task::spawn_blocking(move || write_blocking(&storage, &body, max, &metrics))
+            .await
+            .unwrap_or_else(|e| {
+                Err(HttpError(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    format!("write task failed: {e}"),
+                ))
+            });
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(e) => {
+            if e.0.is_server_error() {
+                m.write_requests_failed.fetch_add(1, Relaxed);
+            } else {
+                m.write_requests_invalid.fetch_add(1, Relaxed);
+            }
+            warn!(status = %e.0, error = %e.1, "remote write refused");
+            e.into_response()
+        }
+    }
+}
+
+fn write_blocking(
+    storage: &Storage,
+    body: &[u8],
+    max: usize,
+    metrics: &RemoteMetrics,
+) -> Result<(), HttpError> {
+    let raw = decompress(body, max)?;
+    let req = WriteRequest::decode(raw.as_slice())
+        .map_err(|e| bad(format!("body is not a prometheus.WriteRequest: {e}")))?;
+    let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+    let (mut refs, mut ts, mut vals) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (i, series) in req.timeseries.iter().enumerate() {
+        if !series.histograms.is_empty() {
+            return Err(bad(format!(
+                "series {i}: native histograms are not supported; send classic histograms"
+            )));
+        }
+        if series.samples.is_empty() {
+            continue;
+        }
+        let key = series_key(&series.labels).map_err(|e| bad(format!("series {i}: {e}")))?;
+        let r: SeriesRef = storage.series_ref(key).map_err(|e| match e {
+            storage::Error::SeriesLimit { .. } | storage::Error::InvalidSeries(_) => {
+                bad(e.to_string())
+            }
+            e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        })?;
+        for s in &series.samples {
+            refs.push(r);
+            ts.push(s.timestamp);
+            vals.push(s.value);
+        }
+    }
+    if refs.is_empty() {
+        return Ok(());
+    }
+    let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
+        storage::Error::BadBatch { .. } => bad(e.to_string()),
+        e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    })?;
+    metrics
+        .write_samples_accepted
+        .fetch_add(u64::from(outcome.accepted), Relaxed);
+    metrics
+        .write_samples_dropped
+        .fetch_add(u64::from(outcome.dropped()), Relaxed);
+    if outcome.too_old > 0 {
+        return Err(bad(format!(
+            "{} of {} samples are older than the out-of-order window (--ooo-window) and were dropped; the others are stored",
+            outcome.too_old,
+            refs.len()
+        )));
+    }
+    Ok(())
+}
+
+/// A series key from Prometheus labels: `__name__` is the metric.
+fn series_key(labels: &[PromLabel]) -> Result<SeriesKey, String> {
+    let mut metric = None;
+    let mut rest = Vec::with_capacity(labels.len());
+    for l in labels {
+        if l.name == "__name__" {
+            if metric.replace(l.value.clone()).is_some() {
+                return Err("label \"__name__\" appears more than once".into());
+            }
+        } else {
+            rest.push(Label::new(l.name.clone(), l.value.clone()));
+        }
+    }
+    let metric = metric
+        .filter(|m| !m.is_empty())
+        .ok_or("the series has no __name__ label")?;
+    SeriesKey::new(metric, rest).map_err(|e| e.to_string())
+}
+
+async fn read(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
+    remote.metrics.read_requests.fetch_add(1, Relaxed);
+    let r = remote.clone();
+    let result = tokio::task::spawn_blocking(move || read_blocking(&r, &body))
+        .await
+        .unwrap_or_else(|e| {
+            Err(HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("read task failed: {e}"),
+            ))
+        });
+    match result {
+        Ok(r) => r,
+        Err(e) => {
+            remote.metrics.read_requests_failed.fetch_add(1, Relaxed);
+            warn!(status = %e.0, error = %e.1, "remote read failed");
+            e.into_response()
+        }
+    }
+}
+
+/// One series of a read answer: Prometheus labels (sorted) and samples.
+struct ReadSeries {
+    labels: Vec<PromLabel>,
+    ts: Vec<i64>,
+    values: Vec<f64>,
+}
+
+fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
+    let raw = decompress(body, remote.limits.max_request_bytes)?;
+    let req = ReadRequest::decode(raw.as_slice())
+        .map_err(|e| bad(format!("body is not a prometheus.ReadRequest: {e}")))?;
+    let streamed = match req.accepted_response_types.first() {
+        None => false,
+        Some(&t) => match ResponseType::try_from(t) {
+            Ok(ResponseType::Samples) => false,
+            Ok(ResponseType::StreamedXorChunks) => true,
+            Err(_) => return Err(bad(format!("unknown response type {t}"))),
+        },
+    };
+    let mut budget = Budget {
+        samples_left: remote.limits.max_samples,
+        max_samples: remote.limits.max_samples,
+    };
+    if streamed {
+        let mut out = Vec::new();
+        for (qi, q) in req.queries.iter().enumerate() {
+            for s in select(&remote.storage, q, &mut budget)? {
+                write_frames(&mut out, qi as i64, &s);
+                if out.len() > remote.limits.max_response_bytes {
+                    return Err(bad(format!(
+                        "the response is larger than the limit of {} bytes; narrow the matchers or the time range",
+                        remote.limits.max_response_bytes
+                    )));
+                }
+                remote.metrics.read_series.fetch_add(1, Relaxed);
+                remote
+                    .metrics
+                    .read_samples
+                    .fetch_add(s.ts.len() as u64, Relaxed);
+            }
+        }
+        return Ok((
+            [(header::CONTENT_TYPE, STREAMED_CONTENT_TYPE)],
+            Bytes::from(out),
+        )
+            .into_response());
+    }
+    let mut results = Vec::with_capacity(req.queries.len());
+    let mut bytes = 0usize;
+    for q in &req.queries {
+        let mut timeseries = Vec::new();
+        for s in select(&remote.storage, q, &mut budget)? {
+            bytes += s.ts.len() * 20
+                + s.labels
+                    .iter()
+                    .map(|l| l.name.len() + l.value.len() + 4)
+                    .sum::<usize>();
+            if bytes > remote.limits.max_response_bytes {
+                return Err(bad(format!(
+                    "the response is larger than the limit of {} bytes; narrow the matchers or the time range",
+                    remote.limits.max_response_bytes
+                )));
+            }
+            remote.metrics.read_series.fetch_add(1, Relaxed);
+            remote
+                .metrics
+                .read_samples
+                .fetch_add(s.ts.len() as u64, Relaxed);
+            timeseries.push(TimeSeries {
+                labels: s.labels,
+                samples: s
+                    .ts
+                    .iter()
+                    .zip(&s.values)
+                    .map(|(&timestamp, &value)| Sample { value, timestamp })
+                    .collect(),
+                ..Default::default()
+            });
+        }
+        results.push(QueryResult { timeseries });
+    }
+    let encoded = ReadResponse { results }.encode_to_vec();
+    let compressed = snap::raw::Encoder::new()
+        .compress_vec(&encoded)
+        .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/x-protobuf"),
+            (header::CONTENT_ENCODING, "snappy"),
+        ],
+        Bytes::from(compressed),
+    )
+        .into_response())
+}
+
+struct Budget {
+    samples_left: u64,
+    max_samples: u64,
+}
+
+/// The series of one query, sorted by label set, with their samples in the
+/// inclusive range; series without samples there are left out.
+fn select(
+    storage: &Storage,
+    q: &gpulse_proto::prometheus::Query,
+    budget: &mut Budget,
+) -> Result<Vec<ReadSeries>, HttpError> {
+    let matchers = q
+        .matchers
+        .iter()
+        .map(matcher)
+        .collect::<Result<Vec<_>, _>>()?;
+    let (min, max) = (q.start_timestamp_ms, q.end_timestamp_ms);
+    let mut out = Vec::new();
+    for s in storage.select(&matchers, min, max) {
+        if !matchers.iter().all(|m| m.matches(&s.key)) {
+            continue;
+        }
+        let (mut ts, mut values) = (Vec::new(), Vec::new());
+        s.read_into(min, max, &mut ts, &mut values)
+            .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        if ts.is_empty() {
+            continue;
+        }
+        budget.samples_left = budget
+            .samples_left
+            .checked_sub(ts.len() as u64)
+            .ok_or_else(|| {
+                bad(format!(
+                    "the query selects more than {} samples (the remote-read sample limit); narrow the matchers or the time range",
+                    budget.max_samples
+                ))
+            })?;
+        let mut labels: Vec<PromLabel> = std::iter::once(PromLabel {
+            name: "__name__".into(),
+            value: s.key.metric().into(),
+        })
+        .chain(s.key.labels().iter().map(|l| PromLabel {
+            name: l.name.clone(),
+            value: l.value.clone(),
+        }))
+        .collect();
+        labels.sort_by(|a, b| a.name.cmp(&b.name));
+        out.push(ReadSeries { labels, ts, values });
+    }
+    out.sort_by(|a, b| {
+        let key = |s: &ReadSeries| {
+            s.labels
+                .iter()
+                .map(|l| (l.name.clone(), l.value.clone()))
+                .collect::<Vec<_>>()
+        };
+        key(a).cmp(&key(b))
+    });
+    Ok(out)
+}
+
+fn matcher(m: &LabelMatcher) -> Result<Matcher, HttpError> {
+    let re = |r: Result<Matcher, regex::Error>| {
+        r.map_err(|e| {
+            bad(format!(
+                "invalid regex {:?} for label {:?}: {e}",
+                m.value, m.name
+            ))
+        })
+    };
+    match label_matcher::Type::try_from(m.r#type) {
+        Ok(label_matcher::Type::Eq) => Ok(Matcher::equal(&m.name, &m.value)),
+        Ok(label_matcher::Type::Neq) => Ok(Matcher::not_equal(&m.name, &m.value)),
+        Ok(label_matcher::Type::Re) => re(Matcher::regex(&m.name, &m.value)),
+        Ok(label_matcher::Type::Nre) => re(Matcher::not_regex(&m.name, &m.value)),
+        Err(_) => Err(bad(format!("unknown matcher type {}", m.r#type))),
+    }
+}
+
+/// Appends the frames of one series: its chunks, cut into frames of about
+/// [`MAX_FRAME_BYTES`].
+fn write_frames(out: &mut Vec<u8>, query_index: i64, s: &ReadSeries) {
+    let mut chunks = Vec::new();
+    let mut size = 0;
+    let flush = |out: &mut Vec<u8>, chunks: &mut Vec<Chunk>| {
+        let msg = ChunkedReadResponse {
+            chunked_series: vec![ChunkedSeries {
+                labels: s.labels.clone(),
+                chunks: std::mem::take(chunks),
+            }],
+            query_index,
+        }
+        .encode_to_vec();
+        put_uvarint(out, msg.len() as u64);
+        out.extend_from_slice(&crc32c::crc32c(&msg).to_be_bytes());
+        out.extend_from_slice(&msg);
+    };
+    for (ts, vs) in
+        s.ts.chunks(SAMPLES_PER_CHUNK)
+            .zip(s.values.chunks(SAMPLES_PER_CHUNK))
+    {
+        let mut c = XorChunk::new();
+        for (&t, &v) in ts.iter().zip(vs) {
+            c.append(t, v);
+        }
+        size += c.bytes().len();
+        chunks.push(Chunk {
+            min_time_ms: ts[0],
+            max_time_ms: ts[ts.len() - 1],
+            r#type: chunk::Encoding::Xor as i32,
+            data: c.bytes().to_vec(),
+        });
+        if size >= MAX_FRAME_BYTES {
+            flush(out, &mut chunks);
+            size = 0;
+        }
+    }
+    if !chunks.is_empty() {
+        flush(out, &mut chunks);
+    }
+}
+
+#[cfg(test)]
+mod tests;
