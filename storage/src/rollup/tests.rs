@@ -493,3 +493,196 @@ fn merge_is_order_independent_on_ties() {
     assert_eq!(ab, ba);
     assert_eq!((ab.first, ab.last), (1.0, 2.0));
 }
+
+/// The minute records of one series' samples (distinct timestamps, folded
+/// in the given order), computed from the documented semantics: `sum` in
+/// arrival order, `min`/`max` ignore NaN unless every value is NaN, `first`
+/// and `last` are the values at the smallest and largest timestamp.
+fn naive_minutes(samples: &[(i64, f64)]) -> Vec<RollupRecord> {
+    let mut by_window: BTreeMap<i64, Vec<(i64, f64)>> = BTreeMap::new();
+    for &(t, v) in samples {
+        let ws = (t as i128).div_euclid(60_000) * 60_000;
+        let ws = i64::try_from(ws).unwrap_or(i64::MIN);
+        by_window.entry(ws).or_default().push((t, v));
+    }
+    by_window
+        .into_iter()
+        .map(|(ws, s)| {
+            let numbers: Vec<f64> = s.iter().map(|x| x.1).filter(|v| !v.is_nan()).collect();
+            let extreme = |pick: fn(f64, f64) -> bool| {
+                let mut it = numbers.iter().copied();
+                let first = it.next().unwrap_or(f64::NAN);
+                it.fold(first, |a, b| if pick(b, a) { b } else { a })
+            };
+            let first = s.iter().min_by_key(|x| x.0).unwrap();
+            let last = s.iter().max_by_key(|x| x.0).unwrap();
+            RollupRecord {
+                window_start_ms: ws,
+                count: s.len() as u64,
+                sum: s.iter().fold(0.0, |a, x| a + x.1),
+                min: extreme(|a, b| a < b),
+                max: extreme(|a, b| a > b),
+                first: first.1,
+                first_ts_ms: first.0,
+                last: last.1,
+                last_ts_ms: last.0,
+            }
+        })
+        .collect()
+}
+
+/// Equality of records: `first` and `last` bit for bit (they are sample
+/// values), `sum`, `min` and `max` as numbers with NaN equal to NaN (the sign
+/// of a zero sum or extreme is not specified).
+fn same_records(got: &[RollupRecord], want: &[RollupRecord]) -> Result<(), TestCaseError> {
+    let exact = |r: &RollupRecord| {
+        (
+            r.window_start_ms,
+            r.count,
+            (r.first_ts_ms, r.first.to_bits()),
+            (r.last_ts_ms, r.last.to_bits()),
+        )
+    };
+    let same = |a: f64, b: f64| a == b || (a.is_nan() && b.is_nan());
+    prop_assert_eq!(got.len(), want.len(), "{:?} vs {:?}", got, want);
+    for (g, w) in got.iter().zip(want) {
+        prop_assert_eq!(exact(g), exact(w), "{:?} vs {:?}", g, w);
+        prop_assert!(
+            same(g.sum, w.sum) && same(g.min, w.min) && same(g.max, w.max),
+            "{:?} vs {:?}",
+            g,
+            w
+        );
+    }
+    Ok(())
+}
+
+fn fold_series(samples: &[(i64, f64)]) -> SeriesRollup {
+    let mut r = SeriesRollup::default();
+    for &(t, v) in samples {
+        r.add(t, v);
+    }
+    r
+}
+
+fn check_series(samples: &[(i64, f64)]) -> Result<(), TestCaseError> {
+    let r = fold_series(samples);
+    let got: Vec<RollupRecord> = r.records().copied().collect();
+    let want = naive_minutes(samples);
+    same_records(&got, &want)?;
+    let mut taken = r.clone();
+    same_records(&taken.take(), &want)?;
+    prop_assert!(taken.is_empty());
+    prop_assert_eq!(taken.records().count(), 0);
+    Ok(())
+}
+
+/// In order within a minute, across minutes, a late sample into the current
+/// minute, into a sealed minute and into a minute that has no record yet.
+#[test]
+fn series_rollup_in_order_and_late_samples() {
+    let m = 60_000;
+    let cases: &[&[(i64, f64)]] = &[
+        &[],
+        &[(5, 1.0)],
+        &[
+            (1, 1.0),
+            (2, 5.0),
+            (3, -2.0),
+            (m, 4.0),
+            (m + 1, 0.5),
+            (3 * m, 7.0),
+        ],
+        // Late into the current minute: it becomes `first`, not `last`.
+        &[(m + 10, 1.0), (m + 20, 2.0), (m + 5, -3.0), (m + 30, 9.0)],
+        // Late into a sealed minute, before and after its own samples.
+        &[
+            (10, 1.0),
+            (20, 2.0),
+            (m + 1, 3.0),
+            (2 * m, 4.0),
+            (15, 8.0),
+            (5, -8.0),
+            (30, 0.0),
+        ],
+        // Late into minutes without a record: before the first, and between two.
+        &[
+            (3 * m, 1.0),
+            (5 * m, 2.0),
+            (m, 3.0),
+            (4 * m + 7, 4.0),
+            (-m, 5.0),
+            (4 * m, 6.0),
+        ],
+        // A sample after a late one, in the current minute, still is `last`.
+        &[(m + 50, 1.0), (m + 40, 2.0), (m + 60, 3.0)],
+    ];
+    for samples in cases {
+        check_series(samples).unwrap();
+    }
+}
+
+/// NaN is no number for min and max (unless every value is NaN) and still a
+/// value for first, last and sum.
+#[test]
+fn series_rollup_nan_values() {
+    let nan = f64::NAN;
+    let cases: &[&[(i64, f64)]] = &[
+        &[(1, nan)],
+        &[(1, nan), (2, nan)],
+        &[(1, nan), (2, 3.0), (3, -1.0)],
+        &[(1, 3.0), (2, nan), (3, -1.0)],
+        &[(1, 3.0), (2, -1.0), (3, nan)],
+        &[(10, 3.0), (20, 4.0), (5, nan)],
+        &[(10, nan), (20, nan), (5, 2.0), (70_000, nan), (15, nan)],
+        &[(1, -0.0), (2, 0.0), (3, -0.0)],
+        &[(1, f64::INFINITY), (2, f64::NEG_INFINITY), (3, nan)],
+    ];
+    for samples in cases {
+        check_series(samples).unwrap();
+    }
+    let r = fold_series(&[(1, nan), (2, 3.0), (3, nan)]);
+    let rec = r.records().next().unwrap();
+    assert_eq!((rec.count, rec.min, rec.max), (3, 3.0, 3.0));
+    assert!(rec.first.is_nan() && rec.last.is_nan() && rec.sum.is_nan());
+}
+
+/// Timestamps at the ends of `i64`: the first window's start saturates, the
+/// last window is cut short. Neither may take the in-order path wrongly.
+#[test]
+fn series_rollup_extreme_timestamps() {
+    let (lo, hi) = (i64::MIN, i64::MAX);
+    let first_full = lo + (60_000 - lo.rem_euclid(60_000));
+    let cases: &[&[(i64, f64)]] = &[
+        &[
+            (lo, 1.0),
+            (lo + 1, 2.0),
+            (first_full - 1, 3.0),
+            (first_full, 4.0),
+        ],
+        &[(first_full, 4.0), (lo + 1, 2.0), (lo, 1.0)],
+        &[(hi - 70_000, 1.0), (hi - 1, 2.0), (hi, 3.0)],
+        &[(hi, 3.0), (hi - 1, 2.0), (lo, 0.0)],
+    ];
+    for samples in cases {
+        check_series(samples).unwrap();
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any order of distinct timestamps over a few minutes, NaN among the values.
+    #[test]
+    fn series_rollup_equals_a_naive_fold(
+        raw in prop::collection::vec((0i64..400_000, prop_oneof![
+            8 => (-50i32..50).prop_map(f64::from),
+            1 => Just(f64::NAN),
+            1 => Just(-0.0),
+        ]), 0..80),
+    ) {
+        let mut seen = std::collections::HashSet::new();
+        let samples: Vec<(i64, f64)> = raw.into_iter().filter(|s| seen.insert(s.0)).collect();
+        check_series(&samples)?;
+    }
+}
