@@ -199,6 +199,21 @@ impl RollupFilter {
             && ok(&self.host, &g.host)
             && ok(&self.gpu, &g.gpu)
     }
+
+    /// `self.matches(&g.at_level(level))`, without building the projection:
+    /// the fields that `level` blanks compare as "".
+    pub(crate) fn matches_at(&self, g: &RollupGroup, level: RollupLevel) -> bool {
+        fn kept(level: RollupLevel, field: RollupLevel, v: &str) -> &str {
+            if level <= field { v } else { "" }
+        }
+        let ok = |f: &Option<String>, v: &str| f.as_deref().is_none_or(|f| f == v);
+        ok(&self.metric, &g.metric)
+            && ok(&self.cluster, &g.cluster)
+            && ok(&self.row, kept(level, RollupLevel::Row, &g.row))
+            && ok(&self.rack, kept(level, RollupLevel::Rack, &g.rack))
+            && ok(&self.host, kept(level, RollupLevel::Host, &g.host))
+            && ok(&self.gpu, kept(level, RollupLevel::Gpu, &g.gpu))
+    }
 }
 
 /// The aggregate of one group over one window. Mergeable (see the module docs).
@@ -459,8 +474,9 @@ impl Query<'_> {
         group: &RollupGroup,
         minutes: impl IntoIterator<Item = &'r RollupRecord>,
     ) {
-        let g = group.at_level(self.level);
-        if !self.filter.matches(&g) {
+        // Filter before projecting: most series of a filtered query fail it,
+        // and a projection clones six strings.
+        if !self.filter.matches_at(group, self.level) {
             return;
         }
         let tier = self.tier;
@@ -474,7 +490,7 @@ impl Query<'_> {
         if picked.peek().is_none() {
             return;
         }
-        let w = self.out.entry(g).or_default();
+        let w = self.out.entry(group.at_level(self.level)).or_default();
         for r in picked {
             merge_into(w, r);
         }
