@@ -16,7 +16,7 @@
 //! sample goes to the current record, or binary-searches the few sealed records
 //! of the current flush period. Keeping the current record inline matters: on a
 //! fleet-shaped batch, reading the last element of a per-series heap vector was
-//! a cache miss per sample, about a third of the append's cycles
+//! a cache miss per sample, about a third of the append's time
 //! (`docs/BENCHMARKS.md`). Coarser tiers and levels are merges of those
 //! records, done off the hot path: at flush time, when a flush writes them to a
 //! rollup file ([`file`], `docs/format/rollup.md`), and at query time for the
