@@ -781,7 +781,7 @@ impl Storage {
                 q.add_minutes(g, minutes);
             }
         }
-        lock!(self.head.read()).for_each_rollup(|g, minutes| q.add_minutes(g, minutes));
+        lock!(self.head.read()).for_each_rollup(|g, r| q.add_minutes(g, r.records()));
         drop(state);
         q.finish()
     }

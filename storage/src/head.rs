@@ -331,19 +331,17 @@ impl Head {
     pub(crate) fn take_rollups(&mut self) -> RollupDelta {
         self.series
             .iter_mut()
-            .filter(|s| !s.rollup.minutes.is_empty())
-            .map(|s| (s.group.clone(), std::mem::take(&mut s.rollup.minutes)))
+            .filter(|s| !s.rollup.is_empty())
+            .map(|s| (s.group.clone(), s.rollup.take()))
             .collect()
     }
 
-    /// Calls `f` with each series' gpu-level group and its minute records.
-    pub(crate) fn for_each_rollup(
-        &self,
-        mut f: impl FnMut(&RollupGroup, &[crate::rollup::RollupRecord]),
-    ) {
+    /// Calls `f` with each series' gpu-level group and its rollups (minute
+    /// records); series without samples since the last freeze are skipped.
+    pub(crate) fn for_each_rollup(&self, mut f: impl FnMut(&RollupGroup, &SeriesRollup)) {
         for s in &self.series {
-            if !s.rollup.minutes.is_empty() {
-                f(&s.group, &s.rollup.minutes);
+            if !s.rollup.is_empty() {
+                f(&s.group, &s.rollup);
             }
         }
     }
@@ -451,6 +449,68 @@ mod tests {
             decode_all(&frozen[0].1),
             [(10, 1.0), (11, 7.0), (5, 5.0), (7, 3.0)]
         );
+    }
+
+    /// The rollup records of the head's only series.
+    fn rollups(h: &Head) -> Vec<crate::rollup::RollupRecord> {
+        let mut out = Vec::new();
+        h.for_each_rollup(|_, r| out.extend(r.records().copied()));
+        out
+    }
+
+    /// Duplicates (same timestamp as the newest sample, as a late one, as one
+    /// in a sealed chunk) and too-old samples never reach the rollups.
+    #[test]
+    fn rejected_samples_are_not_folded() {
+        let mut h = Head::new(2, 10, 90_000);
+        let a = h.get_or_create(key("0")).unwrap();
+        assert_eq!(h.append(a, 60_010, 1.0), Appended::InOrder);
+        assert_eq!(h.append(a, 60_010, 100.0), Appended::Duplicate);
+        assert_eq!(h.append(a, 60_020, 2.0), Appended::InOrder);
+        assert_eq!(h.append(a, 60_030, 3.0), Appended::InOrder);
+        assert_eq!(h.append(a, 60_030, -100.0), Appended::Duplicate);
+        assert_eq!(h.append(a, 60_005, 4.0), Appended::OutOfOrder);
+        assert_eq!(h.append(a, 60_005, 100.0), Appended::Duplicate);
+        assert_eq!(
+            h.append(a, 60_020, 100.0),
+            Appended::Duplicate,
+            "in a sealed chunk"
+        );
+        assert_eq!(h.append(a, 120_000, 5.0), Appended::InOrder);
+        assert_eq!(h.append(a, 20_000, 100.0), Appended::TooOld);
+        assert_eq!(h.append(a, 59_000, 6.0), Appended::OutOfOrder);
+        let r = rollups(&h);
+        let summary: Vec<_> = r
+            .iter()
+            .map(|r| {
+                let (ws, n, sum, min, max) = (r.window_start_ms, r.count, r.sum, r.min, r.max);
+                (
+                    ws,
+                    n,
+                    sum,
+                    min,
+                    max,
+                    r.first_ts_ms,
+                    r.first,
+                    r.last_ts_ms,
+                    r.last,
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                (0, 1, 6.0, 6.0, 6.0, 59_000, 6.0, 59_000, 6.0),
+                (60_000, 4, 10.0, 1.0, 4.0, 60_005, 4.0, 60_030, 3.0),
+                (120_000, 1, 5.0, 5.0, 5.0, 120_000, 5.0, 120_000, 5.0),
+            ]
+        );
+        // A freeze takes the rollups out; the next sample starts afresh.
+        assert_eq!(h.take_rollups()[0].1.len(), 3);
+        assert!(rollups(&h).is_empty());
+        assert_eq!(h.append(a, 120_001, 7.0), Appended::InOrder);
+        let r = rollups(&h);
+        assert_eq!((r.len(), r[0].window_start_ms, r[0].count), (1, 120_000, 1));
     }
 
     #[test]

@@ -5,17 +5,24 @@
 //! # Where it sits
 //!
 //! Every sample the head *accepts* ([`crate::head`]) is folded, on the append
-//! path, into a per-series list of 1-minute records at gpu level (the finest
-//! group). That is the only work on the hot path: the series' group key is
-//! computed once when the series is created, and the fold updates the last
-//! record of the series (an index into the head's series vector and a
-//! comparison, no hashing; a late sample binary-searches the few records of
-//! the current flush period). Coarser tiers and levels are merges of those
+//! path, into per-series 1-minute records at gpu level (the finest group). That
+//! is the only work on the hot path: the series' group key is computed once
+//! when the series is created, and the record of the series' newest minute is
+//! kept inline in the head series ([`SeriesRollup`]). A sample after every
+//! folded one and in that minute, the common case, updates its fields in place:
+//! count, sum, min, max and last, with no tie-break (`first` cannot change), no
+//! vector access and no hashing. A sample in a newer minute moves the current
+//! record to the series' vector of sealed minutes and starts a new one; a late
+//! sample goes to the current record, or binary-searches the few sealed records
+//! of the current flush period. Keeping the current record inline matters: on a
+//! fleet-shaped batch, reading the last element of a per-series heap vector was
+//! a cache miss per sample, about a third of the append's time
+//! (`docs/BENCHMARKS.md`). Coarser tiers and levels are merges of those
 //! records, done off the hot path: at flush time, when a flush writes them to a
 //! rollup file ([`file`], `docs/format/rollup.md`), and at query time for the
-//! part still in memory. This departs from the brief's "one delta per group
-//! and tier on the append path": keeping 15 deltas (3 tiers × 5 levels) per
-//! sample would cost 15 hash lookups per sample, and since every aggregate is
+//! part still in memory. This departs from the brief's "one delta per group and
+//! tier on the append path": keeping 15 deltas (3 tiers × 5 levels) per sample
+//! would cost 15 hash lookups per sample, and since every aggregate is
 //! mergeable the result is the same.
 //!
 //! # Invariant
@@ -60,6 +67,7 @@ pub(crate) mod file;
 #[cfg(test)]
 mod tests;
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
@@ -191,6 +199,21 @@ impl RollupFilter {
             && ok(&self.host, &g.host)
             && ok(&self.gpu, &g.gpu)
     }
+
+    /// `self.matches(&g.at_level(level))`, without building the projection:
+    /// the fields that `level` blanks compare as "".
+    pub(crate) fn matches_at(&self, g: &RollupGroup, level: RollupLevel) -> bool {
+        fn kept(level: RollupLevel, field: RollupLevel, v: &str) -> &str {
+            if level <= field { v } else { "" }
+        }
+        let ok = |f: &Option<String>, v: &str| f.as_deref().is_none_or(|f| f == v);
+        ok(&self.metric, &g.metric)
+            && ok(&self.cluster, &g.cluster)
+            && ok(&self.row, kept(level, RollupLevel::Row, &g.row))
+            && ok(&self.rack, kept(level, RollupLevel::Rack, &g.rack))
+            && ok(&self.host, kept(level, RollupLevel::Host, &g.host))
+            && ok(&self.gpu, kept(level, RollupLevel::Gpu, &g.gpu))
+    }
 }
 
 /// The aggregate of one group over one window. Mergeable (see the module docs).
@@ -264,36 +287,103 @@ impl RollupRecord {
     }
 }
 
-/// The 1-minute, gpu-level records of one head series, in window order.
-#[derive(Debug, Default, Clone)]
+/// The 1-minute, gpu-level records of one head series: the newest minute's
+/// record inline (updated in place by in-order samples) and the older
+/// minutes, sealed, in a vector.
+#[derive(Debug, Clone)]
 pub(crate) struct SeriesRollup {
-    pub(crate) minutes: Vec<RollupRecord>,
+    /// The record of the newest minute that has a sample; [`Self::EMPTY`]
+    /// (`count == 0`) when there is none.
+    current: RollupRecord,
+    /// Records of older minutes, in window order, all before `current`'s;
+    /// empty while `current` is.
+    sealed: Vec<RollupRecord>,
+}
+
+impl Default for SeriesRollup {
+    fn default() -> Self {
+        Self {
+            current: Self::EMPTY,
+            sealed: Vec::new(),
+        }
+    }
 }
 
 impl SeriesRollup {
-    /// Folds one accepted sample; `_fast` in spirit: the in-order case
-    /// touches only the last record.
+    /// No current record. `last_ts_ms` is `i64::MAX` so that no sample takes
+    /// the in-order path of [`Self::add`].
+    const EMPTY: RollupRecord = RollupRecord {
+        window_start_ms: i64::MIN,
+        count: 0,
+        sum: 0.0,
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        first: 0.0,
+        first_ts_ms: i64::MAX,
+        last: 0.0,
+        last_ts_ms: i64::MAX,
+    };
+
+    /// Folds one accepted sample. The common case, a sample after every
+    /// sample already folded and in the same minute, updates the current
+    /// record in place: `first` cannot change and `last` is the sample, so
+    /// no tie-breaks (this is [`RollupRecord::merge`] with those comparisons
+    /// decided).
     #[inline]
     pub(crate) fn add(&mut self, ts_ms: i64, value: f64) {
-        let ws = RollupTier::Minute.window_start(ts_ms);
-        match self.minutes.last_mut() {
-            Some(r) if r.window_start_ms == ws => r.add(ts_ms, value),
-            Some(r) if r.window_start_ms > ws => self.add_late(ws, ts_ms, value),
-            _ => self.minutes.push(RollupRecord::of_sample(ws, ts_ms, value)),
+        let c = &mut self.current;
+        if ts_ms > c.last_ts_ms && RollupTier::Minute.window_start(ts_ms) == c.window_start_ms {
+            c.count += 1;
+            c.sum += value;
+            c.min = c.min.min(value);
+            c.max = c.max.max(value);
+            c.last = value;
+            c.last_ts_ms = ts_ms;
+        } else {
+            self.add_other(ts_ms, value);
         }
     }
 
-    #[cold]
-    fn add_late(&mut self, ws: i64, ts_ms: i64, value: f64) {
-        match self
-            .minutes
-            .binary_search_by_key(&ws, |r| r.window_start_ms)
-        {
-            Ok(i) => self.minutes[i].add(ts_ms, value),
-            Err(i) => self
-                .minutes
-                .insert(i, RollupRecord::of_sample(ws, ts_ms, value)),
+    /// [`Self::add`] for a sample that starts a minute, or is late.
+    #[inline(never)]
+    fn add_other(&mut self, ts_ms: i64, value: f64) {
+        let ws = RollupTier::Minute.window_start(ts_ms);
+        if self.current.count == 0 {
+            self.current = RollupRecord::of_sample(ws, ts_ms, value);
+            return;
         }
+        match ws.cmp(&self.current.window_start_ms) {
+            Ordering::Equal => self.current.add(ts_ms, value),
+            Ordering::Greater => {
+                self.sealed.push(self.current);
+                self.current = RollupRecord::of_sample(ws, ts_ms, value);
+            }
+            Ordering::Less => match self.sealed.binary_search_by_key(&ws, |r| r.window_start_ms) {
+                Ok(i) => self.sealed[i].add(ts_ms, value),
+                Err(i) => self
+                    .sealed
+                    .insert(i, RollupRecord::of_sample(ws, ts_ms, value)),
+            },
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.current.count == 0
+    }
+
+    /// The records, in window order.
+    pub(crate) fn records(&self) -> impl Iterator<Item = &RollupRecord> {
+        let current = (!self.is_empty()).then_some(&self.current);
+        self.sealed.iter().chain(current)
+    }
+
+    /// Takes the records out, in window order, leaving this empty.
+    pub(crate) fn take(&mut self) -> Vec<RollupRecord> {
+        let mut out = std::mem::take(&mut self.sealed);
+        if !self.is_empty() {
+            out.push(std::mem::replace(&mut self.current, Self::EMPTY));
+        }
+        out
     }
 }
 
@@ -379,26 +469,28 @@ impl Query<'_> {
     }
 
     /// Adds gpu-level minute records of one series (from memory).
-    pub(crate) fn add_minutes(&mut self, group: &RollupGroup, minutes: &[RollupRecord]) {
-        if minutes.is_empty() {
-            return;
-        }
-        let g = group.at_level(self.level);
-        if !self.filter.matches(&g) {
+    pub(crate) fn add_minutes<'r>(
+        &mut self,
+        group: &RollupGroup,
+        minutes: impl IntoIterator<Item = &'r RollupRecord>,
+    ) {
+        // Filter before projecting: most series of a filtered query fail it,
+        // and a projection clones six strings.
+        if !self.filter.matches_at(group, self.level) {
             return;
         }
         let tier = self.tier;
         let (min_ts, max_ts) = (self.min_ts, self.max_ts);
         let overlaps = |ws: i64| ws <= max_ts && ws.saturating_add(tier.window_ms() - 1) >= min_ts;
         let mut picked = minutes
-            .iter()
+            .into_iter()
             .map(|r| r.in_tier(tier))
             .filter(|r| overlaps(r.window_start_ms))
             .peekable();
         if picked.peek().is_none() {
             return;
         }
-        let w = self.out.entry(g).or_default();
+        let w = self.out.entry(group.at_level(self.level)).or_default();
         for r in picked {
             merge_into(w, r);
         }
