@@ -479,14 +479,12 @@ fn select(
         labels.sort_by(|a, b| a.name.cmp(&b.name));
         out.push(ReadSeries { labels, ts, values });
     }
+    // Prometheus orders label sets pairwise by (name, value).
     out.sort_by(|a, b| {
-        let key = |s: &ReadSeries| {
-            s.labels
-                .iter()
-                .map(|l| (l.name.clone(), l.value.clone()))
-                .collect::<Vec<_>>()
-        };
-        key(a).cmp(&key(b))
+        a.labels
+            .iter()
+            .map(|l| (&l.name, &l.value))
+            .cmp(b.labels.iter().map(|l| (&l.name, &l.value)))
     });
     Ok(out)
 }
