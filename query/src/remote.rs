@@ -26,6 +26,7 @@
 //! that passes [`RemoteLimits::max_samples`] or `max_response_bytes` fails
 //! with 400 and says which limit.
 
+pub mod decode;
 pub mod xor;
 
 use std::fmt::Write as _;
@@ -40,13 +41,13 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use gpulse_proto::prometheus::{
     Chunk, ChunkedReadResponse, ChunkedSeries, Label as PromLabel, LabelMatcher, QueryResult,
-    ReadRequest, ReadResponse, Sample, TimeSeries, WriteRequest, chunk, label_matcher,
-    read_request::ResponseType,
+    ReadResponse, Sample, TimeSeries, chunk, label_matcher, read_request::ResponseType,
 };
 use prost::Message;
 use storage::{Label, Matcher, SeriesKey, SeriesRef, Storage};
 use tracing::warn;
 
+use self::decode::BodyError;
 use self::xor::{SAMPLES_PER_CHUNK, XorChunk, put_uvarint};
 
 /// Frames of a streamed read are cut at about this size.
@@ -189,19 +190,14 @@ fn bad(msg: impl Into<String>) -> HttpError {
     HttpError(StatusCode::BAD_REQUEST, msg.into())
 }
 
-/// Snappy-decodes a body after checking its declared length.
-fn decompress(body: &[u8], max: usize) -> Result<Vec<u8>, HttpError> {
-    let len = snap::raw::decompress_len(body)
-        .map_err(|e| bad(format!("body is not snappy-compressed: {e}")))?;
-    if len > max {
-        return Err(HttpError(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("decompressed body would be {len} bytes, more than the limit of {max}"),
-        ));
+impl From<BodyError> for HttpError {
+    fn from(e: BodyError) -> Self {
+        let status = match e {
+            BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        };
+        HttpError(status, e.to_string())
     }
-    snap::raw::Decoder::new()
-        .decompress_vec(body)
-        .map_err(|e| bad(format!("body is not valid snappy: {e}")))
 }
 
 async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
@@ -240,9 +236,7 @@ fn write_blocking(
     max: usize,
     metrics: &RemoteMetrics,
 ) -> Result<(), HttpError> {
-    let raw = decompress(body, max)?;
-    let req = WriteRequest::decode(raw.as_slice())
-        .map_err(|e| bad(format!("body is not a prometheus.WriteRequest: {e}")))?;
+    let req = decode::write_request(body, max)?;
     let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
     let (mut refs, mut ts, mut vals) = (
         Vec::with_capacity(n),
@@ -342,9 +336,7 @@ struct ReadSeries {
 }
 
 fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
-    let raw = decompress(body, remote.limits.max_request_bytes)?;
-    let req = ReadRequest::decode(raw.as_slice())
-        .map_err(|e| bad(format!("body is not a prometheus.ReadRequest: {e}")))?;
+    let req = decode::read_request(body, remote.limits.max_request_bytes)?;
     let streamed = match req.accepted_response_types.first() {
         None => false,
         Some(&t) => match ResponseType::try_from(t) {

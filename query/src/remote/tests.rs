@@ -1,3 +1,4 @@
+use super::decode::decompress;
 use super::xor::{XorChunk, decode};
 use super::*;
 
@@ -115,19 +116,24 @@ fn snappy_length_is_checked_before_allocating() {
     // A header that claims 4 GiB - 1 followed by nothing: refused on the header.
     let mut lie = Vec::new();
     put_uvarint(&mut lie, u64::from(u32::MAX));
-    let e = decompress(&lie, 1 << 20).unwrap_err();
+    let e = HttpError::from(decompress(&lie, 1 << 20).unwrap_err());
     assert_eq!(e.0, StatusCode::PAYLOAD_TOO_LARGE);
     assert!(e.1.contains("4294967295"), "{}", e.1);
 
-    let e = decompress(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1 << 20).unwrap_err();
+    let e = HttpError::from(
+        decompress(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1 << 20).unwrap_err(),
+    );
     assert_eq!(e.0, StatusCode::BAD_REQUEST);
 
     let data = b"hello hello hello hello".repeat(10);
     let packed = snap::raw::Encoder::new().compress_vec(&data).unwrap();
     assert_eq!(decompress(&packed, 1 << 20).unwrap(), data);
     assert_eq!(
-        decompress(&packed, data.len() - 1).unwrap_err().0,
-        StatusCode::PAYLOAD_TOO_LARGE
+        decompress(&packed, data.len() - 1).unwrap_err(),
+        BodyError::TooLarge {
+            len: data.len(),
+            max: data.len() - 1
+        }
     );
 }
 
