@@ -20,12 +20,13 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
 use datafusion::catalog::{Session, TableProvider};
+use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::common::{DataFusionError, ScalarValue};
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown, TableType};
-use datafusion::physical_plan::ExecutionPlan;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
+use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use storage::{Matcher, SelectedSeries, SeriesKey, Storage};
 
 use crate::pushdown::{TimeRange, comparisons, string_of};
@@ -261,6 +262,7 @@ impl TableProvider for SamplesTable {
             load[i] += s.max_samples();
             parts[i].push(s);
         }
+        let n_series: usize = parts.iter().map(Vec::len).sum();
         let partitions: Vec<Arc<dyn PartitionStream>> = parts
             .into_iter()
             .map(|series| {
@@ -273,14 +275,80 @@ impl TableProvider for SamplesTable {
                 }) as Arc<dyn PartitionStream>
             })
             .collect();
-        Ok(Arc::new(StreamingTableExec::try_new(
-            schema,
-            partitions,
-            None,
-            [],
-            false,
-            None,
-        )?))
+        let inner = StreamingTableExec::try_new(schema, partitions, None, [], false, None)?;
+        let mut pushed: Vec<String> = pushdown
+            .equal
+            .iter()
+            .map(|(c, v)| format!("{}={v}", c.name()))
+            .collect();
+        pushed.push(format!("ts={}", pushdown.time.display()));
+        Ok(Arc::new(SamplesScanExec {
+            properties: Arc::clone(inner.properties()),
+            inner: Arc::new(inner),
+            display: format!(
+                "SamplesScanExec: {}, series={n_series}, samples<={}, projection=[{}]",
+                pushed.join(", "),
+                load.iter().sum::<usize>(),
+                cols.iter()
+                    .map(|&i| COLUMNS[i].name())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }))
+    }
+}
+
+/// The scan of `samples`: what storage was asked for (the pushed filters)
+/// and what it selected, over the streams that decode it. `EXPLAIN` shows
+/// the first line.
+#[derive(Debug)]
+struct SamplesScanExec {
+    inner: Arc<StreamingTableExec>,
+    properties: Arc<PlanProperties>,
+    display: String,
+}
+
+impl DisplayAs for SamplesScanExec {
+    fn fmt_as(&self, _t: DisplayFormatType, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(&self.display)
+    }
+}
+
+impl ExecutionPlan for SamplesScanExec {
+    fn name(&self) -> &str {
+        "SamplesScanExec"
+    }
+
+    fn properties(&self) -> &Arc<PlanProperties> {
+        &self.properties
+    }
+
+    fn children(&self) -> Vec<&Arc<dyn ExecutionPlan>> {
+        Vec::new()
+    }
+
+    fn apply_expressions(
+        &self,
+        _f: &mut dyn FnMut(
+            &Arc<dyn datafusion::physical_expr::PhysicalExpr>,
+        ) -> datafusion::error::Result<TreeNodeRecursion>,
+    ) -> datafusion::error::Result<TreeNodeRecursion> {
+        Ok(TreeNodeRecursion::Continue)
+    }
+
+    fn with_new_children(
+        self: Arc<Self>,
+        _children: Vec<Arc<dyn ExecutionPlan>>,
+    ) -> datafusion::error::Result<Arc<dyn ExecutionPlan>> {
+        Ok(self)
+    }
+
+    fn execute(
+        &self,
+        partition: usize,
+        context: Arc<TaskContext>,
+    ) -> datafusion::error::Result<SendableRecordBatchStream> {
+        self.inner.execute(partition, context)
     }
 }
 
