@@ -989,16 +989,8 @@ fn aggregate(op: &str, v: &Vector, by: bool, names: &[String], q: Option<f64>) -
                         }
                         g.mean += s / g.count - g.mean / g.count;
                     }
-                    "max" => {
-                        if g.value < s || g.value.is_nan() {
-                            g.value = s;
-                        }
-                    }
-                    "min" => {
-                        if g.value > s || g.value.is_nan() {
-                            g.value = s;
-                        }
-                    }
+                    "max" if g.value < s || g.value.is_nan() => g.value = s,
+                    "min" if g.value > s || g.value.is_nan() => g.value = s,
                     "count" | "group" => g.count += 1.0,
                     "stddev" | "stdvar" => {
                         g.count += 1.0;

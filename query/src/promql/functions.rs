@@ -4,11 +4,11 @@ use std::sync::Arc;
 
 use promql_parser::parser::{Call, Expr};
 
-use super::PromError;
 use super::eval::{
     Elem, Evaluator, METRIC_NAME, Val, Vector, check_unique, drop_name, get, go_max, go_min,
     quantile, set_label, unsupported, valid_label_name,
 };
+use super::{LabelSet, PromError};
 
 type Result<T> = std::result::Result<T, PromError>;
 
@@ -355,23 +355,7 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call) -> Result<Val> {
         "absent" => {
             let a = arg(args, 0, name)?;
             let v = vector_arg(ev, &a)?;
-            let mut labels: Vec<(String, String)> = Vec::new();
-            if let Expr::VectorSelector(vs) = &a {
-                let mut drop: Vec<&str> = Vec::new();
-                for m in &vs.matchers.matchers {
-                    if m.name == METRIC_NAME {
-                        continue;
-                    }
-                    let eq = matches!(m.op, promql_parser::label::MatchOp::Equal);
-                    if eq && !labels.iter().any(|(n, _)| *n == m.name) {
-                        set_label(&mut labels, &m.name, &m.value);
-                    } else {
-                        drop.push(&m.name);
-                    }
-                }
-                labels.retain(|(n, _)| !drop.contains(&n.as_str()));
-            }
-            let labels = Arc::new(labels);
+            let labels = Arc::new(absent_labels(&a));
             Ok(Val::Vector(
                 v.into_iter()
                     .map(|vec| {
@@ -387,8 +371,58 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call) -> Result<Val> {
                     .collect(),
             ))
         }
+        "absent_over_time" => {
+            let a = arg(args, 0, name)?;
+            let input = ev.range_input(&a)?;
+            let labels = Arc::new(absent_labels(&a));
+            Ok(Val::Vector(
+                ev.steps
+                    .iter()
+                    .map(|&t| {
+                        let reference = input.reference(t);
+                        let present = input.series.iter().any(|s| {
+                            let (lo, hi) = input.window(s, reference);
+                            hi > lo
+                        });
+                        if present {
+                            Vec::new()
+                        } else {
+                            vec![Elem {
+                                labels: labels.clone(),
+                                v: 1.0,
+                            }]
+                        }
+                    })
+                    .collect(),
+            ))
+        }
         other => Err(unsupported(&format!("function {other}()"))),
     }
+}
+
+/// The labels of `absent()`'s answer (`createLabelsForAbsentFunction`): the
+/// selector's equality matchers, except `__name__` and names matched twice.
+fn absent_labels(e: &Expr) -> Vec<(String, String)> {
+    let vs = match unwrap_parens(e) {
+        Expr::VectorSelector(vs) => vs,
+        Expr::MatrixSelector(ms) => &ms.vs,
+        _ => return Vec::new(),
+    };
+    let mut labels: Vec<(String, String)> = Vec::new();
+    let mut dropped: Vec<&str> = Vec::new();
+    for m in &vs.matchers.matchers {
+        if m.name == METRIC_NAME {
+            continue;
+        }
+        let eq = matches!(m.op, promql_parser::label::MatchOp::Equal);
+        if eq && !labels.iter().any(|(n, _)| *n == m.name) {
+            set_label(&mut labels, &m.name, &m.value);
+        } else {
+            dropped.push(&m.name);
+        }
+    }
+    labels.retain(|(n, _)| !dropped.contains(&n.as_str()));
+    labels
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -460,7 +494,7 @@ fn bucket_quantile(q: f64, mut buckets: Vec<Bucket>) -> f64 {
 
 fn histogram_quantile(q: f64, v: Vector) -> Vector {
     let mut index: std::collections::HashMap<String, usize> = Default::default();
-    let mut groups: Vec<(Arc<Vec<(String, String)>>, Vec<Bucket>)> = Vec::new();
+    let mut groups: Vec<(Arc<LabelSet>, Vec<Bucket>)> = Vec::new();
     for e in v {
         let Some(upper) = get(&e.labels, "le").and_then(|s| s.trim().parse::<f64>().ok()) else {
             continue;

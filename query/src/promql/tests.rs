@@ -24,8 +24,10 @@ fn key(metric: &str, labels: &[(&str, &str)]) -> SeriesKey {
     .unwrap()
 }
 
-/// Series given as (metric, labels, [(seconds after T0, value)]).
-fn fixture(series: &[(&str, &[(&str, &str)], &[(i64, f64)])]) -> Fixture {
+/// One series: metric, labels, [(seconds after T0, value)].
+type Spec<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [(i64, f64)]);
+
+fn fixture(series: &[Spec<'_>]) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let st = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
     for (metric, labels, samples) in series {
@@ -126,6 +128,12 @@ fn lookback_is_five_minutes_inclusive() {
     assert!(vector(&f, r#"m{a="1"}"#, T0 - 1).is_empty());
     // offset moves the reference time back.
     assert_eq!(one(&f, r#"m{a="1"} offset 1m"#, T0 + 60 * S), 1.0);
+    // @ fixes the reference time (T0 is 1700000000 s).
+    assert_eq!(one(&f, r#"m{a="1"} @ 1700000000"#, T0 + 300 * S), 1.0);
+    assert_eq!(
+        one(&f, r#"m{a="1"} @ 1700000060 offset 1m"#, T0 + 300 * S),
+        1.0
+    );
 }
 
 #[test]
@@ -468,6 +476,16 @@ fn functions_on_values() {
         &[("{a=1}", (T0 + 60 * S) as f64 / 1000.0)],
     );
     assert_vec(&f, "absent(nope{x=\"y\"})", t, &[("{x=y}", 1.0)]);
+    // Nothing in [0 s, 10 s] of nope; c has samples there.
+    assert_vec(
+        &f,
+        r#"absent_over_time(nope{x="y", z=~"a"}[10s])"#,
+        t,
+        &[("{x=y}", 1.0)],
+    );
+    assert!(vector(&f, "absent_over_time(c[10s])", t).is_empty());
+    // c's last sample is at 45 s: absent over [50 s, 60 s].
+    assert_vec(&f, "absent_over_time(c[10s])", T0 + 60 * S, &[("{}", 1.0)]);
     assert!(vector(&f, "absent(used)", t).is_empty());
     match f.engine.instant("sort_desc(temp)", t).unwrap() {
         PromValue::Vector(v) => {
@@ -530,7 +548,7 @@ fn errors_are_typed_and_never_panic() {
     let bad = |q: &str| f.engine.instant(q, T0).unwrap_err();
     assert!(matches!(bad("sum(("), PromError::BadData(_)));
     assert_eq!(bad("sum((").status(), (400, "bad_data"));
-    let e = bad("absent_over_time(c[5m])");
+    let e = bad(r#"limitk(1, c)"#);
     assert!(matches!(e, PromError::Execution(_)), "{e:?}");
     assert_eq!(e.status(), (422, "execution"));
     assert!(matches!(
