@@ -122,7 +122,10 @@ impl Server {
         ));
 
         let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
-        let fut = query::http::serve(http, engine.clone(), stopped(&stop));
+        let routes = query::http::router(engine.clone()).merge(query::promql::api::router(
+            query::promql::PromEngine::new(storage.clone()),
+        ));
+        let fut = query::http::serve(http, routes, stopped(&stop));
         tasks.push((
             "http",
             tokio::spawn(async move {

@@ -37,17 +37,18 @@ pub fn router(engine: QueryEngine) -> Router {
         .with_state(Arc::new(engine))
 }
 
-/// Serves the HTTP API on `listener` until `shutdown` resolves, then lets
-/// in-flight requests finish.
+/// Serves `router` (usually [`router`], merged with others such as
+/// [`crate::promql::api::router`]) on `listener` until `shutdown` resolves,
+/// then lets in-flight requests finish.
 ///
 /// # Errors
 /// I/O errors of the listener.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    engine: QueryEngine,
+    router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(engine))
+    axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
 }
