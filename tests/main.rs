@@ -7,6 +7,7 @@ mod delivery;
 mod ingest_protocol;
 mod inventory;
 mod pg;
+mod promql;
 mod replay;
 mod support;
 mod write_path;
