@@ -790,3 +790,132 @@ fn promql_answers_equal_prometheus() {
         failures.join("\n")
     );
 }
+
+/// The API's own contract, without Prometheus: exact JSON shapes, label
+/// names as stored (`Hostname` and `hostname`, `UUID` and `uuid` side by
+/// side), and the status and `errorType` of each kind of bad request.
+#[test]
+fn prometheus_api_shapes_and_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("data.csv");
+    std::fs::write(
+        &csv,
+        "labels,timestamp_ms,value\n\
+         metric=m;Hostname=h1;UUID=GPU-1;hostname=x;uuid=u,1700000000000,NaN\n\
+         metric=m;Hostname=h1;UUID=GPU-1;hostname=x;uuid=u,1700000000500,1e21\n",
+    )
+    .unwrap();
+    let gp_dir = dir.path().join("gpulse-data");
+    let out = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .arg("import")
+        .arg("--data-dir")
+        .arg(&gp_dir)
+        .arg(&csv)
+        .output()
+        .expect("gpulse import");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let node = Node::start(&gp_dir);
+    let url = node.http_url.clone();
+    let raw = |path: &str| {
+        let mut r = agent().get(&format!("{url}{path}")).call().expect("GET");
+        (
+            r.status().as_u16(),
+            r.body_mut().read_to_string().expect("body"),
+        )
+    };
+
+    assert_eq!(
+        raw("/api/v1/query?query=m&time=1700000000.4"),
+        (
+            200,
+            r#"{"status":"success","data":{"resultType":"vector","result":[{"metric":{"Hostname":"h1","UUID":"GPU-1","__name__":"m","hostname":"x","uuid":"u"},"value":[1700000000.400,"NaN"]}]}}"#
+                .to_string()
+        )
+    );
+    assert_eq!(
+        raw("/api/v1/query_range?query=max(m)%20by%20(uuid,%20Hostname)&start=1700000000&end=1700000001&step=0.5"),
+        (
+            200,
+            r#"{"status":"success","data":{"resultType":"matrix","result":[{"metric":{"Hostname":"h1","uuid":"u"},"values":[[1700000000,"NaN"],[1700000000.500,"1000000000000000000000"],[1700000001,"1000000000000000000000"]]}]}}"#
+                .to_string()
+        )
+    );
+    assert_eq!(
+        raw("/api/v1/query?query=1%2B1&time=2023-11-14T22:13:20Z"),
+        (
+            200,
+            r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000,"2"]}}"#
+                .to_string()
+        )
+    );
+    assert_eq!(
+        raw("/api/v1/label/uuid/values?match[]=m"),
+        (200, r#"{"status":"success","data":["u"]}"#.to_string())
+    );
+    assert_eq!(
+        raw("/api/v1/labels"),
+        (
+            200,
+            r#"{"status":"success","data":["Hostname","UUID","__name__","hostname","uuid"]}"#
+                .to_string()
+        )
+    );
+    assert_eq!(
+        raw("/api/v1/metadata"),
+        (200, r#"{"status":"success","data":{}}"#.to_string())
+    );
+    let (s, body) = raw("/api/v1/status/buildinfo");
+    assert_eq!(s, 200);
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"]["version"], "2.42.0", "{body}");
+
+    for (path, status, kind) in [
+        ("/api/v1/query?query=sum((", 400, "bad_data"),
+        ("/api/v1/query?query=m&time=yesterday", 400, "bad_data"),
+        ("/api/v1/query", 400, "bad_data"),
+        ("/api/v1/query?query=limitk(1,m)", 422, "execution"),
+        (
+            "/api/v1/query_range?query=m&start=10&end=20&step=0",
+            400,
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range?query=m&start=20&end=10&step=1",
+            400,
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range?query=m&start=0&end=100000&step=1",
+            400,
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range?query=m[1m]&start=0&end=10&step=1",
+            400,
+            "bad_data",
+        ),
+        (
+            "/api/v1/query_range?query=m&start=0&end=10",
+            400,
+            "bad_data",
+        ),
+        ("/api/v1/series", 400, "bad_data"),
+        ("/api/v1/series?match[]=sum(m)", 400, "bad_data"),
+        ("/api/v1/label/1bad/values", 400, "bad_data"),
+    ] {
+        let (s, body) = raw(path);
+        let v: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {body}: {e}"));
+        assert_eq!(s, status, "{path}: {body}");
+        assert_eq!(v["status"], "error", "{path}: {body}");
+        assert_eq!(v["errorType"], kind, "{path}: {body}");
+        assert!(
+            v["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{path}: {body}"
+        );
+    }
+}
