@@ -80,7 +80,7 @@ impl Params {
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
         .unwrap_or(0)
 }
 
@@ -90,13 +90,23 @@ pub fn parse_time(s: &str) -> Result<i64, String> {
     if let Ok(f) = s.parse::<f64>()
         && f.is_finite()
     {
+        if f.abs() > (super::eval::MAX_ABS_MS / 1000) as f64 {
+            return Err(format!("timestamp {s:?} is out of range"));
+        }
         let secs = f.trunc();
         let frac = ((f - secs) * 1000.0).round();
-        return Ok(secs as i64 * 1000 + frac as i64);
+        return in_range(secs as i64 * 1000 + frac as i64, s);
     }
     chrono::DateTime::parse_from_rfc3339(s)
-        .map(|t| t.timestamp_millis())
         .map_err(|_| format!("cannot parse {s:?} to a valid timestamp"))
+        .and_then(|t| in_range(t.timestamp_millis(), s))
+}
+
+fn in_range(t_ms: i64, s: &str) -> Result<i64, String> {
+    if !(-super::eval::MAX_ABS_MS..=super::eval::MAX_ABS_MS).contains(&t_ms) {
+        return Err(format!("timestamp {s:?} is out of range"));
+    }
+    Ok(t_ms)
 }
 
 /// Prometheus's `parseDuration`: seconds as a float, or a duration (`1m`).
@@ -111,7 +121,7 @@ pub fn parse_step(s: &str) -> Result<i64, String> {
         return Ok(ns as i64 / 1_000_000);
     }
     promql_parser::util::parse_duration(s)
-        .map(|d| d.as_millis() as i64)
+        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
         .map_err(|_| format!("cannot parse {s:?} to a valid duration"))
 }
 

@@ -22,6 +22,9 @@ type Result<T> = std::result::Result<T, PromError>;
 /// written without one (`x[1h:]`).
 const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
 
+/// Most steps of one subquery's inner evaluation.
+const MAX_SUBQUERY_STEPS: i64 = 1_000_000;
+
 pub(super) const METRIC_NAME: &str = "__name__";
 
 /// One element of an instant vector at one step.
@@ -86,11 +89,20 @@ pub(super) fn unsupported(what: &str) -> PromError {
     PromError::Execution(format!("{what} is not supported by gpulse's PromQL engine"))
 }
 
+/// Times and durations are kept within +-2^58 ms (9 million years), so that
+/// sums of a few of them cannot overflow.
+pub(super) const MAX_ABS_MS: i64 = 1 << 58;
+
+/// A duration in milliseconds, capped at [`MAX_ABS_MS`].
+fn ms(d: std::time::Duration) -> i64 {
+    d.as_millis().min(MAX_ABS_MS as u128) as i64
+}
+
 fn offset_ms(o: &Option<Offset>) -> i64 {
     match o {
         None => 0,
-        Some(Offset::Pos(d)) => d.as_millis() as i64,
-        Some(Offset::Neg(d)) => -(d.as_millis() as i64),
+        Some(Offset::Pos(d)) => ms(*d),
+        Some(Offset::Neg(d)) => -ms(*d),
     }
 }
 
@@ -411,8 +423,8 @@ impl<'a> Evaluator<'a> {
             Some(AtModifier::Start) => Some(self.query_start),
             Some(AtModifier::End) => Some(self.query_end),
             Some(AtModifier::At(t)) => Some(match t.duration_since(std::time::UNIX_EPOCH) {
-                Ok(d) => d.as_millis() as i64,
-                Err(e) => -(e.duration().as_millis() as i64),
+                Ok(d) => ms(d),
+                Err(e) => -ms(e.duration()),
             }),
         }
     }
@@ -518,12 +530,12 @@ impl<'a> Evaluator<'a> {
     pub(super) fn range_input(&self, expr: &Expr) -> Result<RangeInput> {
         match expr {
             Expr::Paren(p) => self.range_input(&p.expr),
-            Expr::MatrixSelector(ms) => {
-                let vs = &ms.vs;
+            Expr::MatrixSelector(sel) => {
+                let vs = &sel.vs;
                 let matchers = Self::matchers(vs)?;
                 let off = offset_ms(&vs.offset);
                 let at = self.at_ms(&vs.at);
-                let range_ms = ms.range.as_millis() as i64;
+                let range_ms = ms(sel.range);
                 let refs = self.steps.iter().map(|&t| at.unwrap_or(t) - off);
                 let lo = refs.clone().min().unwrap_or(0) - range_ms;
                 let hi = refs.max().unwrap_or(0);
@@ -547,11 +559,8 @@ impl<'a> Evaluator<'a> {
     fn subquery(&self, sq: &SubqueryExpr) -> Result<RangeInput> {
         let off = offset_ms(&sq.offset);
         let at = self.at_ms(&sq.at);
-        let range_ms = sq.range.as_millis() as i64;
-        let step = sq
-            .step
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(DEFAULT_SUBQUERY_STEP_MS);
+        let range_ms = ms(sq.range);
+        let step = sq.step.map(ms).unwrap_or(DEFAULT_SUBQUERY_STEP_MS);
         if step <= 0 {
             return Err(PromError::BadData("subquery step must be positive".into()));
         }
@@ -573,8 +582,10 @@ impl<'a> Evaluator<'a> {
                 at_ms: at,
             });
         }
-        if (end - start) / step > 10 * super::MAX_POINTS_PER_SERIES * 100 {
-            return Err(PromError::Execution("subquery has too many steps".into()));
+        if (end - start) / step > MAX_SUBQUERY_STEPS {
+            return Err(PromError::Execution(format!(
+                "subquery would be evaluated at more than {MAX_SUBQUERY_STEPS} steps"
+            )));
         }
         let inner = Evaluator {
             engine: self.engine,

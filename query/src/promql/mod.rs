@@ -138,6 +138,7 @@ impl PromEngine {
     /// # Errors
     /// [`PromError`]: parse errors, unsupported constructs, limits.
     pub fn instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
+        check_time(time_ms)?;
         let expr = parse(query)?;
         eval::Evaluator::new(self, time_ms, time_ms, 0)?.instant(&expr)
     }
@@ -155,6 +156,8 @@ impl PromEngine {
         end_ms: i64,
         step_ms: i64,
     ) -> Result<PromValue, PromError> {
+        check_time(start_ms)?;
+        check_time(end_ms)?;
         if end_ms < start_ms {
             return Err(PromError::BadData(
                 "end timestamp must not be before start time".into(),
@@ -173,6 +176,15 @@ impl PromEngine {
         let expr = parse(query)?;
         eval::Evaluator::new(self, start_ms, end_ms, step_ms)?.range(&expr)
     }
+}
+
+fn check_time(t_ms: i64) -> Result<(), PromError> {
+    if !(-eval::MAX_ABS_MS..=eval::MAX_ABS_MS).contains(&t_ms) {
+        return Err(PromError::BadData(format!(
+            "time {t_ms} ms is out of range"
+        )));
+    }
+    Ok(())
 }
 
 /// Parses a PromQL expression; errors are `bad_data`.

@@ -579,6 +579,26 @@ fn errors_are_typed_and_never_panic() {
         .instant("sum_over_time(c[1m])", T0 + 60 * S)
         .unwrap_err();
     assert!(e.to_string().contains("too many samples"), "{e}");
+    // Extreme times and durations are refused or answered, never overflow.
+    assert!(matches!(
+        f.engine.instant("c", i64::MIN),
+        Err(PromError::BadData(_))
+    ));
+    assert!(matches!(
+        f.engine.range("c", i64::MIN, i64::MAX, i64::MAX),
+        Err(PromError::BadData(_))
+    ));
+    for q in [
+        "c offset 100000000000y",
+        "c offset -100000000000y",
+        "rate(c[100000000000y])",
+        "c @ 100000000000000",
+        "max_over_time(c[100000000000y:1y])",
+        "max_over_time(c[1y:1ms])",
+    ] {
+        let _ = f.engine.instant(q, T0);
+        let _ = f.engine.range(q, T0, T0 + 60 * S, 30 * S);
+    }
     // Instant query of a range vector: the raw samples.
     match f.engine.instant("c[20s]", T0 + 30 * S).unwrap() {
         PromValue::Matrix(m) => {
@@ -602,6 +622,10 @@ fn api_parsing_and_rendering() {
         1_700_000_000_000
     );
     assert!(parse_time("yesterday").is_err());
+    assert!(parse_time("1e300").is_err());
+    assert!(parse_time("-1e300").is_err());
+    assert!(parse_step("1e300").is_err());
+    assert!(parse_step("100000000000y").is_err());
     assert_eq!(parse_step("15").unwrap(), 15_000);
     assert_eq!(parse_step("0.5").unwrap(), 500);
     assert_eq!(parse_step("1m").unwrap(), 60_000);
