@@ -125,6 +125,9 @@ impl Server {
         let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
         let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
         let router = query::http::router(engine.clone())
+            .merge(query::promql::api::router(query::promql::PromEngine::new(
+                storage.clone(),
+            )))
             .merge(query::remote::router(
                 storage.clone(),
                 query::remote::RemoteLimits::default(),

@@ -7,6 +7,7 @@ mod delivery;
 mod ingest_protocol;
 mod inventory;
 mod pg;
+mod promql;
 mod remote;
 mod replay;
 mod support;

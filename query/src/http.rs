@@ -37,9 +37,9 @@ pub fn router(engine: QueryEngine) -> Router {
         .with_state(Arc::new(engine))
 }
 
-/// Serves `router` (the SQL API's [`router`], merged with whatever else the
-/// node serves) on `listener` until `shutdown` resolves, then lets in-flight
-/// requests finish.
+/// Serves `router` (usually [`router`], merged with others such as
+/// [`crate::promql::api::router`]) on `listener` until `shutdown` resolves,
+/// then lets in-flight requests finish.
 ///
 /// # Errors
 /// I/O errors of the listener.

@@ -13,6 +13,7 @@
 pub mod gpus;
 pub mod http;
 pub mod pg;
+pub mod promql;
 mod pushdown;
 pub mod remote;
 pub mod rollups;

@@ -1,0 +1,468 @@
+//! The Prometheus HTTP query API over [`PromEngine`], for Grafana's
+//! Prometheus data source and other Prometheus clients.
+//!
+//! `/api/v1/query`, `/api/v1/query_range`, `/api/v1/series`,
+//! `/api/v1/labels`, `/api/v1/label/{name}/values`, `/api/v1/metadata` and
+//! `/api/v1/status/buildinfo`; GET, or POST with a form-encoded body. Times
+//! are RFC 3339 or Unix seconds (fractions allowed); `step` is seconds or a
+//! duration (`15s`, `1m`). Answers and errors have Prometheus's JSON shapes:
+//! `{"status":"success","data":...}` and
+//! `{"status":"error","errorType":"bad_data","error":"..."}`.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use promql_parser::parser::Expr;
+
+use super::eval::Evaluator;
+use super::{LabelSet, PromEngine, PromError, PromValue, labels_of, parse};
+
+/// The Prometheus version reported by `/api/v1/status/buildinfo`. Grafana
+/// enables features by it; this is the release the evaluator follows.
+pub const PROMETHEUS_COMPAT_VERSION: &str = "2.42.0";
+
+/// The router of the Prometheus API. Merge it into the node's HTTP router.
+pub fn router(engine: PromEngine) -> Router {
+    Router::new()
+        .route("/api/v1/query", get(query).post(query))
+        .route("/api/v1/query_range", get(query_range).post(query_range))
+        .route("/api/v1/series", get(series).post(series))
+        .route("/api/v1/labels", get(labels).post(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/metadata", get(metadata))
+        .route("/api/v1/status/buildinfo", get(buildinfo))
+        .with_state(Arc::new(engine))
+}
+
+/// Request parameters: the URL's query string and a form-encoded body.
+#[derive(Debug, Default)]
+struct Params(Vec<(String, String)>);
+
+impl Params {
+    fn from(raw: Option<String>, headers: &HeaderMap, body: &Bytes) -> Self {
+        let mut out: Vec<(String, String)> = Vec::new();
+        let form = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/x-www-form-urlencoded"));
+        if form {
+            out.extend(form_urlencoded::parse(body).into_owned());
+        }
+        if let Some(q) = raw {
+            out.extend(form_urlencoded::parse(q.as_bytes()).into_owned());
+        }
+        Self(out)
+    }
+
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn all(&self, name: &str) -> Vec<&str> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+            .collect()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
+        .unwrap_or(0)
+}
+
+/// Prometheus's `parseTime`: Unix seconds (rounded to the millisecond) or
+/// RFC 3339.
+pub fn parse_time(s: &str) -> Result<i64, String> {
+    if let Ok(f) = s.parse::<f64>()
+        && f.is_finite()
+    {
+        if f.abs() > (super::eval::MAX_ABS_MS / 1000) as f64 {
+            return Err(format!("timestamp {s:?} is out of range"));
+        }
+        let secs = f.trunc();
+        let frac = ((f - secs) * 1000.0).round();
+        return in_range(secs as i64 * 1000 + frac as i64, s);
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map_err(|_| format!("cannot parse {s:?} to a valid timestamp"))
+        .and_then(|t| in_range(t.timestamp_millis(), s))
+}
+
+fn in_range(t_ms: i64, s: &str) -> Result<i64, String> {
+    if !(-super::eval::MAX_ABS_MS..=super::eval::MAX_ABS_MS).contains(&t_ms) {
+        return Err(format!("timestamp {s:?} is out of range"));
+    }
+    Ok(t_ms)
+}
+
+/// Prometheus's `parseDuration`: seconds as a float, or a duration (`1m`).
+pub fn parse_step(s: &str) -> Result<i64, String> {
+    if let Ok(f) = s.parse::<f64>() {
+        let ns = f * 1e9;
+        if !ns.is_finite() || ns >= i64::MAX as f64 || ns <= i64::MIN as f64 {
+            return Err(format!(
+                "cannot parse {s:?} to a valid duration. It overflows int64"
+            ));
+        }
+        return Ok(ns as i64 / 1_000_000);
+    }
+    promql_parser::util::parse_duration(s)
+        .map(|d| d.as_millis().min(i64::MAX as u128) as i64)
+        .map_err(|_| format!("cannot parse {s:?} to a valid duration"))
+}
+
+fn error(e: &PromError) -> Response {
+    let (status, kind) = e.status();
+    let body = format!(
+        r#"{{"status":"error","errorType":"{kind}","error":{}}}"#,
+        serde_json::to_string(&e.to_string()).unwrap_or_else(|_| "\"\"".into())
+    );
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+fn success(data: &str) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        format!(r#"{{"status":"success","data":{data}}}"#),
+    )
+        .into_response()
+}
+
+fn bad(msg: impl Into<String>) -> PromError {
+    PromError::BadData(msg.into())
+}
+
+fn json_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into())
+}
+
+/// `MarshalTimestamp`: seconds with the milliseconds as a fraction.
+fn write_ts(out: &mut String, t: i64) {
+    let mut t = t;
+    if t < 0 {
+        out.push('-');
+        t = -t;
+    }
+    let _ = write!(out, "{}", t / 1000);
+    let frac = t % 1000;
+    if frac != 0 {
+        let _ = write!(out, ".{frac:03}");
+    }
+}
+
+fn write_point(out: &mut String, t: i64, v: f64) {
+    out.push('[');
+    write_ts(out, t);
+    out.push_str(",\"");
+    out.push_str(&super::eval::format_value(v));
+    out.push_str("\"]");
+}
+
+fn write_labels(out: &mut String, labels: &LabelSet) {
+    out.push('{');
+    for (i, (n, v)) in labels.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&json_str(n));
+        out.push(':');
+        out.push_str(&json_str(v));
+    }
+    out.push('}');
+}
+
+/// The `data` object of a query answer.
+pub fn render(value: &PromValue) -> String {
+    let mut out = String::new();
+    match value {
+        PromValue::Scalar { t_ms, v } => {
+            out.push_str(r#"{"resultType":"scalar","result":"#);
+            write_point(&mut out, *t_ms, *v);
+        }
+        PromValue::String { t_ms, v } => {
+            out.push_str(r#"{"resultType":"string","result":["#);
+            write_ts(&mut out, *t_ms);
+            out.push(',');
+            out.push_str(&json_str(v));
+            out.push(']');
+        }
+        PromValue::Vector(samples) => {
+            out.push_str(r#"{"resultType":"vector","result":["#);
+            for (i, s) in samples.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                write_labels(&mut out, &s.labels);
+                out.push_str(r#","value":"#);
+                write_point(&mut out, s.t_ms, s.v);
+                out.push('}');
+            }
+            out.push(']');
+        }
+        PromValue::Matrix(series) => {
+            out.push_str(r#"{"resultType":"matrix","result":["#);
+            for (i, s) in series.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                write_labels(&mut out, &s.labels);
+                out.push_str(r#","values":["#);
+                for (j, (t, v)) in s.points.iter().enumerate() {
+                    if j > 0 {
+                        out.push(',');
+                    }
+                    write_point(&mut out, *t, *v);
+                }
+                out.push_str("]}");
+            }
+            out.push(']');
+        }
+    }
+    out.push('}');
+    out
+}
+
+/// Runs blocking engine work off the async workers.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, PromError> + Send + 'static,
+) -> Result<T, PromError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| PromError::Internal(format!("query task failed: {e}")))?
+}
+
+async fn query(
+    State(engine): State<Arc<PromEngine>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let p = Params::from(raw, &headers, &body);
+    let run = || -> Result<(String, i64), PromError> {
+        let q = p
+            .get("query")
+            .ok_or_else(|| bad("invalid parameter \"query\": query must not be empty"))?;
+        let t = match p.get("time") {
+            Some(t) => {
+                parse_time(t).map_err(|e| bad(format!("invalid parameter \"time\": {e}")))?
+            }
+            None => now_ms(),
+        };
+        Ok((q.to_string(), t))
+    };
+    let (q, t) = match run() {
+        Ok(x) => x,
+        Err(e) => return error(&e),
+    };
+    let engine = (*engine).clone();
+    match blocking(move || engine.instant(&q, t).map(|v| render(&v))).await {
+        Ok(data) => success(&data),
+        Err(e) => error(&e),
+    }
+}
+
+async fn query_range(
+    State(engine): State<Arc<PromEngine>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let p = Params::from(raw, &headers, &body);
+    let run = || -> Result<(String, i64, i64, i64), PromError> {
+        let need = |name: &str| {
+            p.get(name)
+                .ok_or_else(|| bad(format!("invalid parameter \"{name}\": missing")))
+        };
+        let start = parse_time(need("start")?)
+            .map_err(|e| bad(format!("invalid parameter \"start\": {e}")))?;
+        let end =
+            parse_time(need("end")?).map_err(|e| bad(format!("invalid parameter \"end\": {e}")))?;
+        let step = parse_step(need("step")?)
+            .map_err(|e| bad(format!("invalid parameter \"step\": {e}")))?;
+        let q = p
+            .get("query")
+            .ok_or_else(|| bad("invalid parameter \"query\": query must not be empty"))?;
+        Ok((q.to_string(), start, end, step))
+    };
+    let (q, start, end, step) = match run() {
+        Ok(x) => x,
+        Err(e) => return error(&e),
+    };
+    let engine = (*engine).clone();
+    match blocking(move || engine.range(&q, start, end, step).map(|v| render(&v))).await {
+        Ok(data) => success(&data),
+        Err(e) => error(&e),
+    }
+}
+
+/// Time bounds of the metadata endpoints (everything when absent).
+fn bounds(p: &Params) -> Result<(i64, i64), PromError> {
+    let start = match p.get("start") {
+        Some(s) => parse_time(s).map_err(|e| bad(format!("invalid parameter \"start\": {e}")))?,
+        None => i64::MIN,
+    };
+    let end = match p.get("end") {
+        Some(s) => parse_time(s).map_err(|e| bad(format!("invalid parameter \"end\": {e}")))?,
+        None => i64::MAX,
+    };
+    Ok((start, end))
+}
+
+/// The label sets of the series selected by `match[]` (all series when
+/// none is given and `required` is false) with data in the time bounds.
+fn matched_series(
+    engine: &PromEngine,
+    p: &Params,
+    required: bool,
+) -> Result<Vec<LabelSet>, PromError> {
+    let (start, end) = bounds(p)?;
+    let selectors = p.all("match[]");
+    if selectors.is_empty() && required {
+        return Err(bad("no match[] parameter provided"));
+    }
+    let mut sets: Vec<Vec<storage::Matcher>> = Vec::new();
+    for s in &selectors {
+        match parse(s) {
+            Ok(Expr::VectorSelector(vs)) => sets.push(Evaluator::matchers(&vs)?),
+            Ok(_) => {
+                return Err(bad(format!(
+                    "invalid parameter \"match[]\": {s:?} is not a series selector"
+                )));
+            }
+            Err(e) => return Err(bad(format!("invalid parameter \"match[]\": {e}"))),
+        }
+    }
+    if sets.is_empty() {
+        sets.push(vec![
+            storage::Matcher::regex("__name__", ".+")
+                .map_err(|e| PromError::Internal(e.to_string()))?,
+        ]);
+    }
+    let mut out: BTreeSet<LabelSet> = BTreeSet::new();
+    for m in &sets {
+        for s in engine.storage().select(m, start, end) {
+            out.insert(labels_of(&s.key));
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+async fn series(
+    State(engine): State<Arc<PromEngine>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let p = Params::from(raw, &headers, &body);
+    let engine = (*engine).clone();
+    let r = blocking(move || {
+        let all = matched_series(&engine, &p, true)?;
+        let mut out = String::from("[");
+        for (i, l) in all.iter().enumerate() {
+            if i > 0 {
+                out.push(',');
+            }
+            write_labels(&mut out, l);
+        }
+        out.push(']');
+        Ok(out)
+    })
+    .await;
+    match r {
+        Ok(d) => success(&d),
+        Err(e) => error(&e),
+    }
+}
+
+fn string_list<'a>(items: impl IntoIterator<Item = &'a String>) -> String {
+    let mut out = String::from("[");
+    for (i, s) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(&json_str(s));
+    }
+    out.push(']');
+    out
+}
+
+async fn labels(
+    State(engine): State<Arc<PromEngine>>,
+    RawQuery(raw): RawQuery,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let p = Params::from(raw, &headers, &body);
+    let engine = (*engine).clone();
+    let r = blocking(move || {
+        let names: BTreeSet<String> = matched_series(&engine, &p, false)?
+            .into_iter()
+            .flat_map(|l| l.into_iter().map(|(n, _)| n))
+            .collect();
+        Ok(string_list(&names))
+    })
+    .await;
+    match r {
+        Ok(d) => success(&d),
+        Err(e) => error(&e),
+    }
+}
+
+async fn label_values(
+    State(engine): State<Arc<PromEngine>>,
+    Path(name): Path<String>,
+    RawQuery(raw): RawQuery,
+) -> Response {
+    if !super::eval::valid_label_name(&name) {
+        return error(&bad(format!("invalid label name: {name:?}")));
+    }
+    let p = Params::from(raw, &HeaderMap::new(), &Bytes::new());
+    let engine = (*engine).clone();
+    let r = blocking(move || {
+        let values: BTreeSet<String> = matched_series(&engine, &p, false)?
+            .into_iter()
+            .filter_map(|l| l.into_iter().find(|(n, _)| *n == name).map(|(_, v)| v))
+            .collect();
+        Ok(string_list(&values))
+    })
+    .await;
+    match r {
+        Ok(d) => success(&d),
+        Err(e) => error(&e),
+    }
+}
+
+/// gpulse keeps no metric metadata (type, help, unit): the answer is empty,
+/// as Prometheus's is for series without scrape metadata.
+async fn metadata() -> Response {
+    success("{}")
+}
+
+async fn buildinfo() -> Response {
+    success(&format!(
+        r#"{{"version":"{PROMETHEUS_COMPAT_VERSION}","revision":"gpulse-{}","branch":"gpulse","buildUser":"gpulse","buildDate":"","goVersion":""}}"#,
+        env!("CARGO_PKG_VERSION")
+    ))
+}

@@ -1,0 +1,804 @@
+//! PromQL functions, ported from Prometheus 2.42's `promql/functions.go`.
+
+use std::sync::Arc;
+
+use promql_parser::parser::{Call, Expr};
+
+use super::eval::{
+    Elem, Evaluator, METRIC_NAME, Val, Vector, check_unique, drop_name, get, go_max, go_min,
+    quantile, set_label, unsupported, valid_label_name,
+};
+use super::{LabelSet, PromError};
+
+type Result<T> = std::result::Result<T, PromError>;
+
+fn unwrap_parens(e: &Expr) -> &Expr {
+    match e {
+        Expr::Paren(p) => unwrap_parens(&p.expr),
+        other => other,
+    }
+}
+
+fn scalar_arg(ev: &Evaluator<'_>, e: &Expr) -> Result<Vec<f64>> {
+    match ev.eval(e)? {
+        Val::Scalar(v) => Ok(v),
+        _ => Err(PromError::BadData(format!(
+            "expected a scalar argument, got {e}"
+        ))),
+    }
+}
+
+fn vector_arg(ev: &Evaluator<'_>, e: &Expr) -> Result<Vec<Vector>> {
+    match ev.eval(e)? {
+        Val::Vector(v) => Ok(v),
+        _ => Err(PromError::BadData(format!(
+            "expected an instant vector argument, got {e}"
+        ))),
+    }
+}
+
+fn string_arg(e: &Expr) -> Result<String> {
+    match unwrap_parens(e) {
+        Expr::StringLiteral(s) => Ok(s.val.clone()),
+        other => Err(PromError::BadData(format!(
+            "expected a string literal argument, got {other}"
+        ))),
+    }
+}
+
+fn arg(args: &[Box<Expr>], i: usize, name: &str) -> Result<Expr> {
+    args.get(i)
+        .map(|b| (**b).clone())
+        .ok_or_else(|| PromError::BadData(format!("missing argument {} of {name}()", i + 1)))
+}
+
+/// Applies `f` to every element, dropping the metric name.
+fn map_values(v: Vec<Vector>, f: impl Fn(f64, usize) -> f64) -> Vec<Vector> {
+    v.into_iter()
+        .enumerate()
+        .map(|(i, vec)| {
+            vec.into_iter()
+                .map(|e| Elem {
+                    labels: drop_name(&e.labels),
+                    v: f(e.v, i),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn checked(v: Vec<Vector>) -> Result<Val> {
+    for s in &v {
+        check_unique(s)?;
+    }
+    Ok(Val::Vector(v))
+}
+
+fn math_fn(name: &str) -> Option<fn(f64) -> f64> {
+    let f: fn(f64) -> f64 = match name {
+        "abs" => f64::abs,
+        "ceil" => f64::ceil,
+        "floor" => f64::floor,
+        "exp" => f64::exp,
+        "sqrt" => f64::sqrt,
+        "ln" => f64::ln,
+        "log2" => f64::log2,
+        "log10" => f64::log10,
+        "sgn" => |v: f64| {
+            if v < 0.0 {
+                -1.0
+            } else if v > 0.0 {
+                1.0
+            } else {
+                v
+            }
+        },
+        "acos" => f64::acos,
+        "acosh" => f64::acosh,
+        "asin" => f64::asin,
+        "asinh" => f64::asinh,
+        "atan" => f64::atan,
+        "atanh" => f64::atanh,
+        "cos" => f64::cos,
+        "cosh" => f64::cosh,
+        "sin" => f64::sin,
+        "sinh" => f64::sinh,
+        "tan" => f64::tan,
+        "tanh" => f64::tanh,
+        "deg" => |v: f64| v * 180.0 / std::f64::consts::PI,
+        "rad" => |v: f64| v * std::f64::consts::PI / 180.0,
+        _ => return None,
+    };
+    Some(f)
+}
+
+/// Days since 1970-01-01 to (year, month 1-12, day 1-31).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = (if mp < 10 { mp + 3 } else { mp - 9 }) as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn is_leap(y: i64) -> bool {
+    (y % 4 == 0 && y % 100 != 0) || y % 400 == 0
+}
+
+fn date_part(name: &str, v: f64) -> f64 {
+    let secs = v as i64;
+    let days = secs.div_euclid(86_400);
+    let sod = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let month_days = [31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    match name {
+        "minute" => ((sod / 60) % 60) as f64,
+        "hour" => (sod / 3600) as f64,
+        "day_of_month" => d as f64,
+        "day_of_week" => (days + 4).rem_euclid(7) as f64,
+        "day_of_year" => {
+            let before: i64 = month_days[..(m - 1) as usize].iter().sum();
+            (before + d as i64 + i64::from(m > 2 && is_leap(y))) as f64
+        }
+        "days_in_month" => (month_days[(m - 1) as usize] + i64::from(m == 2 && is_leap(y))) as f64,
+        "month" => m as f64,
+        _ => y as f64,
+    }
+}
+
+pub(super) fn call(ev: &Evaluator<'_>, c: &Call) -> Result<Val> {
+    let name = c.func.name;
+    let args = &c.args.args;
+    let n = ev.steps.len();
+    if let Some(f) = math_fn(name) {
+        let v = vector_arg(ev, &arg(args, 0, name)?)?;
+        return checked(map_values(v, |x, _| f(x)));
+    }
+    match name {
+        "rate" | "increase" | "delta" | "irate" | "idelta" | "deriv" | "changes" | "resets"
+        | "avg_over_time" | "min_over_time" | "max_over_time" | "sum_over_time"
+        | "count_over_time" | "last_over_time" | "stddev_over_time" | "stdvar_over_time"
+        | "present_over_time" | "predict_linear" | "quantile_over_time" => {
+            range_function(ev, name, args)
+        }
+        "time" => Ok(Val::Scalar(
+            ev.steps.iter().map(|&t| t as f64 / 1000.0).collect(),
+        )),
+        "vector" => {
+            let s = scalar_arg(ev, &arg(args, 0, name)?)?;
+            Ok(Val::Vector(
+                s.into_iter()
+                    .map(|v| {
+                        vec![Elem {
+                            labels: Arc::new(Vec::new()),
+                            v,
+                        }]
+                    })
+                    .collect(),
+            ))
+        }
+        "scalar" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            Ok(Val::Scalar(
+                v.into_iter()
+                    .map(|v| if v.len() == 1 { v[0].v } else { f64::NAN })
+                    .collect(),
+            ))
+        }
+        "timestamp" => {
+            let a = arg(args, 0, name)?;
+            let v = match unwrap_parens(&a) {
+                Expr::VectorSelector(vs) => ev.eval_selector(vs, true)?,
+                _ => {
+                    let steps = ev.steps.clone();
+                    map_values(vector_arg(ev, &a)?, |_, i| steps[i] as f64 / 1000.0)
+                }
+            };
+            checked(map_values(v, |x, _| x))
+        }
+        "minute" | "hour" | "day_of_month" | "day_of_week" | "day_of_year" | "days_in_month"
+        | "month" | "year" => {
+            let v = match args.first() {
+                Some(a) => vector_arg(ev, a)?,
+                None => ev
+                    .steps
+                    .iter()
+                    .map(|&t| {
+                        vec![Elem {
+                            labels: Arc::new(Vec::new()),
+                            v: t as f64 / 1000.0,
+                        }]
+                    })
+                    .collect(),
+            };
+            checked(map_values(v, |x, _| date_part(name, x)))
+        }
+        "round" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let to = match args.get(1) {
+                Some(a) => scalar_arg(ev, a)?,
+                None => vec![1.0; n],
+            };
+            checked(map_values(v, |x, i| {
+                let inv = 1.0 / to[i];
+                (x * inv + 0.5).floor() / inv
+            }))
+        }
+        "clamp" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let lo = scalar_arg(ev, &arg(args, 1, name)?)?;
+            let hi = scalar_arg(ev, &arg(args, 2, name)?)?;
+            let v: Vec<Vector> = v
+                .into_iter()
+                .enumerate()
+                .map(|(i, vec)| if hi[i] < lo[i] { Vec::new() } else { vec })
+                .collect();
+            checked(map_values(v, |x, i| go_max(lo[i], go_min(hi[i], x))))
+        }
+        "clamp_min" | "clamp_max" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let b = scalar_arg(ev, &arg(args, 1, name)?)?;
+            let min = name == "clamp_min";
+            checked(map_values(v, |x, i| {
+                if min {
+                    go_max(b[i], x)
+                } else {
+                    go_min(b[i], x)
+                }
+            }))
+        }
+        "sort" | "sort_desc" => {
+            let mut v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let desc = name == "sort_desc";
+            for vec in &mut v {
+                vec.sort_by(|a, b| match (a.v.is_nan(), b.v.is_nan()) {
+                    (true, true) => std::cmp::Ordering::Equal,
+                    (true, false) => std::cmp::Ordering::Greater,
+                    (false, true) => std::cmp::Ordering::Less,
+                    _ => {
+                        let o = a.v.partial_cmp(&b.v).unwrap_or(std::cmp::Ordering::Equal);
+                        if desc { o.reverse() } else { o }
+                    }
+                });
+            }
+            Ok(Val::Vector(v))
+        }
+        "label_replace" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let dst = string_arg(&arg(args, 1, name)?)?;
+            let repl = string_arg(&arg(args, 2, name)?)?;
+            let src = string_arg(&arg(args, 3, name)?)?;
+            let re_src = string_arg(&arg(args, 4, name)?)?;
+            let re = regex::Regex::new(&format!("^(?:{re_src})$")).map_err(|e| {
+                PromError::Execution(format!(
+                    "invalid regular expression in label_replace(): {re_src}: {e}"
+                ))
+            })?;
+            if !valid_label_name(&dst) {
+                return Err(PromError::Execution(format!(
+                    "invalid destination label name in label_replace(): {dst}"
+                )));
+            }
+            let out = v
+                .into_iter()
+                .map(|vec| {
+                    vec.into_iter()
+                        .map(|e| {
+                            let val = get(&e.labels, &src).unwrap_or("");
+                            let Some(caps) = re.captures(val) else {
+                                return e;
+                            };
+                            let mut res = String::new();
+                            caps.expand(&repl, &mut res);
+                            let mut l = (*e.labels).clone();
+                            set_label(&mut l, &dst, &res);
+                            Elem {
+                                labels: Arc::new(l),
+                                v: e.v,
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            checked(out)
+        }
+        "label_join" => {
+            let v = vector_arg(ev, &arg(args, 0, name)?)?;
+            let dst = string_arg(&arg(args, 1, name)?)?;
+            let sep = string_arg(&arg(args, 2, name)?)?;
+            let srcs = args[3.min(args.len())..]
+                .iter()
+                .map(|a| string_arg(a))
+                .collect::<Result<Vec<_>>>()?;
+            if !valid_label_name(&dst) {
+                return Err(PromError::Execution(format!(
+                    "invalid destination label name in label_join(): {dst}"
+                )));
+            }
+            let out = v
+                .into_iter()
+                .map(|vec| {
+                    vec.into_iter()
+                        .map(|e| {
+                            let joined = srcs
+                                .iter()
+                                .map(|s| get(&e.labels, s).unwrap_or(""))
+                                .collect::<Vec<_>>()
+                                .join(&sep);
+                            let mut l = (*e.labels).clone();
+                            set_label(&mut l, &dst, &joined);
+                            Elem {
+                                labels: Arc::new(l),
+                                v: e.v,
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            checked(out)
+        }
+        "histogram_quantile" => {
+            let q = scalar_arg(ev, &arg(args, 0, name)?)?;
+            let v = vector_arg(ev, &arg(args, 1, name)?)?;
+            checked(
+                v.into_iter()
+                    .enumerate()
+                    .map(|(i, vec)| histogram_quantile(q[i], vec))
+                    .collect(),
+            )
+        }
+        "absent" => {
+            let a = arg(args, 0, name)?;
+            let v = vector_arg(ev, &a)?;
+            let labels = Arc::new(absent_labels(&a));
+            Ok(Val::Vector(
+                v.into_iter()
+                    .map(|vec| {
+                        if vec.is_empty() {
+                            vec![Elem {
+                                labels: labels.clone(),
+                                v: 1.0,
+                            }]
+                        } else {
+                            Vec::new()
+                        }
+                    })
+                    .collect(),
+            ))
+        }
+        "absent_over_time" => {
+            let a = arg(args, 0, name)?;
+            let input = ev.range_input(&a)?;
+            let labels = Arc::new(absent_labels(&a));
+            Ok(Val::Vector(
+                ev.steps
+                    .iter()
+                    .map(|&t| {
+                        let reference = input.reference(t);
+                        let present = input.series.iter().any(|s| {
+                            let (lo, hi) = input.window(s, reference);
+                            hi > lo
+                        });
+                        if present {
+                            Vec::new()
+                        } else {
+                            vec![Elem {
+                                labels: labels.clone(),
+                                v: 1.0,
+                            }]
+                        }
+                    })
+                    .collect(),
+            ))
+        }
+        other => Err(unsupported(&format!("function {other}()"))),
+    }
+}
+
+/// The labels of `absent()`'s answer (`createLabelsForAbsentFunction`): the
+/// selector's equality matchers, except `__name__` and names matched twice.
+fn absent_labels(e: &Expr) -> Vec<(String, String)> {
+    let vs = match unwrap_parens(e) {
+        Expr::VectorSelector(vs) => vs,
+        Expr::MatrixSelector(ms) => &ms.vs,
+        _ => return Vec::new(),
+    };
+    let mut labels: Vec<(String, String)> = Vec::new();
+    let mut dropped: Vec<&str> = Vec::new();
+    for m in &vs.matchers.matchers {
+        if m.name == METRIC_NAME {
+            continue;
+        }
+        let eq = matches!(m.op, promql_parser::label::MatchOp::Equal);
+        if eq && !labels.iter().any(|(n, _)| *n == m.name) {
+            set_label(&mut labels, &m.name, &m.value);
+        } else {
+            dropped.push(&m.name);
+        }
+    }
+    labels.retain(|(n, _)| !dropped.contains(&n.as_str()));
+    labels
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    upper: f64,
+    count: f64,
+}
+
+/// `bucketQuantile` of Prometheus 2.42 (classic `le` buckets).
+fn bucket_quantile(q: f64, mut buckets: Vec<Bucket>) -> f64 {
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    buckets.sort_by(|a, b| {
+        a.upper
+            .partial_cmp(&b.upper)
+            .unwrap_or(std::cmp::Ordering::Equal)
+    });
+    match buckets.last() {
+        Some(b) if b.upper == f64::INFINITY => {}
+        _ => return f64::NAN,
+    }
+    // coalesceBuckets
+    let mut merged: Vec<Bucket> = Vec::with_capacity(buckets.len());
+    for b in buckets {
+        match merged.last_mut() {
+            Some(last) if last.upper == b.upper => last.count += b.count,
+            _ => merged.push(b),
+        }
+    }
+    // ensureMonotonic
+    let mut max = f64::NEG_INFINITY;
+    for b in &mut merged {
+        if b.count > max {
+            max = b.count;
+        } else if b.count < max {
+            b.count = max;
+        }
+    }
+    if merged.len() < 2 {
+        return f64::NAN;
+    }
+    let observations = merged[merged.len() - 1].count;
+    if observations == 0.0 {
+        return f64::NAN;
+    }
+    let mut rank = q * observations;
+    let n = merged.len() - 1;
+    let b = merged[..n].partition_point(|x| x.count < rank);
+    if b == n {
+        return merged[n - 1].upper;
+    }
+    if b == 0 && merged[0].upper <= 0.0 {
+        return merged[0].upper;
+    }
+    let mut start = 0.0;
+    let end = merged[b].upper;
+    let mut count = merged[b].count;
+    if b > 0 {
+        start = merged[b - 1].upper;
+        count -= merged[b - 1].count;
+        rank -= merged[b - 1].count;
+    }
+    start + (end - start) * (rank / count)
+}
+
+fn histogram_quantile(q: f64, v: Vector) -> Vector {
+    let mut index: std::collections::HashMap<String, usize> = Default::default();
+    let mut groups: Vec<(Arc<LabelSet>, Vec<Bucket>)> = Vec::new();
+    for e in v {
+        let Some(upper) = get(&e.labels, "le").and_then(|s| s.trim().parse::<f64>().ok()) else {
+            continue;
+        };
+        let key: Vec<(String, String)> = e
+            .labels
+            .iter()
+            .filter(|(n, _)| n != "le")
+            .cloned()
+            .collect();
+        let k = super::eval::key_of(&key);
+        let i = *index.entry(k).or_insert_with(|| {
+            let out: Vec<(String, String)> =
+                key.into_iter().filter(|(n, _)| n != METRIC_NAME).collect();
+            groups.push((Arc::new(out), Vec::new()));
+            groups.len() - 1
+        });
+        groups[i].1.push(Bucket { upper, count: e.v });
+    }
+    groups
+        .into_iter()
+        .map(|(labels, b)| Elem {
+            labels,
+            v: bucket_quantile(q, b),
+        })
+        .collect()
+}
+
+/// Neumaier's compensated summation step (`kahanSumInc`).
+fn kahan_inc(inc: f64, sum: f64, c: f64) -> (f64, f64) {
+    let t = sum + inc;
+    let c = if sum.abs() >= inc.abs() {
+        c + ((sum - t) + inc)
+    } else {
+        c + ((inc - t) + sum)
+    };
+    (t, c)
+}
+
+/// `linearRegression`: slope and intercept at `intercept_ms`.
+fn linear_regression(ts: &[i64], vs: &[f64], intercept_ms: i64) -> (f64, f64) {
+    let (mut n, mut sx, mut cx, mut sy, mut cy) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let (mut sxy, mut cxy, mut sx2, mut cx2) = (0.0, 0.0, 0.0, 0.0);
+    let init_y = vs[0];
+    let mut const_y = true;
+    for (i, (&t, &v)) in ts.iter().zip(vs).enumerate() {
+        if const_y && i > 0 && v != init_y {
+            const_y = false;
+        }
+        n += 1.0;
+        let x = (t - intercept_ms) as f64 / 1e3;
+        (sx, cx) = kahan_inc(x, sx, cx);
+        (sy, cy) = kahan_inc(v, sy, cy);
+        (sxy, cxy) = kahan_inc(x * v, sxy, cxy);
+        (sx2, cx2) = kahan_inc(x * x, sx2, cx2);
+    }
+    if const_y {
+        if init_y.is_infinite() {
+            return (f64::NAN, f64::NAN);
+        }
+        return (0.0, init_y);
+    }
+    let (sx, sy, sxy, sx2) = (sx + cx, sy + cy, sxy + cxy, sx2 + cx2);
+    let cov = sxy - sx * sy / n;
+    let var = sx2 - sx * sx / n;
+    let slope = cov / var;
+    (slope, sy / n - slope * sx / n)
+}
+
+/// `extrapolatedRate` of Prometheus 2.42 (`rate`, `increase`, `delta`).
+pub(super) fn extrapolated_rate(
+    ts: &[i64],
+    vs: &[f64],
+    range_start: i64,
+    range_end: i64,
+    range_ms: i64,
+    is_counter: bool,
+    is_rate: bool,
+) -> Option<f64> {
+    if ts.len() < 2 {
+        return None;
+    }
+    let last = vs.len() - 1;
+    let mut result = vs[last] - vs[0];
+    if is_counter {
+        let mut prev = vs[0];
+        for &cur in &vs[1..] {
+            if cur < prev {
+                result += prev;
+            }
+            prev = cur;
+        }
+    }
+    let mut to_start = (ts[0] - range_start) as f64 / 1000.0;
+    let to_end = (range_end - ts[last]) as f64 / 1000.0;
+    let sampled = (ts[last] - ts[0]) as f64 / 1000.0;
+    let avg_between = sampled / last as f64;
+    if is_counter && result > 0.0 && vs[0] >= 0.0 {
+        let to_zero = sampled * (vs[0] / result);
+        if to_zero < to_start {
+            to_start = to_zero;
+        }
+    }
+    let threshold = avg_between * 1.1;
+    let mut interval = sampled;
+    interval += if to_start < threshold {
+        to_start
+    } else {
+        avg_between / 2.0
+    };
+    interval += if to_end < threshold {
+        to_end
+    } else {
+        avg_between / 2.0
+    };
+    let mut factor = interval / sampled;
+    if is_rate {
+        factor /= range_ms as f64 / 1000.0;
+    }
+    Some(result * factor)
+}
+
+/// `instantValue` (`irate`, `idelta`).
+pub(super) fn instant_value(ts: &[i64], vs: &[f64], is_rate: bool) -> Option<f64> {
+    let n = ts.len();
+    if n < 2 {
+        return None;
+    }
+    let (lt, lv, pt, pv) = (ts[n - 1], vs[n - 1], ts[n - 2], vs[n - 2]);
+    let mut result = if is_rate && lv < pv { lv } else { lv - pv };
+    let interval = lt - pt;
+    if interval == 0 {
+        return None;
+    }
+    if is_rate {
+        result /= interval as f64 / 1000.0;
+    }
+    Some(result)
+}
+
+fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<Val> {
+    let (range_arg, param) = match name {
+        "quantile_over_time" => (
+            arg(args, 1, name)?,
+            Some(scalar_arg(ev, &arg(args, 0, name)?)?),
+        ),
+        "predict_linear" => (
+            arg(args, 0, name)?,
+            Some(scalar_arg(ev, &arg(args, 1, name)?)?),
+        ),
+        _ => (arg(args, 0, name)?, None),
+    };
+    let input = ev.range_input(&range_arg)?;
+    let keep_name = name == "last_over_time";
+    let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
+    let mut produced = 0usize;
+    for s in &input.series {
+        let labels = if keep_name {
+            s.labels.clone()
+        } else {
+            drop_name(&s.labels)
+        };
+        for (i, &t) in ev.steps.iter().enumerate() {
+            let reference = input.reference(t);
+            let (lo, hi) = input.window(s, reference);
+            if hi == lo {
+                continue;
+            }
+            let w = RawWindow {
+                ts: &s.ts[lo..hi],
+                vs: &s.vs[lo..hi],
+            };
+            let v = range_value(
+                name,
+                &w,
+                reference - input.range_ms,
+                reference,
+                input.range_ms,
+                param.as_ref().map(|p| p[i]),
+                t,
+            );
+            if let Some(v) = v {
+                produced += 1;
+                out[i].push(Elem {
+                    labels: labels.clone(),
+                    v,
+                });
+            }
+        }
+    }
+    ev.account(produced)?;
+    checked(out)
+}
+
+struct RawWindow<'a> {
+    ts: &'a [i64],
+    vs: &'a [f64],
+}
+
+fn range_value(
+    name: &str,
+    w: &RawWindow<'_>,
+    range_start: i64,
+    range_end: i64,
+    range_ms: i64,
+    param: Option<f64>,
+    eval_ms: i64,
+) -> Option<f64> {
+    let (ts, vs) = (w.ts, w.vs);
+    let n = vs.len();
+    Some(match name {
+        "rate" => return extrapolated_rate(ts, vs, range_start, range_end, range_ms, true, true),
+        "increase" => {
+            return extrapolated_rate(ts, vs, range_start, range_end, range_ms, true, false);
+        }
+        "delta" => {
+            return extrapolated_rate(ts, vs, range_start, range_end, range_ms, false, false);
+        }
+        "irate" => return instant_value(ts, vs, true),
+        "idelta" => return instant_value(ts, vs, false),
+        "deriv" => {
+            if n < 2 {
+                return None;
+            }
+            linear_regression(ts, vs, ts[0]).0
+        }
+        "predict_linear" => {
+            if n < 2 {
+                return None;
+            }
+            let (slope, intercept) = linear_regression(ts, vs, eval_ms);
+            slope * param.unwrap_or(f64::NAN) + intercept
+        }
+        "changes" | "resets" => {
+            let mut count = 0.0;
+            for pair in vs.windows(2) {
+                let (prev, cur) = (pair[0], pair[1]);
+                let hit = if name == "changes" {
+                    cur != prev && !(cur.is_nan() && prev.is_nan())
+                } else {
+                    cur < prev
+                };
+                if hit {
+                    count += 1.0;
+                }
+            }
+            count
+        }
+        "avg_over_time" => {
+            let (mut mean, mut count, mut c) = (0.0f64, 0.0, 0.0);
+            for &v in vs {
+                count += 1.0;
+                if mean.is_infinite() {
+                    if v.is_infinite() && (mean > 0.0) == (v > 0.0) {
+                        continue;
+                    }
+                    if !v.is_infinite() && !v.is_nan() {
+                        continue;
+                    }
+                }
+                (mean, c) = kahan_inc(v / count - mean / count, mean, c);
+            }
+            if mean.is_infinite() { mean } else { mean + c }
+        }
+        "sum_over_time" => {
+            let (mut sum, mut c) = (0.0f64, 0.0);
+            for &v in vs {
+                (sum, c) = kahan_inc(v, sum, c);
+            }
+            if sum.is_infinite() { sum } else { sum + c }
+        }
+        "count_over_time" => n as f64,
+        "present_over_time" => 1.0,
+        "last_over_time" => vs[n - 1],
+        "min_over_time" | "max_over_time" => {
+            let mut m = vs[0];
+            for &v in vs {
+                let better = if name == "max_over_time" {
+                    v > m
+                } else {
+                    v < m
+                };
+                if better || m.is_nan() {
+                    m = v;
+                }
+            }
+            m
+        }
+        "stddev_over_time" | "stdvar_over_time" => {
+            let (mut count, mut mean, mut cmean, mut aux, mut caux) = (0.0, 0.0, 0.0, 0.0, 0.0);
+            for &v in vs {
+                count += 1.0;
+                let delta = v - (mean + cmean);
+                (mean, cmean) = kahan_inc(delta / count, mean, cmean);
+                (aux, caux) = kahan_inc(delta * (v - (mean + cmean)), aux, caux);
+            }
+            let var = (aux + caux) / count;
+            if name == "stddev_over_time" {
+                var.sqrt()
+            } else {
+                var
+            }
+        }
+        "quantile_over_time" => quantile(param.unwrap_or(f64::NAN), &mut vs.to_vec()),
+        _ => return None,
+    })
+}

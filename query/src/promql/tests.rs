@@ -1,0 +1,661 @@
+//! Evaluator tests. Every expected value is worked out by hand in the
+//! comments next to it, from Prometheus 2.42's definitions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use storage::{Label, SeriesKey, Storage, StorageConfig};
+
+use super::*;
+
+const T0: i64 = 1_700_000_000_000;
+const S: i64 = 1000;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    engine: PromEngine,
+}
+
+fn key(metric: &str, labels: &[(&str, &str)]) -> SeriesKey {
+    SeriesKey::new(
+        metric,
+        labels.iter().map(|(n, v)| Label::new(*n, *v)).collect(),
+    )
+    .unwrap()
+}
+
+/// One series: metric, labels, [(seconds after T0, value)].
+type Spec<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a [(i64, f64)]);
+
+fn fixture(series: &[Spec<'_>]) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    for (metric, labels, samples) in series {
+        let r = st.series_ref(key(metric, labels)).unwrap();
+        let ts: Vec<i64> = samples.iter().map(|s| T0 + s.0 * S).collect();
+        let vs: Vec<f64> = samples.iter().map(|s| s.1).collect();
+        st.append(&vec![r; ts.len()], &ts, &vs).unwrap();
+    }
+    Fixture {
+        _dir: dir,
+        engine: PromEngine::new(st),
+    }
+}
+
+fn stale() -> f64 {
+    f64::from_bits(STALE_NAN_BITS)
+}
+
+fn show(l: &LabelSet) -> String {
+    let parts: Vec<String> = l.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// An instant vector as `{labels} -> value`.
+fn vector(f: &Fixture, q: &str, t: i64) -> BTreeMap<String, f64> {
+    match f
+        .engine
+        .instant(q, t)
+        .unwrap_or_else(|e| panic!("{q}: {e}"))
+    {
+        PromValue::Vector(v) => {
+            for s in &v {
+                assert_eq!(s.t_ms, t, "{q}: sample time is the evaluation time");
+            }
+            v.into_iter().map(|s| (show(&s.labels), s.v)).collect()
+        }
+        other => panic!("{q}: expected a vector, got {other:?}"),
+    }
+}
+
+fn one(f: &Fixture, q: &str, t: i64) -> f64 {
+    let v = vector(f, q, t);
+    assert_eq!(v.len(), 1, "{q}: {v:?}");
+    *v.values().next().unwrap()
+}
+
+fn close(a: f64, b: f64) -> bool {
+    a == b || (a - b).abs() <= 1e-12 * b.abs().max(1.0)
+}
+
+fn assert_vec(f: &Fixture, q: &str, t: i64, want: &[(&str, f64)]) {
+    let got = vector(f, q, t);
+    let want: BTreeMap<String, f64> = want.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    assert_eq!(
+        got.keys().collect::<Vec<_>>(),
+        want.keys().collect::<Vec<_>>(),
+        "{q}: label sets"
+    );
+    for (k, w) in &want {
+        assert!(close(got[k], *w), "{q}: {k} = {} want {w}", got[k]);
+    }
+}
+
+fn gauges() -> Fixture {
+    fixture(&[
+        ("m", &[("a", "1")], &[(0, 1.0), (60, 2.0)]),
+        ("m", &[("a", "2")], &[(0, 5.0), (30, stale()), (90, 7.0)]),
+        // A counter with a reset between 15 s and 30 s.
+        ("c", &[], &[(0, 10.0), (15, 20.0), (30, 5.0), (45, 15.0)]),
+        // A counter starting near zero.
+        ("z", &[], &[(20, 1.0), (30, 11.0), (40, 21.0)]),
+        ("used", &[("host", "h1"), ("gpu", "0")], &[(0, 30.0)]),
+        ("used", &[("host", "h1"), ("gpu", "1")], &[(0, 50.0)]),
+        ("total", &[("host", "h1"), ("gpu", "0")], &[(0, 100.0)]),
+        ("total", &[("host", "h1"), ("gpu", "1")], &[(0, 200.0)]),
+        ("hostinfo", &[("host", "h1"), ("rack", "r7")], &[(0, 2.0)]),
+        ("temp", &[("g", "a")], &[(0, 10.0)]),
+        ("temp", &[("g", "b")], &[(0, 20.0)]),
+        ("temp", &[("g", "c")], &[(0, 40.0)]),
+        ("temp", &[("g", "d")], &[(0, 70.0)]),
+        ("lat_bucket", &[("job", "x"), ("le", "0.1")], &[(0, 10.0)]),
+        ("lat_bucket", &[("job", "x"), ("le", "0.5")], &[(0, 30.0)]),
+        ("lat_bucket", &[("job", "x"), ("le", "1")], &[(0, 40.0)]),
+        ("lat_bucket", &[("job", "x"), ("le", "+Inf")], &[(0, 40.0)]),
+    ])
+}
+
+#[test]
+fn lookback_is_five_minutes_inclusive() {
+    let f = gauges();
+    // The newest sample at or before t, at most 5 minutes old.
+    assert_eq!(one(&f, r#"m{a="1"}"#, T0), 1.0);
+    assert_eq!(one(&f, r#"m{a="1"}"#, T0 + 59 * S), 1.0);
+    assert_eq!(one(&f, r#"m{a="1"}"#, T0 + 60 * S), 2.0);
+    // Exactly 5 minutes after the last sample still sees it (2.42).
+    assert_eq!(one(&f, r#"m{a="1"}"#, T0 + 360 * S), 2.0);
+    assert!(vector(&f, r#"m{a="1"}"#, T0 + 360 * S + 1).is_empty());
+    assert!(vector(&f, r#"m{a="1"}"#, T0 - 1).is_empty());
+    // offset moves the reference time back.
+    assert_eq!(one(&f, r#"m{a="1"} offset 1m"#, T0 + 60 * S), 1.0);
+    // @ fixes the reference time (T0 is 1700000000 s).
+    assert_eq!(one(&f, r#"m{a="1"} @ 1700000000"#, T0 + 300 * S), 1.0);
+    assert_eq!(
+        one(&f, r#"m{a="1"} @ 1700000060 offset 1m"#, T0 + 300 * S),
+        1.0
+    );
+}
+
+#[test]
+fn a_stale_marker_ends_the_series() {
+    let f = gauges();
+    assert_eq!(one(&f, r#"m{a="2"}"#, T0 + 10 * S), 5.0);
+    // At and after the marker the series is absent, although 5.0 is within
+    // the lookback...
+    assert!(vector(&f, r#"m{a="2"}"#, T0 + 30 * S).is_empty());
+    assert!(vector(&f, r#"m{a="2"}"#, T0 + 60 * S).is_empty());
+    // ...until a new sample arrives.
+    assert_eq!(one(&f, r#"m{a="2"}"#, T0 + 90 * S), 7.0);
+    // Range functions skip the marker: 5 and 7 are the window's samples.
+    assert_eq!(
+        one(&f, r#"count_over_time(m{a="2"}[2m])"#, T0 + 90 * S),
+        2.0
+    );
+}
+
+#[test]
+fn rate_and_increase_extrapolate_like_prometheus() {
+    let f = gauges();
+    let t = T0 + 60 * S;
+    // Window [0 s, 60 s]: 10, 20, 5 (reset), 15. Increase 15-10 = 5, plus 20
+    // for the reset = 25. Sampled 45 s over 3 intervals: 15 s average,
+    // threshold 16.5 s. To start 0 s (< threshold: +0), to end 15 s
+    // (< threshold: +15). Zero point 45*10/25 = 18 s is not < 0 s.
+    // Extrapolated over 60 s: 25 * 60/45 = 100/3.
+    assert!(close(one(&f, "increase(c[1m])", t), 100.0 / 3.0));
+    assert!(close(one(&f, "rate(c[1m])", t), 100.0 / 3.0 / 60.0));
+    // delta ignores resets: 5 * 60/45 = 20/3.
+    assert!(close(one(&f, "delta(c[1m])", t), 20.0 / 3.0));
+    // Window [10 s, 100 s]: 20, 5, 15; increase -5 + 20 = 15. Sampled 30 s,
+    // average 15 s. To start 5 s (+5), to end 55 s (> 16.5: +7.5).
+    // 15 * 42.5/30 = 21.25; rate = 21.25/90.
+    let t = T0 + 100 * S;
+    assert!(close(one(&f, "increase(c[90s])", t), 21.25));
+    assert!(close(one(&f, "rate(c[90s])", t), 21.25 / 90.0));
+    // z: 1, 11, 21 at 20/30/40 s, window [0 s, 60 s]. Increase 20, sampled
+    // 20 s, average 10 s, threshold 11 s. To start 20 s, but the zero point
+    // is 20*1/20 = 1 s before the first sample: +1. To end 20 s: +5.
+    // 20 * 26/20 = 26.
+    assert!(close(one(&f, "increase(z[1m])", T0 + 60 * S), 26.0));
+    // Fewer than two samples: no result.
+    assert!(vector(&f, "rate(c[10s])", T0 + 60 * S).is_empty());
+}
+
+#[test]
+fn irate_and_idelta_use_the_last_two_samples() {
+    let f = gauges();
+    // 5 -> 15 over 15 s.
+    assert!(close(one(&f, "irate(c[1m])", T0 + 60 * S), 10.0 / 15.0));
+    // 20 -> 5 is a reset: the increase is 5, over 15 s.
+    assert!(close(one(&f, "irate(c[1m])", T0 + 35 * S), 5.0 / 15.0));
+    assert_eq!(one(&f, "idelta(c[1m])", T0 + 35 * S), -15.0);
+    // deriv of z: exactly 1 per second.
+    assert!(close(one(&f, "deriv(z[1m])", T0 + 60 * S), 1.0));
+}
+
+#[test]
+fn over_time_functions() {
+    let f = gauges();
+    let t = T0 + 60 * S;
+    // Window [0 s, 60 s] of c: 10, 20, 5, 15.
+    assert_eq!(one(&f, "sum_over_time(c[1m])", t), 50.0);
+    assert_eq!(one(&f, "avg_over_time(c[1m])", t), 12.5);
+    assert_eq!(one(&f, "min_over_time(c[1m])", t), 5.0);
+    assert_eq!(one(&f, "max_over_time(c[1m])", t), 20.0);
+    assert_eq!(one(&f, "count_over_time(c[1m])", t), 4.0);
+    // Sorted 5, 10, 15, 20; rank 0.5*3 = 1.5: 10*0.5 + 15*0.5.
+    assert_eq!(one(&f, "quantile_over_time(0.5, c[1m])", t), 12.5);
+    assert_eq!(one(&f, "changes(c[1m])", t), 3.0);
+    assert_eq!(one(&f, "resets(c[1m])", t), 1.0);
+    // last_over_time keeps the metric name; the others drop it.
+    assert_vec(&f, "last_over_time(c[1m])", t, &[("{__name__=c}", 15.0)]);
+    assert_vec(&f, "max_over_time(c[1m])", t, &[("{}", 20.0)]);
+}
+
+#[test]
+fn binary_operators_match_like_prometheus() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    assert_vec(
+        &f,
+        "used / total",
+        t,
+        &[("{gpu=0,host=h1}", 0.3), ("{gpu=1,host=h1}", 0.25)],
+    );
+    assert_vec(
+        &f,
+        "used / on(gpu) total",
+        t,
+        &[("{gpu=0}", 0.3), ("{gpu=1}", 0.25)],
+    );
+    // One-to-one matching drops the ignored labels from the result.
+    assert_vec(
+        &f,
+        "used / ignoring(host) total",
+        t,
+        &[("{gpu=0}", 0.3), ("{gpu=1}", 0.25)],
+    );
+    // group_left copies rack from the one side.
+    assert_vec(
+        &f,
+        "used * on(host) group_left(rack) hostinfo",
+        t,
+        &[
+            ("{gpu=0,host=h1,rack=r7}", 60.0),
+            ("{gpu=1,host=h1,rack=r7}", 100.0),
+        ],
+    );
+    assert_vec(
+        &f,
+        "hostinfo * on(host) group_right used",
+        t,
+        &[("{gpu=0,host=h1}", 60.0), ("{gpu=1,host=h1}", 100.0)],
+    );
+    // Comparisons filter and keep the name; bool drops it.
+    assert_vec(
+        &f,
+        "used > 40",
+        t,
+        &[("{__name__=used,gpu=1,host=h1}", 50.0)],
+    );
+    assert_vec(
+        &f,
+        "40 < used",
+        t,
+        &[("{__name__=used,gpu=1,host=h1}", 50.0)],
+    );
+    assert_vec(
+        &f,
+        "used > bool 40",
+        t,
+        &[("{gpu=0,host=h1}", 0.0), ("{gpu=1,host=h1}", 1.0)],
+    );
+    assert_vec(
+        &f,
+        "used * 2 - 1",
+        t,
+        &[("{gpu=0,host=h1}", 59.0), ("{gpu=1,host=h1}", 99.0)],
+    );
+    assert_eq!(
+        f.engine.instant("2 ^ 3 % 5", t).unwrap(),
+        PromValue::Scalar { t_ms: t, v: 3.0 }
+    );
+    // Set operators.
+    assert_vec(
+        &f,
+        r#"used and on(gpu) total{gpu="1"}"#,
+        t,
+        &[("{__name__=used,gpu=1,host=h1}", 50.0)],
+    );
+    assert_vec(
+        &f,
+        r#"used unless total{gpu="1"}"#,
+        t,
+        &[("{__name__=used,gpu=0,host=h1}", 30.0)],
+    );
+    assert_vec(
+        &f,
+        "used or hostinfo",
+        t,
+        &[
+            ("{__name__=hostinfo,host=h1,rack=r7}", 2.0),
+            ("{__name__=used,gpu=0,host=h1}", 30.0),
+            ("{__name__=used,gpu=1,host=h1}", 50.0),
+        ],
+    );
+    // Two series on the right with host=h1: many-to-many is an error.
+    let e = f.engine.instant("used + on(host) total", t).unwrap_err();
+    assert!(matches!(e, PromError::Execution(_)), "{e:?}");
+    assert!(e.to_string().contains("many-to-many"), "{e}");
+    // Matching on __name__ and the other matchers.
+    assert_eq!(
+        vector(&f, r#"{__name__=~"used|total", gpu!="1"}"#, t).len(),
+        2
+    );
+    assert_eq!(
+        vector(&f, r#"{__name__!~"u.*|t.*", host="h1"}"#, t).len(),
+        1
+    );
+}
+
+#[test]
+fn aggregations_by_and_without() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    assert_vec(&f, "sum by (host) (used)", t, &[("{host=h1}", 80.0)]);
+    assert_vec(&f, "sum without (gpu) (used)", t, &[("{host=h1}", 80.0)]);
+    assert_vec(&f, "avg(used)", t, &[("{}", 40.0)]);
+    assert_vec(
+        &f,
+        "max by (gpu) (used)",
+        t,
+        &[("{gpu=0}", 30.0), ("{gpu=1}", 50.0)],
+    );
+    assert_vec(&f, "min(used)", t, &[("{}", 30.0)]);
+    assert_vec(&f, "count(temp)", t, &[("{}", 4.0)]);
+    // Population standard deviation of 30 and 50.
+    assert_vec(&f, "stddev(used)", t, &[("{}", 10.0)]);
+    // topk/bottomk keep the whole series, name included.
+    assert_vec(
+        &f,
+        "topk(1, used)",
+        t,
+        &[("{__name__=used,gpu=1,host=h1}", 50.0)],
+    );
+    assert_vec(
+        &f,
+        "bottomk(2, temp)",
+        t,
+        &[("{__name__=temp,g=a}", 10.0), ("{__name__=temp,g=b}", 20.0)],
+    );
+    // 10, 20, 40, 70: rank 0.25*3 = 0.75 -> 10*0.25 + 20*0.75 = 17.5.
+    assert_vec(&f, "quantile(0.25, temp)", t, &[("{}", 17.5)]);
+    assert_vec(&f, "quantile(0.5, used)", t, &[("{}", 40.0)]);
+    assert_vec(
+        &f,
+        r#"count_values("v", used)"#,
+        t,
+        &[("{v=30}", 1.0), ("{v=50}", 1.0)],
+    );
+    // Dashboard shape: max by a label that some series lack.
+    assert_vec(
+        &f,
+        "max(used) by (host, gpu, uuid)",
+        t,
+        &[("{gpu=0,host=h1}", 30.0), ("{gpu=1,host=h1}", 50.0)],
+    );
+}
+
+#[test]
+fn histogram_quantile_over_classic_buckets() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    // 40 observations; rank 20 falls in (0.1, 0.5] holding 20 of them, 10
+    // before it: 0.1 + 0.4 * 10/20 = 0.3.
+    assert_vec(
+        &f,
+        "histogram_quantile(0.5, lat_bucket)",
+        t,
+        &[("{job=x}", 0.3)],
+    );
+    // Rank 38 falls in (0.5, 1] holding 10, 30 before: 0.5 + 0.5 * 8/10.
+    assert_vec(
+        &f,
+        "histogram_quantile(0.95, lat_bucket)",
+        t,
+        &[("{job=x}", 0.9)],
+    );
+    assert_vec(
+        &f,
+        "histogram_quantile(1, lat_bucket)",
+        t,
+        &[("{job=x}", 1.0)],
+    );
+    assert_vec(
+        &f,
+        "histogram_quantile(-1, lat_bucket)",
+        t,
+        &[("{job=x}", f64::NEG_INFINITY)],
+    );
+}
+
+#[test]
+fn label_replace_and_join() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    assert_vec(
+        &f,
+        r#"label_replace(used, "node", "n-$1", "host", "h(.*)")"#,
+        t,
+        &[
+            ("{__name__=used,gpu=0,host=h1,node=n-1}", 30.0),
+            ("{__name__=used,gpu=1,host=h1,node=n-1}", 50.0),
+        ],
+    );
+    // No match: unchanged. The regex is anchored.
+    assert_vec(
+        &f,
+        r#"label_replace(hostinfo, "node", "$1", "host", "1")"#,
+        t,
+        &[("{__name__=hostinfo,host=h1,rack=r7}", 2.0)],
+    );
+    assert_vec(
+        &f,
+        r#"label_join(hostinfo, "where", "/", "rack", "host")"#,
+        t,
+        &[("{__name__=hostinfo,host=h1,rack=r7,where=r7/h1}", 2.0)],
+    );
+    // Dropping the distinguishing label makes duplicates: an error.
+    let e = f
+        .engine
+        .instant(r#"label_replace(used, "gpu", "", "gpu", ".*")"#, t)
+        .unwrap_err();
+    assert!(e.to_string().contains("same labelset"), "{e}");
+}
+
+#[test]
+fn functions_on_values() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    assert_vec(
+        &f,
+        "clamp(used, 35, 45)",
+        t,
+        &[("{gpu=0,host=h1}", 35.0), ("{gpu=1,host=h1}", 45.0)],
+    );
+    assert_vec(
+        &f,
+        "clamp_max(hostinfo, 1)",
+        t,
+        &[("{host=h1,rack=r7}", 1.0)],
+    );
+    assert_vec(&f, "abs(-hostinfo)", t, &[("{host=h1,rack=r7}", 2.0)]);
+    assert_vec(
+        &f,
+        "round(hostinfo / 3, 0.5)",
+        t,
+        &[("{host=h1,rack=r7}", 0.5)],
+    );
+    assert_vec(&f, "vector(7)", t, &[("{}", 7.0)]);
+    assert_eq!(
+        f.engine.instant("scalar(hostinfo) * 2", t).unwrap(),
+        PromValue::Scalar { t_ms: t, v: 4.0 }
+    );
+    assert_eq!(
+        f.engine.instant("time()", t).unwrap(),
+        PromValue::Scalar {
+            t_ms: t,
+            v: t as f64 / 1000.0
+        }
+    );
+    // The sample's own time, not the evaluation time.
+    assert_vec(
+        &f,
+        r#"timestamp(m{a="1"})"#,
+        T0 + 100 * S,
+        &[("{a=1}", (T0 + 60 * S) as f64 / 1000.0)],
+    );
+    assert_vec(&f, "absent(nope{x=\"y\"})", t, &[("{x=y}", 1.0)]);
+    // Nothing in [0 s, 10 s] of nope; c has samples there.
+    assert_vec(
+        &f,
+        r#"absent_over_time(nope{x="y", z=~"a"}[10s])"#,
+        t,
+        &[("{x=y}", 1.0)],
+    );
+    assert!(vector(&f, "absent_over_time(c[10s])", t).is_empty());
+    // c's last sample is at 45 s: absent over [50 s, 60 s].
+    assert_vec(&f, "absent_over_time(c[10s])", T0 + 60 * S, &[("{}", 1.0)]);
+    assert!(vector(&f, "absent(used)", t).is_empty());
+    match f.engine.instant("sort_desc(temp)", t).unwrap() {
+        PromValue::Vector(v) => {
+            let vals: Vec<f64> = v.iter().map(|s| s.v).collect();
+            assert_eq!(vals, vec![70.0, 40.0, 20.0, 10.0]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn range_queries_evaluate_at_start_plus_k_steps() {
+    let f = gauges();
+    let m = |q: &str, start: i64, end: i64, step: i64| match f.engine.range(q, start, end, step) {
+        Ok(PromValue::Matrix(m)) => m,
+        other => panic!("{q}: {other:?}"),
+    };
+    // Start, start+60 s, start+120 s; start+180 s is past the end.
+    let r = m(r#"m{a="1"}"#, T0, T0 + 130 * S, 60 * S);
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        r[0].points,
+        vec![(T0, 1.0), (T0 + 60 * S, 2.0), (T0 + 120 * S, 2.0)]
+    );
+    // Not aligned to the step: Prometheus does not align either.
+    let r = m(r#"m{a="1"}"#, T0 + 7 * S, T0 + 127 * S, 60 * S);
+    assert_eq!(
+        r[0].points,
+        vec![(T0 + 7 * S, 1.0), (T0 + 67 * S, 2.0), (T0 + 127 * S, 2.0)]
+    );
+    // The stale marker leaves a gap: 5 at 0 s, nothing at 30 s and 60 s, 7 at 90 s.
+    let r = m(r#"m{a="2"}"#, T0, T0 + 90 * S, 30 * S);
+    assert_eq!(r[0].points, vec![(T0, 5.0), (T0 + 90 * S, 7.0)]);
+    // A scalar becomes one series without labels.
+    let r = m("time()", T0, T0 + 20 * S, 10 * S);
+    assert_eq!(r.len(), 1);
+    assert!(r[0].labels.is_empty());
+    let secs = T0 as f64 / 1000.0;
+    assert_eq!(
+        r[0].points,
+        vec![
+            (T0, secs),
+            (T0 + 10 * S, secs + 10.0),
+            (T0 + 20 * S, secs + 20.0)
+        ]
+    );
+    // rate over a range: the same extrapolation at every step.
+    let r = m("increase(c[1m])", T0 + 60 * S, T0 + 60 * S, 15 * S);
+    assert!(close(r[0].points[0].1, 100.0 / 3.0));
+    // A subquery: max of rate over the last 30 s at 15 s steps.
+    let v = one(&f, "max_over_time(irate(c[1m])[30s:15s])", T0 + 60 * S);
+    // T0 is 5 s past a multiple of 15 s, so the inner steps in [30 s, 60 s]
+    // are at 40 s (irate 5/15 after the reset) and 55 s (10/15).
+    assert!(close(v, 10.0 / 15.0));
+}
+
+#[test]
+fn errors_are_typed_and_never_panic() {
+    let f = gauges();
+    let bad = |q: &str| f.engine.instant(q, T0).unwrap_err();
+    assert!(matches!(bad("sum(("), PromError::BadData(_)));
+    assert_eq!(bad("sum((").status(), (400, "bad_data"));
+    let e = bad(r#"limitk(1, c)"#);
+    assert!(matches!(e, PromError::Execution(_)), "{e:?}");
+    assert_eq!(e.status(), (422, "execution"));
+    assert!(matches!(
+        f.engine.range("c", T0, T0 + S, 0),
+        Err(PromError::BadData(_))
+    ));
+    assert!(matches!(
+        f.engine.range("c", T0 + S, T0, S),
+        Err(PromError::BadData(_))
+    ));
+    assert!(matches!(
+        f.engine.range("c[1m]", T0, T0 + S, S),
+        Err(PromError::BadData(_))
+    ));
+    assert!(matches!(
+        f.engine.range("c", T0, T0 + 20_000 * S, S),
+        Err(PromError::BadData(_))
+    ));
+    // The sample limit.
+    let small = PromEngine::with_limits(
+        f.engine.storage().clone(),
+        PromLimits {
+            max_samples: 3,
+            ..PromLimits::default()
+        },
+    );
+    let e = small
+        .instant("sum_over_time(c[1m])", T0 + 60 * S)
+        .unwrap_err();
+    assert!(e.to_string().contains("too many samples"), "{e}");
+    // Extreme times and durations are refused or answered, never overflow.
+    assert!(matches!(
+        f.engine.instant("c", i64::MIN),
+        Err(PromError::BadData(_))
+    ));
+    assert!(matches!(
+        f.engine.range("c", i64::MIN, i64::MAX, i64::MAX),
+        Err(PromError::BadData(_))
+    ));
+    for q in [
+        "c offset 100000000000y",
+        "c offset -100000000000y",
+        "rate(c[100000000000y])",
+        "c @ 100000000000000",
+        "max_over_time(c[100000000000y:1y])",
+        "max_over_time(c[1y:1ms])",
+    ] {
+        let _ = f.engine.instant(q, T0);
+        let _ = f.engine.range(q, T0, T0 + 60 * S, 30 * S);
+    }
+    // Instant query of a range vector: the raw samples.
+    match f.engine.instant("c[20s]", T0 + 30 * S).unwrap() {
+        PromValue::Matrix(m) => {
+            assert_eq!(m[0].points, vec![(T0 + 15 * S, 20.0), (T0 + 30 * S, 5.0)])
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn api_parsing_and_rendering() {
+    use super::api::{parse_step, parse_time, render};
+    assert_eq!(parse_time("1700000000.123").unwrap(), 1_700_000_000_123);
+    assert_eq!(parse_time("1700000000").unwrap(), 1_700_000_000_000);
+    assert_eq!(
+        parse_time("2023-11-14T22:13:20.5Z").unwrap(),
+        1_700_000_000_500
+    );
+    assert_eq!(
+        parse_time("2023-11-14T23:13:20+01:00").unwrap(),
+        1_700_000_000_000
+    );
+    assert!(parse_time("yesterday").is_err());
+    assert!(parse_time("1e300").is_err());
+    assert!(parse_time("-1e300").is_err());
+    assert!(parse_step("1e300").is_err());
+    assert!(parse_step("100000000000y").is_err());
+    assert_eq!(parse_step("15").unwrap(), 15_000);
+    assert_eq!(parse_step("0.5").unwrap(), 500);
+    assert_eq!(parse_step("1m").unwrap(), 60_000);
+    assert_eq!(parse_step("1m30s").unwrap(), 90_000);
+    assert!(parse_step("soon").is_err());
+    let v = PromValue::Vector(vec![Sample {
+        labels: Arc::new(vec![
+            ("__name__".into(), "up".into()),
+            ("Hostname".into(), "h\"1".into()),
+        ]),
+        t_ms: 1_700_000_000_123,
+        v: f64::NAN,
+    }]);
+    assert_eq!(
+        render(&v),
+        r#"{"resultType":"vector","result":[{"metric":{"__name__":"up","Hostname":"h\"1"},"value":[1700000000.123,"NaN"]}]}"#
+    );
+    let m = PromValue::Matrix(vec![Series {
+        labels: Arc::new(vec![]),
+        points: vec![
+            (1_700_000_000_000, f64::INFINITY),
+            (1_700_000_000_050, -0.25),
+        ],
+    }]);
+    assert_eq!(
+        render(&m),
+        r#"{"resultType":"matrix","result":[{"metric":{},"values":[[1700000000,"+Inf"],[1700000000.050,"-0.25"]]}]}"#
+    );
+    assert_eq!(
+        render(&PromValue::Scalar { t_ms: 5, v: 1e21 }),
+        r#"{"resultType":"scalar","result":[0.005,"1000000000000000000000"]}"#
+    );
+}
