@@ -1399,5 +1399,8 @@ impl SelectedSeries {
     }
 }
 
+mod import;
+pub use import::RollupImportSummary;
+
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,8 @@ pub(crate) const BLOCK_HEADER_LEN: usize = 28;
 pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
 /// Most groups in one block, so a reader decodes a bounded amount at a time.
 const MAX_BLOCK_GROUPS: usize = 4096;
+/// A block is closed once its payload passes this size (see `encode_table`).
+const MAX_BLOCK_PAYLOAD: usize = 64 << 20;
 
 #[derive(Debug, Clone, Copy)]
 struct BlockInfo {
@@ -452,36 +454,49 @@ impl Drop for RollupFile {
 }
 
 fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut Vec<u8>) -> usize {
-    let groups: Vec<_> = table.iter().filter(|(_, w)| !w.is_empty()).collect();
+    let mut groups = table.iter().filter(|(_, w)| !w.is_empty()).peekable();
     let mut n_blocks = 0;
-    for chunk in groups.chunks(MAX_BLOCK_GROUPS) {
-        let mut payload = Vec::new();
+    while groups.peek().is_some() {
+        // A block ends after MAX_BLOCK_GROUPS groups or once its payload
+        // passes MAX_BLOCK_PAYLOAD, so that its length fits the u32 field
+        // (an import can give a group many windows).
+        let mut body = Vec::new();
+        let mut n_groups = 0usize;
         let (mut min_ws, mut max_ws) = (i64::MAX, i64::MIN);
-        put_uvarint(&mut payload, chunk.len() as u64);
-        for (g, windows) in chunk {
+        while n_groups < MAX_BLOCK_GROUPS && body.len() < MAX_BLOCK_PAYLOAD {
+            let Some((g, windows)) = groups.next() else {
+                break;
+            };
+            n_groups += 1;
             for s in [&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu] {
-                put_str(&mut payload, s);
+                put_str(&mut body, s);
             }
-            put_uvarint(&mut payload, windows.len() as u64);
+            put_uvarint(&mut body, windows.len() as u64);
             let mut prev: Option<i64> = None;
             for r in windows.values() {
                 let ws = r.window_start_ms;
                 min_ws = min_ws.min(ws);
                 max_ws = max_ws.max(ws);
-                put_varint(&mut payload, prev.map_or(ws, |p| ws - p));
+                put_varint(&mut body, prev.map_or(ws, |p| ws - p));
                 prev = Some(ws);
-                put_uvarint(&mut payload, r.count);
+                put_uvarint(&mut body, r.count);
                 for v in [r.sum, r.min, r.max, r.first] {
-                    payload.extend_from_slice(&v.to_le_bytes());
+                    body.extend_from_slice(&v.to_le_bytes());
                 }
-                put_uvarint(&mut payload, (r.first_ts_ms - ws) as u64);
-                payload.extend_from_slice(&r.last.to_le_bytes());
-                put_uvarint(&mut payload, (r.last_ts_ms - ws) as u64);
+                put_uvarint(&mut body, (r.first_ts_ms - ws) as u64);
+                body.extend_from_slice(&r.last.to_le_bytes());
+                put_uvarint(&mut body, (r.last_ts_ms - ws) as u64);
             }
         }
+        let mut payload = Vec::with_capacity(body.len() + 10);
+        put_uvarint(&mut payload, n_groups as u64);
+        payload.extend_from_slice(&body);
+        drop(body);
+        let plen = u32::try_from(payload.len())
+            .expect("BUG: a rollup block over 4 GiB (callers bound windows per group)");
         let mut h = Vec::with_capacity(BLOCK_HEADER_LEN);
         h.extend_from_slice(&[tier.index() as u8, level.index() as u8, 0, 0]);
-        h.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        h.extend_from_slice(&plen.to_le_bytes());
         h.extend_from_slice(&min_ws.to_le_bytes());
         h.extend_from_slice(&max_ws.to_le_bytes());
         let crc = crc32c::crc32c_append(crc32c::crc32c(&h), &payload);
