@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::Mmap;
 
-use super::{RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
+use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
 use crate::error::Corruption;
 use crate::segment::writer::sync_dir;
@@ -44,7 +44,7 @@ const MAX_BLOCK_GROUPS: usize = 4096;
 /// A block is closed once its payload passes this size (see `encode_table`).
 const MAX_BLOCK_PAYLOAD: usize = 64 << 20;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct BlockInfo {
     tier: RollupTier,
     level: RollupLevel,
@@ -53,6 +53,11 @@ struct BlockInfo {
     /// Payload position in the file.
     start: usize,
     len: usize,
+    /// Smallest and largest metric of the block's groups, found when the file
+    /// is opened: a query for one metric skips the blocks that cannot hold it
+    /// without decoding them (groups are sorted metric first, so a block
+    /// usually holds few metrics).
+    metrics: Option<(Box<str>, Box<str>)>,
 }
 
 /// An open, validated rollup file.
@@ -90,13 +95,15 @@ fn f64_of(r: &mut Reader<'_>, what: &'static str) -> ReadResult<f64> {
     Ok(f64::from_le_bytes(b.try_into().expect("BUG: 8 bytes")))
 }
 
-/// Parses one block's payload, calling `f` per record. Checks that windows are
-/// aligned, ascending per group and inside the block's range, that sample
-/// timestamps lie in their window, and that group fields below the level are empty.
+/// Parses one block's payload, calling `f` per record of the groups that
+/// `keep` accepts (asked once per group). Checks that windows are aligned,
+/// ascending per group and inside the block's range, that sample timestamps
+/// lie in their window, and that group fields below the level are empty.
 fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
+    mut keep: impl FnMut(&RollupGroup) -> bool,
     mut f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
     let oob = |r: &Reader<'_>, what| Err((r.offset(), Corruption::OutOfBounds { what }));
@@ -115,6 +122,7 @@ fn decode_payload(
         if g != g.at_level(b.level) {
             return oob(&r, "group field below its level");
         }
+        let kept = keep(&g);
         let n = r.len("record count", buf.len())?;
         let mut prev: Option<i64> = None;
         for _ in 0..n {
@@ -141,6 +149,9 @@ fn decode_payload(
             let last_off = r.uvarint("last_ts")?;
             if count == 0 || first_off > last_off || last_off >= w as u64 {
                 return oob(&r, "record");
+            }
+            if !kept {
+                continue;
             }
             f(
                 &g,
@@ -312,16 +323,36 @@ impl RollupFile {
                     },
                 ));
             }
-            let info = BlockInfo {
+            let mut info = BlockInfo {
                 tier,
                 level,
                 min_ws: u64_at(h, 8) as i64,
                 max_ws: u64_at(h, 16) as i64,
                 start,
                 len: plen,
+                metrics: None,
             };
-            decode_payload(&b[start..start + plen], start as u64, &info, |_, _| {})
-                .map_err(|e| corrupt(path, e))?;
+            let mut metrics: Option<(Box<str>, Box<str>)> = None;
+            decode_payload(
+                &b[start..start + plen],
+                start as u64,
+                &info,
+                |g| {
+                    // Min and max rather than first and last: pruning must not
+                    // depend on the groups being sorted (nothing checks that).
+                    let m = g.metric.as_str();
+                    match &mut metrics {
+                        None => metrics = Some((m.into(), m.into())),
+                        Some((lo, _)) if m < &**lo => *lo = m.into(),
+                        Some((_, hi)) if m > &**hi => *hi = m.into(),
+                        Some(_) => {}
+                    }
+                    false
+                },
+                |_, _| {},
+            )
+            .map_err(|e| corrupt(path, e))?;
+            info.metrics = metrics;
             blocks.push(info);
             pos = start + plen;
         }
@@ -397,16 +428,40 @@ impl RollupFile {
         level: RollupLevel,
         min_ws: i64,
         max_ws: i64,
+        f: impl FnMut(&RollupGroup, RollupRecord),
+    ) -> Result<()> {
+        self.for_each_matching(tier, level, min_ws, max_ws, &RollupFilter::default(), f)
+    }
+
+    /// As [`Self::for_each`], for the groups that `filter` matches only:
+    /// blocks whose metric range excludes the filter's metric are skipped
+    /// whole, and the records of other groups are parsed but not passed on.
+    ///
+    /// # Errors
+    /// As [`Self::for_each`].
+    pub fn for_each_matching(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        min_ws: i64,
+        max_ws: i64,
+        filter: &RollupFilter,
         mut f: impl FnMut(&RollupGroup, RollupRecord),
     ) -> Result<()> {
         for b in &self.blocks {
             if b.tier != tier || b.level != level || b.max_ws < min_ws || b.min_ws > max_ws {
                 continue;
             }
+            if let (Some(m), Some((lo, hi))) = (&filter.metric, &b.metrics)
+                && (m.as_str() < &**lo || m.as_str() > &**hi)
+            {
+                continue;
+            }
             decode_payload(
                 &self.map[b.start..b.start + b.len],
                 b.start as u64,
                 b,
+                |g| filter.matches(g),
                 &mut f,
             )
             .map_err(|e| corrupt(&self.path, e))?;
