@@ -14,17 +14,19 @@
 //!   records for the last 30 days, minute records for the 3 hours before the
 //!   raw hour, each as if folded from 1 Hz samples (hours are merged from
 //!   their minutes, days from their hours where both exist);
-//! - raw samples for the last hour, 1 Hz, every series, appended through
-//!   `Storage::append` (one 200,000-sample batch per second, as ingest does)
-//!   and flushed every 5 minutes: 720 M samples. Their rollups come from the
-//!   append path.
+//! - raw samples for the last hour every 10 s, every series, appended through
+//!   `Storage::append` (one 200,000-sample batch per poll, as ingest does)
+//!   and flushed once at the end: 72 M samples. Their rollups come from the
+//!   append path. 1 Hz (720 M samples) was tried: each flush of the 200,000
+//!   series' rollups took minutes on the 2-core VM (see BENCHMARKS.md).
 //!
 //! Then it times each target query `GPULSE_BENCH_REPS` times (default 20;
 //! scans `GPULSE_BENCH_SCAN_REPS`, default 3) through `Storage` directly and
 //! through `QueryEngine::sql`, and prints median and p95. The SQL over the
 //! `rollup_1h`/`rollup_1d` tables is reported as unavailable when the build
-//! has no such tables. Smaller runs: `GPULSE_BENCH_GPUS`,
-//! `GPULSE_BENCH_RAW_INTERVAL_S`, `GPULSE_BENCH_MINUTE_HOURS`.
+//! has no such tables. Other shapes: `GPULSE_BENCH_GPUS`,
+//! `GPULSE_BENCH_RAW_INTERVAL_S`, `GPULSE_BENCH_FLUSH_S`,
+//! `GPULSE_BENCH_MINUTE_HOURS`.
 
 // A benchmark reports to stdout.
 #![allow(clippy::print_stdout)]
@@ -49,8 +51,6 @@ const DAY: i64 = 86_400_000;
 const T_RAW: i64 = T_END - HOUR;
 const DAY_DAYS: i64 = 365;
 const HOUR_DAYS: i64 = 30;
-/// Raw data is flushed every this many seconds of samples.
-const FLUSH_EVERY_S: i64 = 300;
 
 /// (name, low, high, resolution): plausible dcgm-exporter ranges on an H100.
 const METRICS: [(&str, f64, f64, f64); 20] = [
@@ -83,6 +83,7 @@ struct Params {
     dir: PathBuf,
     gpus: u64,
     raw_interval_s: i64,
+    flush_every_s: i64,
     minute_hours: i64,
     reps: usize,
     scan_reps: usize,
@@ -105,7 +106,8 @@ impl Params {
                 PathBuf::from("/tmp/gpulse-bench/history"),
             )?,
             gpus: env_or("GPULSE_BENCH_GPUS", 10_000)?,
-            raw_interval_s: env_or("GPULSE_BENCH_RAW_INTERVAL_S", 1)?,
+            raw_interval_s: env_or("GPULSE_BENCH_RAW_INTERVAL_S", 10)?,
+            flush_every_s: env_or("GPULSE_BENCH_FLUSH_S", 3600)?,
             minute_hours: env_or("GPULSE_BENCH_MINUTE_HOURS", 3)?,
             reps: env_or("GPULSE_BENCH_REPS", 20)?,
             scan_reps: env_or("GPULSE_BENCH_SCAN_REPS", 3)?,
@@ -113,9 +115,12 @@ impl Params {
         if p.gpus == 0 || !p.gpus.is_multiple_of(8) {
             bail!("GPULSE_BENCH_GPUS must be a positive multiple of 8");
         }
-        if !(1..=3600).contains(&p.raw_interval_s) || !(0..=23).contains(&p.minute_hours) {
+        if !(1..=3600).contains(&p.raw_interval_s)
+            || !(1..=3600).contains(&p.flush_every_s)
+            || !(0..=23).contains(&p.minute_hours)
+        {
             bail!(
-                "GPULSE_BENCH_RAW_INTERVAL_S must be 1..=3600 and GPULSE_BENCH_MINUTE_HOURS 0..=23"
+                "GPULSE_BENCH_RAW_INTERVAL_S and GPULSE_BENCH_FLUSH_S must be 1..=3600, GPULSE_BENCH_MINUTE_HOURS 0..=23"
             );
         }
         if p.reps == 0 || p.scan_reps == 0 {
@@ -127,10 +132,11 @@ impl Params {
     /// What the history on disk was built with (the `COMPLETE` marker).
     fn marker(&self) -> String {
         format!(
-            "gpus={} metrics={} raw_interval_s={} minute_hours={} day_days={DAY_DAYS} hour_days={HOUR_DAYS} t_end={T_END} v1\n",
+            "gpus={} metrics={} raw_interval_s={} flush_every_s={} minute_hours={} day_days={DAY_DAYS} hour_days={HOUR_DAYS} t_end={T_END} v1\n",
             self.gpus,
             METRICS.len(),
             self.raw_interval_s,
+            self.flush_every_s,
             self.minute_hours
         )
     }
@@ -366,14 +372,18 @@ fn build(p: &Params) -> anyhow::Result<()> {
         }
         let out = st.append(&refs, &vec![ts; n], &vals)?;
         appended += out.accepted as u64;
-        if (sec + p.raw_interval_s) % FLUSH_EVERY_S < p.raw_interval_s {
-            st.flush()?;
+        let done_s = sec + p.raw_interval_s;
+        if done_s % 600 < p.raw_interval_s {
             println!(
-                "  raw: {} s of 3600 appended and flushed, {:.1} M samples, {:.1} M samples/s with flushes",
-                sec + p.raw_interval_s,
+                "  raw: {done_s} s of 3600 appended, {:.1} M samples, {:.2} M samples/s (flushes included)",
                 appended as f64 / 1e6,
                 appended as f64 / 1e6 / t.elapsed().as_secs_f64()
             );
+        }
+        if done_s % p.flush_every_s < p.raw_interval_s {
+            let tf = Instant::now();
+            st.flush()?;
+            println!("  flush: {:.1} s", tf.elapsed().as_secs_f64());
         }
     }
     st.flush()?;
