@@ -67,6 +67,14 @@ fn put_block(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     out.extend_from_slice(payload);
 }
 
+thread_local! {
+    /// One zstd decompression context per thread, reused: creating one (its
+    /// tables and window buffer) cost more than decoding a series' block in
+    /// a scan, 52 % of a full scan's time (docs/BENCHMARKS.md, issue #5).
+    static DCTX: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 /// Splits a block into its kind and (decompressed) payload. `max_raw` bounds
 /// the declared decompressed size, so a forged header cannot allocate much.
 fn open_block(
@@ -82,7 +90,14 @@ fn open_block(
         .len("zstd length", max_raw)
         .map_err(|_| ColumnError::BadLength)?;
     let z = &rest[r.offset() as usize..];
-    let raw = zstd::bulk::decompress(z, raw_len).map_err(|_| ColumnError::Zstd)?;
+    let raw = DCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let dctx = match &mut *slot {
+            Some(d) => d,
+            None => slot.insert(zstd::bulk::Decompressor::new().map_err(|_| ColumnError::Zstd)?),
+        };
+        dctx.decompress(z, raw_len).map_err(|_| ColumnError::Zstd)
+    })?;
     if raw.len() != raw_len {
         return Err(ColumnError::BadLength);
     }

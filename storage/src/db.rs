@@ -766,11 +766,18 @@ impl Storage {
         }
         let state = lock!(self.state.read());
         for f in &state.rollups {
-            let read = f.for_each(tier, level, tier.window_start(min_ts), max_ts, |g, r| {
-                if q.overlaps(r.window_start_ms) && filter.matches(g) {
-                    q.add_record(g, r);
-                }
-            });
+            let read = f.for_each_matching(
+                tier,
+                level,
+                tier.window_start(min_ts),
+                max_ts,
+                filter,
+                |g, r| {
+                    if q.overlaps(r.window_start_ms) {
+                        q.add_record(g, r);
+                    }
+                },
+            );
             if let Err(e) = read {
                 error!(error = %e, "rollup file block does not decode; skipped");
                 self.metrics.rollup_read_errors.fetch_add(1, Relaxed);
@@ -1403,6 +1410,9 @@ impl SelectedSeries {
             .sum()
     }
 }
+
+mod import;
+pub use import::RollupImportSummary;
 
 #[cfg(test)]
 mod tests;

@@ -23,8 +23,8 @@ pub mod series;
 pub mod wal;
 
 pub use db::{
-    AppendOutcome, BatchOrigin, SelectedSeries, Storage, StorageConfig, StorageMetrics,
-    StorageStats,
+    AppendOutcome, BatchOrigin, RollupImportSummary, SelectedSeries, Storage, StorageConfig,
+    StorageMetrics, StorageStats,
 };
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};

@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::Mmap;
 
-use super::{RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
+use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
 use crate::error::Corruption;
 use crate::segment::writer::sync_dir;
@@ -41,8 +41,10 @@ pub(crate) const BLOCK_HEADER_LEN: usize = 28;
 pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
 /// Most groups in one block, so a reader decodes a bounded amount at a time.
 const MAX_BLOCK_GROUPS: usize = 4096;
+/// A block is closed once its payload passes this size (see `encode_table`).
+const MAX_BLOCK_PAYLOAD: usize = 64 << 20;
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct BlockInfo {
     tier: RollupTier,
     level: RollupLevel,
@@ -51,6 +53,11 @@ struct BlockInfo {
     /// Payload position in the file.
     start: usize,
     len: usize,
+    /// Smallest and largest metric of the block's groups, found when the file
+    /// is opened: a query for one metric skips the blocks that cannot hold it
+    /// without decoding them (groups are sorted metric first, so a block
+    /// usually holds few metrics).
+    metrics: Option<(Box<str>, Box<str>)>,
 }
 
 /// An open, validated rollup file.
@@ -88,13 +95,15 @@ fn f64_of(r: &mut Reader<'_>, what: &'static str) -> ReadResult<f64> {
     Ok(f64::from_le_bytes(b.try_into().expect("BUG: 8 bytes")))
 }
 
-/// Parses one block's payload, calling `f` per record. Checks that windows are
-/// aligned, ascending per group and inside the block's range, that sample
-/// timestamps lie in their window, and that group fields below the level are empty.
+/// Parses one block's payload, calling `f` per record of the groups that
+/// `keep` accepts (asked once per group). Checks that windows are aligned,
+/// ascending per group and inside the block's range, that sample timestamps
+/// lie in their window, and that group fields below the level are empty.
 fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
+    mut keep: impl FnMut(&RollupGroup) -> bool,
     mut f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
     let oob = |r: &Reader<'_>, what| Err((r.offset(), Corruption::OutOfBounds { what }));
@@ -113,6 +122,7 @@ fn decode_payload(
         if g != g.at_level(b.level) {
             return oob(&r, "group field below its level");
         }
+        let kept = keep(&g);
         let n = r.len("record count", buf.len())?;
         let mut prev: Option<i64> = None;
         for _ in 0..n {
@@ -139,6 +149,9 @@ fn decode_payload(
             let last_off = r.uvarint("last_ts")?;
             if count == 0 || first_off > last_off || last_off >= w as u64 {
                 return oob(&r, "record");
+            }
+            if !kept {
+                continue;
             }
             f(
                 &g,
@@ -310,16 +323,36 @@ impl RollupFile {
                     },
                 ));
             }
-            let info = BlockInfo {
+            let mut info = BlockInfo {
                 tier,
                 level,
                 min_ws: u64_at(h, 8) as i64,
                 max_ws: u64_at(h, 16) as i64,
                 start,
                 len: plen,
+                metrics: None,
             };
-            decode_payload(&b[start..start + plen], start as u64, &info, |_, _| {})
-                .map_err(|e| corrupt(path, e))?;
+            let mut metrics: Option<(Box<str>, Box<str>)> = None;
+            decode_payload(
+                &b[start..start + plen],
+                start as u64,
+                &info,
+                |g| {
+                    // Min and max rather than first and last: pruning must not
+                    // depend on the groups being sorted (nothing checks that).
+                    let m = g.metric.as_str();
+                    match &mut metrics {
+                        None => metrics = Some((m.into(), m.into())),
+                        Some((lo, _)) if m < &**lo => *lo = m.into(),
+                        Some((_, hi)) if m > &**hi => *hi = m.into(),
+                        Some(_) => {}
+                    }
+                    false
+                },
+                |_, _| {},
+            )
+            .map_err(|e| corrupt(path, e))?;
+            info.metrics = metrics;
             blocks.push(info);
             pos = start + plen;
         }
@@ -395,16 +428,40 @@ impl RollupFile {
         level: RollupLevel,
         min_ws: i64,
         max_ws: i64,
+        f: impl FnMut(&RollupGroup, RollupRecord),
+    ) -> Result<()> {
+        self.for_each_matching(tier, level, min_ws, max_ws, &RollupFilter::default(), f)
+    }
+
+    /// As [`Self::for_each`], for the groups that `filter` matches only:
+    /// blocks whose metric range excludes the filter's metric are skipped
+    /// whole, and the records of other groups are parsed but not passed on.
+    ///
+    /// # Errors
+    /// As [`Self::for_each`].
+    pub fn for_each_matching(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        min_ws: i64,
+        max_ws: i64,
+        filter: &RollupFilter,
         mut f: impl FnMut(&RollupGroup, RollupRecord),
     ) -> Result<()> {
         for b in &self.blocks {
             if b.tier != tier || b.level != level || b.max_ws < min_ws || b.min_ws > max_ws {
                 continue;
             }
+            if let (Some(m), Some((lo, hi))) = (&filter.metric, &b.metrics)
+                && (m.as_str() < &**lo || m.as_str() > &**hi)
+            {
+                continue;
+            }
             decode_payload(
                 &self.map[b.start..b.start + b.len],
                 b.start as u64,
                 b,
+                |g| filter.matches(g),
                 &mut f,
             )
             .map_err(|e| corrupt(&self.path, e))?;
@@ -452,36 +509,49 @@ impl Drop for RollupFile {
 }
 
 fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut Vec<u8>) -> usize {
-    let groups: Vec<_> = table.iter().filter(|(_, w)| !w.is_empty()).collect();
+    let mut groups = table.iter().filter(|(_, w)| !w.is_empty()).peekable();
     let mut n_blocks = 0;
-    for chunk in groups.chunks(MAX_BLOCK_GROUPS) {
-        let mut payload = Vec::new();
+    while groups.peek().is_some() {
+        // A block ends after MAX_BLOCK_GROUPS groups or once its payload
+        // passes MAX_BLOCK_PAYLOAD, so that its length fits the u32 field
+        // (an import can give a group many windows).
+        let mut body = Vec::new();
+        let mut n_groups = 0usize;
         let (mut min_ws, mut max_ws) = (i64::MAX, i64::MIN);
-        put_uvarint(&mut payload, chunk.len() as u64);
-        for (g, windows) in chunk {
+        while n_groups < MAX_BLOCK_GROUPS && body.len() < MAX_BLOCK_PAYLOAD {
+            let Some((g, windows)) = groups.next() else {
+                break;
+            };
+            n_groups += 1;
             for s in [&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu] {
-                put_str(&mut payload, s);
+                put_str(&mut body, s);
             }
-            put_uvarint(&mut payload, windows.len() as u64);
+            put_uvarint(&mut body, windows.len() as u64);
             let mut prev: Option<i64> = None;
             for r in windows.values() {
                 let ws = r.window_start_ms;
                 min_ws = min_ws.min(ws);
                 max_ws = max_ws.max(ws);
-                put_varint(&mut payload, prev.map_or(ws, |p| ws - p));
+                put_varint(&mut body, prev.map_or(ws, |p| ws - p));
                 prev = Some(ws);
-                put_uvarint(&mut payload, r.count);
+                put_uvarint(&mut body, r.count);
                 for v in [r.sum, r.min, r.max, r.first] {
-                    payload.extend_from_slice(&v.to_le_bytes());
+                    body.extend_from_slice(&v.to_le_bytes());
                 }
-                put_uvarint(&mut payload, (r.first_ts_ms - ws) as u64);
-                payload.extend_from_slice(&r.last.to_le_bytes());
-                put_uvarint(&mut payload, (r.last_ts_ms - ws) as u64);
+                put_uvarint(&mut body, (r.first_ts_ms - ws) as u64);
+                body.extend_from_slice(&r.last.to_le_bytes());
+                put_uvarint(&mut body, (r.last_ts_ms - ws) as u64);
             }
         }
+        let mut payload = Vec::with_capacity(body.len() + 10);
+        put_uvarint(&mut payload, n_groups as u64);
+        payload.extend_from_slice(&body);
+        drop(body);
+        let plen = u32::try_from(payload.len())
+            .expect("BUG: a rollup block over 4 GiB (callers bound windows per group)");
         let mut h = Vec::with_capacity(BLOCK_HEADER_LEN);
         h.extend_from_slice(&[tier.index() as u8, level.index() as u8, 0, 0]);
-        h.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        h.extend_from_slice(&plen.to_le_bytes());
         h.extend_from_slice(&min_ws.to_le_bytes());
         h.extend_from_slice(&max_ws.to_le_bytes());
         let crc = crc32c::crc32c_append(crc32c::crc32c(&h), &payload);
