@@ -21,6 +21,7 @@ pub(crate) struct NodeMetrics {
     pub(crate) storage: Arc<Storage>,
     pub(crate) ingest: Arc<IngestMetrics>,
     pub(crate) query: Arc<QueryMetrics>,
+    pub(crate) promql: Arc<QueryMetrics>,
     pub(crate) remote: Arc<RemoteMetrics>,
 }
 
@@ -204,7 +205,8 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     ] {
         metric(&mut out, name, "gauge", help, v);
     }
-    m.query.render(&mut out);
+    m.query.render(&mut out, "sql");
+    m.promql.render(&mut out, "promql");
     m.remote.render(&mut out);
     out
 }

@@ -124,10 +124,10 @@ impl Server {
 
         let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
         let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
+        let prom = query::promql::PromEngine::new(storage.clone());
+        let promql_metrics = prom.metrics().clone();
         let router = query::http::router(engine.clone())
-            .merge(query::promql::api::router(query::promql::PromEngine::new(
-                storage.clone(),
-            )))
+            .merge(query::promql::api::router(prom))
             .merge(query::remote::router(
                 storage.clone(),
                 query::remote::RemoteLimits::default(),
@@ -138,6 +138,7 @@ impl Server {
                     storage: storage.clone(),
                     ingest: ingest_metrics,
                     query: engine.metrics().clone(),
+                    promql: promql_metrics,
                     remote: remote_metrics,
                 },
             ));

@@ -340,11 +340,38 @@ fn remote_write_then_read_back_by_both_response_types_and_through_prometheus() {
         "gpulse_remote_read_requests_total 3".to_string(),
         "gpulse_remote_read_requests_failed_total 1".to_string(),
         format!("gpulse_head_series {}", data.len()),
+        "gpulse_sql_query_duration_seconds_count 0".to_string(),
+        "gpulse_promql_query_duration_seconds_count 0".to_string(),
     ] {
         assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
     }
 
     through_prometheus(&node, &data, base, dir.path());
+
+    // Query latencies: one SQL query that works and one that fails; one
+    // PromQL query. (Prometheus above only used remote read.)
+    node.sql("SELECT count(*) FROM samples");
+    assert_eq!(node.sql_raw("SELECT nope FROM samples").0, 400);
+    let status = ureq::get(&format!("{}/api/v1/query", node.http_url))
+        .query("query", format!("count({TEMP})"))
+        .call()
+        .unwrap()
+        .status();
+    assert_eq!(status, 200);
+    let metrics = ureq::get(&format!("{}/metrics", node.http_url))
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    for line in [
+        "gpulse_sql_query_duration_seconds_count 2",
+        "gpulse_sql_queries_failed_total 1",
+        "gpulse_promql_query_duration_seconds_count 1",
+        "gpulse_promql_queries_failed_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} in:\n{metrics}");
+    }
     node.stop();
 }
 

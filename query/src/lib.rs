@@ -143,7 +143,8 @@ impl QueryResult {
 /// Upper bounds (seconds) of the query latency histogram's buckets.
 const LATENCY_BUCKETS: [f64; 10] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0];
 
-/// Counts and times the SQL queries of [`QueryEngine::sql`], for `/metrics`.
+/// Counts and times queries, for `/metrics`: the SQL queries of
+/// [`QueryEngine::sql`] and the PromQL ones of [`promql::PromEngine`].
 #[derive(Debug, Default)]
 pub struct QueryMetrics {
     /// Cumulative counts per bucket of [`LATENCY_BUCKETS`] (the last: all).
@@ -155,7 +156,7 @@ pub struct QueryMetrics {
 }
 
 impl QueryMetrics {
-    fn observe(&self, took: std::time::Duration, ok: bool) {
+    pub(crate) fn observe(&self, took: std::time::Duration, ok: bool) {
         let s = took.as_secs_f64();
         for (i, &le) in LATENCY_BUCKETS.iter().enumerate() {
             if s <= le {
@@ -170,13 +171,15 @@ impl QueryMetrics {
         }
     }
 
-    /// Appends the histogram and counters in the Prometheus text format.
-    pub fn render(&self, out: &mut String) {
+    /// Appends the histogram and counters in the Prometheus text format, as
+    /// `gpulse_<kind>_query_duration_seconds` and
+    /// `gpulse_<kind>_queries_failed_total`.
+    pub fn render(&self, out: &mut String, kind: &str) {
         use std::fmt::Write as _;
-        let name = "gpulse_sql_query_duration_seconds";
+        let name = format!("gpulse_{kind}_query_duration_seconds");
         let _ = writeln!(
             out,
-            "# HELP {name} Time to plan and run a SQL query over HTTP.\n# TYPE {name} histogram"
+            "# HELP {name} Time to plan and run a {kind} query over HTTP.\n# TYPE {name} histogram"
         );
         for (i, le) in LATENCY_BUCKETS.iter().enumerate() {
             let _ = writeln!(
@@ -189,10 +192,10 @@ impl QueryMetrics {
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
         let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
         let _ = writeln!(out, "{name}_count {count}");
-        let failed = "gpulse_sql_queries_failed_total";
+        let failed = format!("gpulse_{kind}_queries_failed_total");
         let _ = writeln!(
             out,
-            "# HELP {failed} SQL queries over HTTP that failed or were refused.\n# TYPE {failed} counter\n{failed} {}",
+            "# HELP {failed} {kind} queries over HTTP that failed or were refused.\n# TYPE {failed} counter\n{failed} {}",
             self.failed.load(Relaxed)
         );
     }

@@ -114,6 +114,7 @@ impl Default for PromLimits {
 pub struct PromEngine {
     storage: Arc<Storage>,
     limits: PromLimits,
+    metrics: Arc<crate::QueryMetrics>,
 }
 
 impl PromEngine {
@@ -122,7 +123,16 @@ impl PromEngine {
     }
 
     pub fn with_limits(storage: Arc<Storage>, limits: PromLimits) -> Self {
-        Self { storage, limits }
+        Self {
+            storage,
+            limits,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Latencies and failures of [`Self::instant`] and [`Self::range`].
+    pub fn metrics(&self) -> &Arc<crate::QueryMetrics> {
+        &self.metrics
     }
 
     pub fn storage(&self) -> &Arc<Storage> {
@@ -138,6 +148,13 @@ impl PromEngine {
     /// # Errors
     /// [`PromError`]: parse errors, unsupported constructs, limits.
     pub fn instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
+        let started = std::time::Instant::now();
+        let result = self.run_instant(query, time_ms);
+        self.metrics.observe(started.elapsed(), result.is_ok());
+        result
+    }
+
+    fn run_instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
         check_time(time_ms)?;
         let expr = parse(query)?;
         eval::Evaluator::new(self, time_ms, time_ms, 0)?.instant(&expr)
@@ -150,6 +167,19 @@ impl PromEngine {
     /// [`PromError`]: a bad range or step, parse errors, unsupported
     /// constructs, limits.
     pub fn range(
+        &self,
+        query: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step_ms: i64,
+    ) -> Result<PromValue, PromError> {
+        let started = std::time::Instant::now();
+        let result = self.run_range(query, start_ms, end_ms, step_ms);
+        self.metrics.observe(started.elapsed(), result.is_ok());
+        result
+    }
+
+    fn run_range(
         &self,
         query: &str,
         start_ms: i64,
