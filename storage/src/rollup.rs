@@ -34,7 +34,10 @@
 //! records the WAL cut of its flush, and WAL replay feeds the rollups only
 //! from WAL segments at or after the newest rollup file's cut (see
 //! `replay_wal` in `db.rs`). A crash between the two files thus neither loses
-//! nor double-counts a sample.
+//! nor double-counts a sample. Files written by
+//! [`crate::Storage::import_rollups`] hold pre-aggregated history with no raw
+//! samples behind it (cut 0); with them the invariant reads
+//! `… == imported records + fold(raw samples stored)` (docs/format/rollup.md).
 //!
 //! # Merging, ties, NaN
 //!
