@@ -115,6 +115,20 @@ impl LimitCounter {
     }
 }
 
+/// The physical plan `EXPLAIN` prints for `sql` (for tests of pushdown).
+#[cfg(test)]
+pub(crate) async fn physical_plan(engine: &QueryEngine, sql: &str) -> String {
+    let r = engine.sql(&format!("EXPLAIN {sql}")).await.unwrap();
+    let v = http::to_json(&r).unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    rows.iter()
+        .find(|r| r[0] == "physical_plan")
+        .unwrap_or_else(|| panic!("no physical plan in {rows:?}"))[1]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
         match e.find_root() {

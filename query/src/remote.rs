@@ -328,6 +328,24 @@ async fn read(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
     }
 }
 
+impl Remote {
+    /// Counts a series into the read metrics, once the response holds
+    /// `response_bytes`; fails past the byte limit.
+    fn count_series(&self, s: &ReadSeries, response_bytes: usize) -> Result<(), HttpError> {
+        if response_bytes > self.limits.max_response_bytes {
+            return Err(bad(format!(
+                "the response is larger than the limit of {} bytes; narrow the matchers or the time range",
+                self.limits.max_response_bytes
+            )));
+        }
+        self.metrics.read_series.fetch_add(1, Relaxed);
+        self.metrics
+            .read_samples
+            .fetch_add(s.ts.len() as u64, Relaxed);
+        Ok(())
+    }
+}
+
 /// One series of a read answer: Prometheus labels (sorted) and samples.
 struct ReadSeries {
     labels: Vec<PromLabel>,
@@ -354,17 +372,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
         for (qi, q) in req.queries.iter().enumerate() {
             for s in select(&remote.storage, q, &mut budget)? {
                 write_frames(&mut out, qi as i64, &s);
-                if out.len() > remote.limits.max_response_bytes {
-                    return Err(bad(format!(
-                        "the response is larger than the limit of {} bytes; narrow the matchers or the time range",
-                        remote.limits.max_response_bytes
-                    )));
-                }
-                remote.metrics.read_series.fetch_add(1, Relaxed);
-                remote
-                    .metrics
-                    .read_samples
-                    .fetch_add(s.ts.len() as u64, Relaxed);
+                remote.count_series(&s, out.len())?;
             }
         }
         return Ok((
@@ -378,22 +386,13 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
     for q in &req.queries {
         let mut timeseries = Vec::new();
         for s in select(&remote.storage, q, &mut budget)? {
+            // Encoded size, near enough: 2 varints and a double per sample.
             bytes += s.ts.len() * 20
                 + s.labels
                     .iter()
                     .map(|l| l.name.len() + l.value.len() + 4)
                     .sum::<usize>();
-            if bytes > remote.limits.max_response_bytes {
-                return Err(bad(format!(
-                    "the response is larger than the limit of {} bytes; narrow the matchers or the time range",
-                    remote.limits.max_response_bytes
-                )));
-            }
-            remote.metrics.read_series.fetch_add(1, Relaxed);
-            remote
-                .metrics
-                .read_samples
-                .fetch_add(s.ts.len() as u64, Relaxed);
+            remote.count_series(&s, bytes)?;
             timeseries.push(TimeSeries {
                 labels: s.labels,
                 samples: s

@@ -68,7 +68,7 @@
 
 pub(crate) mod file;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};

@@ -276,6 +276,9 @@ fn value(rs: &[Reading], gpu: u32, metric: Metric, label: Option<SeriesLabel>) -
 }
 
 /// Captures the message of every event logged on this thread.
+/// Held by a test while it captures logs (see its use).
+static LOG_CAPTURE: Mutex<()> = Mutex::new(());
+
 #[derive(Clone, Default)]
 struct Capture(Arc<Mutex<Vec<(Level, String)>>>);
 
@@ -407,7 +410,12 @@ fn unsupported_fields_are_skipped_and_logged_once() {
     s.fields.remove(&fi::NVML_FI_DEV_MEMORY_TEMP);
     let cap = Capture::default();
     let mut src = open(&[shared(s.clone()), shared(s)], None);
+    // Scoped subscribers on parallel test threads race in tracing's callsite
+    // interest cache (one ending can disable the other's callsites): the
+    // tests that capture logs take turns, and rebuild the cache inside.
+    let _turn = LOG_CAPTURE.lock().unwrap_or_else(|e| e.into_inner());
     tracing::subscriber::with_default(cap.clone(), || {
+        tracing::callsite::rebuild_interest_cache();
         for _ in 0..3 {
             let r = poll(&mut src);
             for gpu in 0..2 {
@@ -433,7 +441,12 @@ fn lost_gpu_is_omitted_and_logged_once_others_continue() {
 
     gpus[1].lock().unwrap().lost = true;
     let cap = Capture::default();
+    // Scoped subscribers on parallel test threads race in tracing's callsite
+    // interest cache (one ending can disable the other's callsites): the
+    // tests that capture logs take turns, and rebuild the cache inside.
+    let _turn = LOG_CAPTURE.lock().unwrap_or_else(|e| e.into_inner());
     tracing::subscriber::with_default(cap.clone(), || {
+        tracing::callsite::rebuild_interest_cache();
         for _ in 0..3 {
             let r = poll(&mut src);
             assert_eq!(r.iter().filter(|r| r.gpu == 0).count(), per_gpu);

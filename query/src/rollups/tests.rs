@@ -219,14 +219,7 @@ async fn filters_reach_storage_and_show_in_explain() {
         METRICS[1],
         ts_text(from)
     );
-    let plan = rows(&engine.sql(&format!("EXPLAIN {sql}")).await.unwrap());
-    let physical = plan
-        .iter()
-        .find(|r| r[0] == "physical_plan")
-        .unwrap_or_else(|| panic!("no physical plan in {plan:?}"))[1]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let physical = crate::physical_plan(&engine, &sql).await;
     let want = format!(
         "RollupScanExec: table=rollup_1m, levels=[gpu, host], metric={}, rack=k2, ts=[{}, +inf]",
         METRICS[1],

@@ -252,21 +252,12 @@ async fn nan_and_infinities_render_as_strings() {
 async fn explain_shows_the_pushed_filters_and_what_storage_selected() {
     let (_dir, st, _) = fixture();
     let engine = QueryEngine::new(st);
-    let r = engine
-        .sql(
-            "EXPLAIN SELECT avg(value) FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' \
-             AND host = 'node-a' AND ts >= TIMESTAMP '2025-11-30T00:00:10Z'",
-        )
-        .await
-        .unwrap();
-    let plan = rows(&to_json(&r).unwrap());
-    let physical = plan
-        .iter()
-        .find(|r| r[0] == "physical_plan")
-        .unwrap_or_else(|| panic!("no physical plan in {plan:?}"))[1]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let physical = crate::physical_plan(
+        &engine,
+        "SELECT avg(value) FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' \
+         AND host = 'node-a' AND ts >= TIMESTAMP '2025-11-30T00:00:10Z'",
+    )
+    .await;
     // Two GPUs of node-a have that metric; 100 samples each at most.
     assert!(
         physical.contains(

@@ -59,14 +59,40 @@ fn group_of(i: usize, level: RollupLevel) -> [String; 6] {
     })
 }
 
+/// A window folded by hand, with the ties rule of the module docs (shared
+/// with the import tests).
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct Naive {
-    count: u64,
-    sum: f64,
-    min: f64,
-    max: f64,
-    first: (i64, f64),
-    last: (i64, f64),
+pub(crate) struct Naive {
+    pub(crate) count: u64,
+    pub(crate) sum: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+    pub(crate) first: (i64, f64),
+    pub(crate) last: (i64, f64),
+}
+
+impl Naive {
+    pub(crate) const EMPTY: Naive = Naive {
+        count: 0,
+        sum: 0.0,
+        min: f64::INFINITY,
+        max: f64::NEG_INFINITY,
+        first: (i64::MAX, f64::INFINITY),
+        last: (i64::MIN, f64::NEG_INFINITY),
+    };
+
+    pub(crate) fn add(&mut self, t: i64, v: f64) {
+        self.count += 1;
+        self.sum += v;
+        self.min = self.min.min(v);
+        self.max = self.max.max(v);
+        if t < self.first.0 || (t == self.first.0 && v < self.first.1) {
+            self.first = (t, v);
+        }
+        if t > self.last.0 || (t == self.last.0 && v > self.last.1) {
+            self.last = (t, v);
+        }
+    }
 }
 
 type Model = HashMap<(usize, i64), f64>;
@@ -80,28 +106,11 @@ fn naive(
     let mut out: BTreeMap<[String; 6], BTreeMap<i64, Naive>> = BTreeMap::new();
     for (&(i, t), &v) in stored {
         let ws = t.div_euclid(w) * w;
-        let e = out
-            .entry(group_of(i, level))
+        out.entry(group_of(i, level))
             .or_default()
             .entry(ws)
-            .or_insert(Naive {
-                count: 0,
-                sum: 0.0,
-                min: f64::INFINITY,
-                max: f64::NEG_INFINITY,
-                first: (i64::MAX, f64::INFINITY),
-                last: (i64::MIN, f64::NEG_INFINITY),
-            });
-        e.count += 1;
-        e.sum += v;
-        e.min = e.min.min(v);
-        e.max = e.max.max(v);
-        if t < e.first.0 || (t == e.first.0 && v < e.first.1) {
-            e.first = (t, v);
-        }
-        if t > e.last.0 || (t == e.last.0 && v > e.last.1) {
-            e.last = (t, v);
-        }
+            .or_insert(Naive::EMPTY)
+            .add(t, v);
     }
     out
 }

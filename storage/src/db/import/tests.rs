@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use super::*;
+use crate::rollup::tests::Naive;
 use crate::{Label, RollupFilter, SeriesKey, StorageConfig};
 
 /// Test series `i` (0..12): metric, host, gpu; rack from host; one row, one cluster.
@@ -71,16 +72,6 @@ fn group_of(i: usize, level: RollupLevel) -> [String; 6] {
     })
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Naive {
-    count: u64,
-    sum: f64,
-    min: f64,
-    max: f64,
-    first: (i64, f64),
-    last: (i64, f64),
-}
-
 type Folded = BTreeMap<[String; 6], BTreeMap<i64, Naive>>;
 
 /// Folds `(series, ts, value)` samples at `tier`, with the ties rule of the module docs.
@@ -92,28 +83,11 @@ fn fold(
     let w = tier.window_ms();
     let mut out = Folded::new();
     for &(i, t, v) in samples {
-        let e = out
-            .entry(group(i))
+        out.entry(group(i))
             .or_default()
             .entry(t.div_euclid(w) * w)
-            .or_insert(Naive {
-                count: 0,
-                sum: 0.0,
-                min: f64::INFINITY,
-                max: f64::NEG_INFINITY,
-                first: (i64::MAX, f64::INFINITY),
-                last: (i64::MIN, f64::NEG_INFINITY),
-            });
-        e.count += 1;
-        e.sum += v;
-        e.min = e.min.min(v);
-        e.max = e.max.max(v);
-        if t < e.first.0 || (t == e.first.0 && v < e.first.1) {
-            e.first = (t, v);
-        }
-        if t > e.last.0 || (t == e.last.0 && v > e.last.1) {
-            e.last = (t, v);
-        }
+            .or_insert(Naive::EMPTY)
+            .add(t, v);
     }
     out
 }
