@@ -363,14 +363,16 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
             Err(_) => return Err(bad(format!("unknown response type {t}"))),
         },
     };
-    let mut budget = Budget {
-        samples_left: remote.limits.max_samples,
-        max_samples: remote.limits.max_samples,
-    };
+    let mut samples_left = remote.limits.max_samples;
     if streamed {
         let mut out = Vec::new();
         for (qi, q) in req.queries.iter().enumerate() {
-            for s in select(&remote.storage, q, &mut budget)? {
+            for s in select(
+                &remote.storage,
+                q,
+                &mut samples_left,
+                remote.limits.max_samples,
+            )? {
                 write_frames(&mut out, qi as i64, &s);
                 remote.count_series(&s, out.len())?;
             }
@@ -385,7 +387,12 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
     let mut bytes = 0usize;
     for q in &req.queries {
         let mut timeseries = Vec::new();
-        for s in select(&remote.storage, q, &mut budget)? {
+        for s in select(
+            &remote.storage,
+            q,
+            &mut samples_left,
+            remote.limits.max_samples,
+        )? {
             // Encoded size, near enough: 2 varints and a double per sample.
             bytes += s.ts.len() * 20
                 + s.labels
@@ -420,17 +427,13 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
         .into_response())
 }
 
-struct Budget {
-    samples_left: u64,
-    max_samples: u64,
-}
-
 /// The series of one query, sorted by label set, with their samples in the
 /// inclusive range; series without samples there are left out.
 fn select(
     storage: &Storage,
     q: &gpulse_proto::prometheus::Query,
-    budget: &mut Budget,
+    samples_left: &mut u64,
+    max_samples: u64,
 ) -> Result<Vec<ReadSeries>, HttpError> {
     let matchers = q
         .matchers
@@ -440,22 +443,18 @@ fn select(
     let (min, max) = (q.start_timestamp_ms, q.end_timestamp_ms);
     let mut out = Vec::new();
     for s in storage.select(&matchers, min, max) {
-        if !matchers.iter().all(|m| m.matches(&s.key)) {
-            continue;
-        }
         let (mut ts, mut values) = (Vec::new(), Vec::new());
         s.read_into(min, max, &mut ts, &mut values)
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         if ts.is_empty() {
             continue;
         }
-        budget.samples_left = budget
-            .samples_left
+        *samples_left = samples_left
             .checked_sub(ts.len() as u64)
             .ok_or_else(|| {
                 bad(format!(
                     "the query selects more than {} samples (the remote-read sample limit); narrow the matchers or the time range",
-                    budget.max_samples
+                    max_samples
                 ))
             })?;
         let mut labels: Vec<PromLabel> = std::iter::once(PromLabel {

@@ -150,10 +150,6 @@ impl RollupTable {
             schema: schema(false),
         }
     }
-
-    pub fn tier(&self) -> RollupTier {
-        self.tier
-    }
 }
 
 /// What a scan's filters allow storage to skip.

@@ -86,14 +86,6 @@ impl XorChunk {
         }
     }
 
-    pub fn len(&self) -> usize {
-        self.count as usize
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.count == 0
-    }
-
     /// Appends a sample; timestamps must not decrease.
     pub fn append(&mut self, t: i64, v: f64) {
         let mut t_delta = 0;
