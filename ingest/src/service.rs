@@ -262,8 +262,9 @@ impl IngestService {
             )));
         }
         let mut keys = Vec::with_capacity(batch.new_series.len());
+        let mut new_ids = std::collections::HashSet::with_capacity(batch.new_series.len());
         for def in &batch.new_series {
-            if state.refs.contains_key(&def.id) || keys.iter().any(|(id, _)| *id == def.id) {
+            if state.refs.contains_key(&def.id) || !new_ids.insert(def.id) {
                 return Err(BatchError::Invalid(format!(
                     "series id {} is defined twice",
                     def.id
@@ -297,15 +298,16 @@ impl IngestService {
                 .map_err(|e| BatchError::Invalid(format!("series {}: {e}", def.id)))?;
             keys.push((def.id, key));
         }
-        let defined = |id: &u32| state.refs.contains_key(id) || keys.iter().any(|(k, _)| k == id);
+        let defined = |id: &u32| state.refs.contains_key(id) || new_ids.contains(id);
         if let Some(id) = batch.series_ids.iter().find(|id| !defined(id)) {
             return Err(BatchError::Invalid(format!(
                 "series id {id} is used but was never defined on this stream"
             )));
         }
-        for (id, key) in keys {
-            let r = self.storage.series_ref(key).map_err(BatchError::from)?;
-            state.refs.insert(id, r);
+        if !keys.is_empty() {
+            let (ids, keys): (Vec<u32>, Vec<SeriesKey>) = keys.into_iter().unzip();
+            let refs = self.storage.series_refs(keys).map_err(BatchError::from)?;
+            state.refs.extend(ids.into_iter().zip(refs));
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
         // The series above are defined even for a duplicate: later batches of

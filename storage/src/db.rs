@@ -420,26 +420,61 @@ impl Storage {
     /// # Errors
     /// [`Error::SeriesLimit`] when the head is full.
     pub fn series_ref(&self, key: SeriesKey) -> Result<SeriesRef> {
-        {
+        Ok(self.series_refs(vec![key])?[0])
+    }
+
+    /// [`Self::series_ref`] for many keys at once: one head lock and one WAL
+    /// write for all the series that are new, instead of one each (an agent's
+    /// first batch defines hundreds).
+    ///
+    /// # Errors
+    /// [`Error::SeriesLimit`] when the head is full (the series created before
+    /// it are kept and logged), or the WAL write failed.
+    pub fn series_refs(&self, keys: Vec<SeriesKey>) -> Result<Vec<SeriesRef>> {
+        let mut out: Vec<Option<SeriesRef>> = {
             let head = lock!(self.head.read());
-            if let Some(r) = head.lookup(&key).filter(|&r| head.is_logged(r)) {
-                return Ok(r);
-            }
+            keys.iter()
+                .map(|k| head.lookup(k).filter(|&r| head.is_logged(r)))
+                .collect()
+        };
+        if out.iter().all(Option::is_some) {
+            return Ok(out.into_iter().flatten().collect());
         }
         let _gate = lock!(self.gate.read());
         let mut head = lock!(self.head.write());
-        let r = head.get_or_create(key)?;
-        if !head.is_logged(r) {
-            // Logged under the head lock, so no sample can reference `r` in the
-            // WAL before its definition does.
-            let mut buf = Vec::new();
-            record::encode_series(&mut buf, r.0, head.key(r));
+        let (mut buf, mut logged_now, mut failed) = (Vec::new(), Vec::new(), None);
+        for (slot, key) in out.iter_mut().zip(keys) {
+            if slot.is_some() {
+                continue;
+            }
+            match head.get_or_create(key) {
+                Ok(r) => {
+                    if !head.is_logged(r) && !logged_now.contains(&r) {
+                        record::encode_series(&mut buf, r.0, head.key(r));
+                        logged_now.push(r);
+                    }
+                    *slot = Some(r);
+                }
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        if !buf.is_empty() {
+            // Logged under the head lock, so no sample can reference a new
+            // series in the WAL before its definition does.
             self.wal
                 .write(buf)
                 .map_err(|e| Error::io(self.wal_dir(), e))?;
-            head.set_logged(r);
+            for r in logged_now {
+                head.set_logged(r);
+            }
         }
-        Ok(r)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(out.into_iter().flatten().collect()),
+        }
     }
 
     fn wal_dir(&self) -> PathBuf {
