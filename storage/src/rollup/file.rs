@@ -35,7 +35,15 @@ use crate::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLREND1";
-pub(crate) const VERSION: u32 = 1;
+/// Version 2 added zstd-compressed block payloads (block flag bit 0); version
+/// 1 files, whose flags are all 0, are still read.
+pub(crate) const VERSION: u32 = 2;
+/// Block flag: the payload is `uvarint raw_len` + a zstd frame of `raw_len` bytes.
+const FLAG_ZSTD: u16 = 1;
+/// Largest decompressed block accepted: a block closes once it passes
+/// [`MAX_BLOCK_PAYLOAD`], by at most one group's records.
+const MAX_RAW_BLOCK: u64 = 4 * MAX_BLOCK_PAYLOAD as u64;
+const ZSTD_LEVEL: i32 = 3;
 pub(crate) const HEADER_LEN: usize = 16;
 pub(crate) const BLOCK_HEADER_LEN: usize = 28;
 pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
@@ -53,6 +61,8 @@ struct BlockInfo {
     /// Payload position in the file.
     start: usize,
     len: usize,
+    /// The payload is zstd-compressed ([`FLAG_ZSTD`]).
+    zstd: bool,
     /// Smallest and largest metric of the block's groups, found when the file
     /// is opened: a query for one metric skips the blocks that cannot hold it
     /// without decoding them (groups are sorted metric first, so a block
@@ -93,6 +103,36 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
 fn f64_of(r: &mut Reader<'_>, what: &'static str) -> ReadResult<f64> {
     let b = r.bytes(8, what)?;
     Ok(f64::from_le_bytes(b.try_into().expect("BUG: 8 bytes")))
+}
+
+/// A block's payload as [`decode_payload`] reads it: as stored, or
+/// decompressed (its declared size checked before anything is allocated).
+fn payload<'a>(stored: &'a [u8], b: &BlockInfo) -> ReadResult<std::borrow::Cow<'a, [u8]>> {
+    if !b.zstd {
+        return Ok(std::borrow::Cow::Borrowed(stored));
+    }
+    let mut r = Reader::new(stored, b.start as u64);
+    let raw_len = r.uvarint("block size")?;
+    if raw_len > MAX_RAW_BLOCK {
+        return Err((
+            b.start as u64,
+            Corruption::OutOfBounds { what: "block size" },
+        ));
+    }
+    let frame = &stored[(r.offset() - b.start as u64) as usize..];
+    let raw = zstd::bulk::decompress(frame, raw_len as usize).map_err(|_| {
+        (
+            b.start as u64,
+            Corruption::OutOfBounds { what: "zstd block" },
+        )
+    })?;
+    if raw.len() as u64 != raw_len {
+        return Err((
+            b.start as u64,
+            Corruption::OutOfBounds { what: "block size" },
+        ));
+    }
+    Ok(std::borrow::Cow::Owned(raw))
 }
 
 /// Parses one block's payload, calling `f` per record of the groups that
@@ -220,7 +260,7 @@ impl RollupFile {
             ));
         }
         let version = u32_at(b, 8);
-        if version != VERSION {
+        if version != 1 && version != VERSION {
             return Err(bad(8, Corruption::UnsupportedVersion { version }));
         }
         let fo = len - FOOTER_LEN;
@@ -296,10 +336,14 @@ impl RollupFile {
                     },
                 ));
             };
-            if h[2] != 0 || h[3] != 0 {
+            let flags = u16::from_le_bytes([h[2], h[3]]);
+            let known = if version >= 2 { FLAG_ZSTD } else { 0 };
+            if flags & !known != 0 {
                 return Err(bad(
                     pos as u64 + 2,
-                    Corruption::OutOfBounds { what: "reserved" },
+                    Corruption::OutOfBounds {
+                        what: "block flags",
+                    },
                 ));
             }
             let plen = u32_at(h, 4) as usize;
@@ -330,11 +374,13 @@ impl RollupFile {
                 max_ws: u64_at(h, 16) as i64,
                 start,
                 len: plen,
+                zstd: flags & FLAG_ZSTD != 0,
                 metrics: None,
             };
             let mut metrics: Option<(Box<str>, Box<str>)> = None;
+            let raw = payload(&b[start..start + plen], &info).map_err(|e| corrupt(path, e))?;
             decode_payload(
-                &b[start..start + plen],
+                &raw,
                 start as u64,
                 &info,
                 |g| {
@@ -457,14 +503,10 @@ impl RollupFile {
             {
                 continue;
             }
-            decode_payload(
-                &self.map[b.start..b.start + b.len],
-                b.start as u64,
-                b,
-                |g| filter.matches(g),
-                &mut f,
-            )
-            .map_err(|e| corrupt(&self.path, e))?;
+            let raw = payload(&self.map[b.start..b.start + b.len], b)
+                .map_err(|e| corrupt(&self.path, e))?;
+            decode_payload(&raw, b.start as u64, b, |g| filter.matches(g), &mut f)
+                .map_err(|e| corrupt(&self.path, e))?;
         }
         Ok(())
     }
@@ -543,14 +585,24 @@ fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut V
                 put_uvarint(&mut body, (r.last_ts_ms - ws) as u64);
             }
         }
-        let mut payload = Vec::with_capacity(body.len() + 10);
-        put_uvarint(&mut payload, n_groups as u64);
-        payload.extend_from_slice(&body);
+        let mut raw = Vec::with_capacity(body.len() + 10);
+        put_uvarint(&mut raw, n_groups as u64);
+        raw.extend_from_slice(&body);
         drop(body);
+        // Records repeat their group's strings and hold small integers and
+        // repeated values as f64: zstd takes them to about a seventh.
+        let mut payload = Vec::with_capacity(raw.len() / 4 + 16);
+        put_uvarint(&mut payload, raw.len() as u64);
+        payload.extend_from_slice(
+            &zstd::bulk::compress(&raw, ZSTD_LEVEL)
+                .expect("BUG: zstd compression of a buffer failed"),
+        );
+        drop(raw);
         let plen = u32::try_from(payload.len())
             .expect("BUG: a rollup block over 4 GiB (callers bound windows per group)");
         let mut h = Vec::with_capacity(BLOCK_HEADER_LEN);
-        h.extend_from_slice(&[tier.index() as u8, level.index() as u8, 0, 0]);
+        let flags = FLAG_ZSTD.to_le_bytes();
+        h.extend_from_slice(&[tier.index() as u8, level.index() as u8, flags[0], flags[1]]);
         h.extend_from_slice(&plen.to_le_bytes());
         h.extend_from_slice(&min_ws.to_le_bytes());
         h.extend_from_slice(&max_ws.to_le_bytes());

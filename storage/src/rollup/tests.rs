@@ -844,3 +844,105 @@ fn matches_at_is_matches_of_the_projection() {
     }
     assert!(matched > 0 && matched < 5 * filters.len());
 }
+
+/// Rewrites a version 2 file as version 1 wrote it: block payloads stored
+/// as they are, flags 0, checksums and offsets recomputed.
+fn as_version_1(v2: &[u8]) -> Vec<u8> {
+    let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let fo = v2.len() - file::FOOTER_LEN;
+    let (co, cl) = (u64_at(v2, fo) as usize, u64_at(v2, fo + 8) as usize);
+    let mut out = v2[..8].to_vec();
+    out.extend_from_slice(&1u32.to_le_bytes());
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    let mut pos = file::HEADER_LEN;
+    while pos < co {
+        let h = &v2[pos..pos + file::BLOCK_HEADER_LEN];
+        let plen = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
+        let stored = &v2[pos + file::BLOCK_HEADER_LEN..pos + file::BLOCK_HEADER_LEN + plen];
+        let mut r = crate::codec::Reader::new(stored, 0);
+        let raw_len = r.uvarint("len").unwrap() as usize;
+        let raw = zstd::bulk::decompress(&stored[r.offset() as usize..], raw_len).unwrap();
+        let mut nh = h[..24].to_vec();
+        nh[2] = 0;
+        nh[3] = 0;
+        nh[4..8].copy_from_slice(&(raw.len() as u32).to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&nh), &raw);
+        nh.extend_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&nh);
+        out.extend_from_slice(&raw);
+        pos += file::BLOCK_HEADER_LEN + plen;
+    }
+    let new_co = out.len() as u64;
+    out.extend_from_slice(&v2[co..co + cl]);
+    let mut footer = v2[fo..].to_vec();
+    footer[..8].copy_from_slice(&new_co.to_le_bytes());
+    let crc = crc32c::crc32c(&footer[..52]);
+    footer[52..56].copy_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&footer);
+    out
+}
+
+#[test]
+fn version_1_files_read_as_they_did_and_version_2_compresses() {
+    let mut tables = empty_tables();
+    for i in 0..200usize {
+        let g = RollupGroup {
+            metric: format!("DCGM_FI_DEV_METRIC_{:02}", i % 20),
+            cluster: "c".into(),
+            row: "r".into(),
+            rack: format!("rack-{}", i / 50),
+            host: format!("host-{}", i / 8),
+            gpu: (i % 8).to_string(),
+        };
+        let records: Vec<RollupRecord> = (0..30i64)
+            .map(|m| {
+                RollupRecord::of_sample(
+                    m * 60_000,
+                    m * 60_000 + 7,
+                    (i as f64 * 3.0 + m as f64).floor(),
+                )
+            })
+            .collect();
+        add_to_tables(&mut tables, &g, &records);
+    }
+    let v2 = file::encode(3, &[(1, 1)], &tables);
+    let v1 = as_version_1(&v2);
+    assert!(
+        v2.len() * 3 < v1.len(),
+        "zstd blocks: {} vs {} bytes",
+        v2.len(),
+        v1.len()
+    );
+    let read = |bytes: &[u8]| {
+        let f = file::RollupFile::from_bytes(bytes).unwrap();
+        let mut all = Vec::new();
+        for tier in RollupTier::ALL {
+            for level in RollupLevel::ALL {
+                f.for_each(tier, level, i64::MIN, i64::MAX, |g, r| {
+                    all.push((
+                        tier,
+                        level,
+                        g.clone(),
+                        r.window_start_ms,
+                        r.count,
+                        r.sum.to_bits(),
+                    ));
+                })
+                .unwrap();
+            }
+        }
+        all
+    };
+    let (a, b) = (read(&v1), read(&v2));
+    let minutes_at_gpu = a
+        .iter()
+        .filter(|x| x.0 == RollupTier::Minute && x.1 == RollupLevel::Gpu)
+        .count();
+    assert_eq!(minutes_at_gpu, 200 * 30);
+    assert_eq!(a, b);
+    // A version 1 file may not carry version 2's flags.
+    let mut flagged = v1.clone();
+    flagged[file::HEADER_LEN + 2] = 1;
+    assert!(file::RollupFile::from_bytes(&flagged).is_err());
+}
