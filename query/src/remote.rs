@@ -27,11 +27,13 @@
 //! with 400 and says which limit.
 
 pub mod decode;
+pub mod wire;
 pub mod xor;
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -161,6 +163,32 @@ struct Remote {
     storage: Arc<Storage>,
     limits: RemoteLimits,
     metrics: Arc<RemoteMetrics>,
+    cache: SeriesCache,
+}
+
+/// Most bytes of label sets [`SeriesCache`] holds before it starts over.
+const SERIES_CACHE_BYTES: usize = 256 << 20;
+
+/// Head refs of the label sets remote write has seen, keyed by their exact
+/// wire bytes. Prometheus sends every sample with its whole label set; the
+/// cache spares decoding the labels into strings, validating them and
+/// building a key for each. Only label bytes that once went through that
+/// slow path are cached, so a hit is exactly a label set already checked.
+/// Head refs live as long as the process, so entries never go stale.
+#[derive(Debug, Default)]
+struct SeriesCache {
+    map: Mutex<CacheMap>,
+}
+
+#[derive(Debug, Default)]
+struct CacheMap {
+    refs: HashMap<Box<[u8]>, SeriesRef, foldhash::quality::RandomState>,
+    bytes: usize,
+}
+
+thread_local! {
+    /// Each blocking thread's decode buffers, kept between requests.
+    static RAW_WRITE: std::cell::RefCell<wire::RawWrite> = std::cell::RefCell::default();
 }
 
 /// The routes `/api/v1/write` and `/api/v1/read`.
@@ -173,6 +201,7 @@ pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMe
             storage,
             limits,
             metrics,
+            cache: SeriesCache::default(),
         }))
 }
 
@@ -203,19 +232,16 @@ impl From<BodyError> for HttpError {
 async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
     let m = &remote.metrics;
     m.write_requests.fetch_add(1, Relaxed);
-    let storage = remote.storage.clone();
-    let max = remote.limits.max_request_bytes;
-    let metrics = remote.metrics.clone();
+    let r = remote.clone();
     // Decoding and the WAL write block: keep them off the async workers.
-    let result =
-        tokio::task::spawn_blocking(move || write_blocking(&storage, &body, max, &metrics))
-            .await
-            .unwrap_or_else(|e| {
-                Err(HttpError(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("write task failed: {e}"),
-                ))
-            });
+    let result = tokio::task::spawn_blocking(move || write_blocking(&r, &body))
+        .await
+        .unwrap_or_else(|e| {
+            Err(HttpError(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("write task failed: {e}"),
+            ))
+        });
     match result {
         Ok(()) => StatusCode::NO_CONTENT.into_response(),
         Err(e) => {
@@ -230,44 +256,86 @@ async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
     }
 }
 
-fn write_blocking(
-    storage: &Storage,
-    body: &[u8],
-    max: usize,
-    metrics: &RemoteMetrics,
-) -> Result<(), HttpError> {
-    let req = decode::write_request(body, max)?;
-    let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
-    let (mut refs, mut ts, mut vals) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for (i, series) in req.timeseries.iter().enumerate() {
-        if !series.histograms.is_empty() {
-            return Err(bad(format!(
-                "series {i}: native histograms are not supported; send classic histograms"
-            )));
+fn write_blocking(remote: &Remote, body: &[u8]) -> Result<(), HttpError> {
+    let raw = decode::decompress(body, remote.limits.max_request_bytes)?;
+    RAW_WRITE.with_borrow_mut(|w| {
+        w.read(&raw)
+            .map_err(|e| bad(format!("body is not a prometheus.WriteRequest: {e}")))?;
+        store(remote, w)
+    })
+}
+
+fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
+    let storage = &remote.storage;
+    let labels_of = |series: &wire::RawSeries| &w.label_bytes[series.labels.clone()];
+    // 1. Cached refs, by label bytes.
+    let mut refs_of: Vec<Option<SeriesRef>> = Vec::with_capacity(w.series.len());
+    {
+        let map = remote.cache.map.lock().expect("BUG: series cache poisoned");
+        for (i, series) in w.series.iter().enumerate() {
+            if series.histograms {
+                return Err(bad(format!(
+                    "series {i}: native histograms are not supported; send classic histograms"
+                )));
+            }
+            refs_of.push(if series.samples.is_empty() {
+                None
+            } else {
+                map.refs.get(labels_of(series)).copied()
+            });
         }
-        if series.samples.is_empty() {
-            continue;
+    }
+    // 2. The rest through the slow path, which decodes and validates the
+    // labels (UTF-8, one `__name__`, no name twice); new series are created
+    // together (one WAL write).
+    let mut missing = Vec::new();
+    let mut keys = Vec::new();
+    for (i, series) in w.series.iter().enumerate() {
+        if refs_of[i].is_none() && !series.samples.is_empty() {
+            let labels =
+                wire::labels(labels_of(series)).map_err(|e| bad(format!("series {i}: {e}")))?;
+            keys.push(series_key(labels).map_err(|e| bad(format!("series {i}: {e}")))?);
+            missing.push(i);
         }
-        let key = series_key(&series.labels).map_err(|e| bad(format!("series {i}: {e}")))?;
-        let r: SeriesRef = storage.series_ref(key).map_err(|e| match e {
+    }
+    if !keys.is_empty() {
+        let created = storage.series_refs(keys).map_err(|e| match e {
             storage::Error::SeriesLimit { .. } | storage::Error::InvalidSeries(_) => {
                 bad(e.to_string())
             }
             e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         })?;
-        for s in &series.samples {
-            refs.push(r);
-            ts.push(s.timestamp);
-            vals.push(s.value);
+        let mut map = remote.cache.map.lock().expect("BUG: series cache poisoned");
+        for (i, r) in missing.into_iter().zip(created) {
+            let bytes = labels_of(&w.series[i]);
+            if map.bytes + bytes.len() > SERIES_CACHE_BYTES {
+                *map = CacheMap::default();
+            }
+            if map.refs.insert(bytes.into(), r).is_none() {
+                map.bytes += bytes.len();
+            }
+            refs_of[i] = Some(r);
         }
+    }
+    let n = w.timestamps.len();
+    let (mut refs, mut ts, mut vals) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (i, series) in w.series.iter().enumerate() {
+        if series.samples.is_empty() {
+            continue;
+        }
+        let r = refs_of[i].expect("BUG: every series with samples has a ref by now");
+        refs.extend(std::iter::repeat_n(r, series.samples.len()));
+        ts.extend_from_slice(&w.timestamps[series.samples.clone()]);
+        vals.extend_from_slice(&w.values[series.samples.clone()]);
     }
     if refs.is_empty() {
         return Ok(());
     }
+    let metrics = &remote.metrics;
     let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
         storage::Error::BadBatch { .. } => bad(e.to_string()),
         e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
@@ -289,16 +357,16 @@ fn write_blocking(
 }
 
 /// A series key from Prometheus labels: `__name__` is the metric.
-fn series_key(labels: &[PromLabel]) -> Result<SeriesKey, String> {
+fn series_key(labels: Vec<(String, String)>) -> Result<SeriesKey, String> {
     let mut metric = None;
     let mut rest = Vec::with_capacity(labels.len());
-    for l in labels {
-        if l.name == "__name__" {
-            if metric.replace(l.value.clone()).is_some() {
+    for (name, value) in labels {
+        if name == "__name__" {
+            if metric.replace(value).is_some() {
                 return Err("label \"__name__\" appears more than once".into());
             }
         } else {
-            rest.push(Label::new(l.name.clone(), l.value.clone()));
+            rest.push(Label::new(name, value));
         }
     }
     let metric = metric

@@ -76,11 +76,8 @@ fn xor_chunks_round_trip_every_encoding_branch() {
 
 #[test]
 fn series_keys_keep_label_names_as_sent() {
-    let l = |n: &str, v: &str| PromLabel {
-        name: n.into(),
-        value: v.into(),
-    };
-    let key = series_key(&[
+    let l = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let key = series_key(vec![
         l("Hostname", "a"),
         l("__name__", "DCGM_FI_DEV_GPU_TEMP"),
         l("hostname", "b"),
@@ -95,17 +92,17 @@ fn series_keys_keep_label_names_as_sent() {
     assert_eq!(key.get("empty"), None, "an empty value is an absent label");
 
     assert!(
-        series_key(&[l("gpu", "0")])
+        series_key(vec![l("gpu", "0")])
             .unwrap_err()
             .contains("no __name__")
     );
     assert!(
-        series_key(&[l("__name__", "a"), l("__name__", "b")])
+        series_key(vec![l("__name__", "a"), l("__name__", "b")])
             .unwrap_err()
             .contains("more than once")
     );
     assert!(
-        series_key(&[l("__name__", "a"), l("gpu", "0"), l("gpu", "1")])
+        series_key(vec![l("__name__", "a"), l("gpu", "0"), l("gpu", "1")])
             .unwrap_err()
             .contains("more than once")
     );
@@ -148,4 +145,131 @@ fn xor_decode_refuses_truncated_chunks() {
     for cut in [0, 1, 2, 5, b.len() / 2, b.len() - 1] {
         assert!(decode(&b[..cut]).is_err(), "cut at {cut}");
     }
+}
+
+/// A series to write: labels and samples.
+type TestSeries = (Vec<(String, String)>, Vec<(i64, f64)>);
+
+fn prom_request(series: &[TestSeries]) -> Vec<u8> {
+    gpulse_proto::prometheus::WriteRequest {
+        timeseries: series
+            .iter()
+            .map(|(labels, samples)| TimeSeries {
+                labels: labels
+                    .iter()
+                    .map(|(n, v)| PromLabel {
+                        name: n.clone(),
+                        value: v.clone(),
+                    })
+                    .collect(),
+                samples: samples
+                    .iter()
+                    .map(|&(timestamp, value)| Sample { value, timestamp })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    }
+    .encode_to_vec()
+}
+
+proptest::proptest! {
+    /// The zero-copy reader takes every body prost takes and decodes it as
+    /// prost does, labels and samples bit for bit.
+    #[test]
+    fn the_raw_reader_agrees_with_prost(
+        series in proptest::collection::vec((
+            proptest::collection::vec(("[a-zA-Z_]{0,6}", "[a-z0-9é]{0,5}"), 0..5),
+            proptest::collection::vec((proptest::num::i64::ANY, proptest::num::f64::ANY), 0..4),
+        ), 0..6),
+        cut in proptest::option::of(0usize..400),
+        flip in proptest::option::of((0usize..400, 0u8..8)),
+    ) {
+        let mut body = prom_request(&series);
+        if let Some(c) = cut { body.truncate(c.min(body.len())); }
+        if let Some((i, bit)) = flip && i < body.len() { body[i] ^= 1 << bit; }
+        let prost = gpulse_proto::prometheus::WriteRequest::decode(body.as_slice());
+        let mut raw = wire::RawWrite::default();
+        let ours = raw.read(&body);
+        match prost {
+            // Refused by prost: the reader may still take it when only a
+            // field it skips (exemplars, metadata) is malformed.
+            Err(_) => {}
+            Ok(req) => {
+                proptest::prop_assert!(ours.is_ok(), "{ours:?}");
+                proptest::prop_assert_eq!(req.timeseries.len(), raw.series.len());
+                for (p, r) in req.timeseries.iter().zip(&raw.series) {
+                    let labels = wire::labels(&raw.label_bytes[r.labels.clone()]).unwrap();
+                    let want: Vec<(String, String)> =
+                        p.labels.iter().map(|l| (l.name.clone(), l.value.clone())).collect();
+                    proptest::prop_assert_eq!(labels, want);
+                    let got: Vec<(i64, u64)> = raw.timestamps[r.samples.clone()]
+                        .iter()
+                        .zip(&raw.values[r.samples.clone()])
+                        .map(|(&t, v)| (t, v.to_bits()))
+                        .collect();
+                    let want: Vec<(i64, u64)> =
+                        p.samples.iter().map(|s| (s.timestamp, s.value.to_bits())).collect();
+                    proptest::prop_assert_eq!(got, want);
+                    proptest::prop_assert_eq!(r.histograms, !p.histograms.is_empty());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::open(storage::StorageConfig::new(dir.path())).unwrap());
+    let remote = Remote {
+        storage: storage.clone(),
+        limits: RemoteLimits::default(),
+        metrics: Arc::default(),
+        cache: SeriesCache::default(),
+    };
+    let l = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let write = |series: &[TestSeries]| {
+        let body = snap::raw::Encoder::new()
+            .compress_vec(&prom_request(series))
+            .unwrap();
+        write_blocking(&remote, &body)
+    };
+    let a = vec![l("__name__", "m"), l("gpu", "0")];
+    let b = vec![l("__name__", "m"), l("gpu", "1")];
+    // The same labels in another order are the same series, cached twice.
+    let a2 = vec![l("gpu", "0"), l("__name__", "m")];
+    write(&[(a.clone(), vec![(1, 1.0)]), (b.clone(), vec![(1, 10.0)])]).unwrap();
+    write(&[
+        (a.clone(), vec![(2, 2.0)]),
+        (a2, vec![(3, 3.0)]),
+        (b.clone(), vec![(2, 20.0)]),
+    ])
+    .unwrap();
+    assert_eq!(remote.cache.map.lock().unwrap().refs.len(), 3);
+    let read = |gpu: &str| {
+        let mut all = Vec::new();
+        for s in storage.select(&[storage::Matcher::equal("gpu", gpu)], i64::MIN, i64::MAX) {
+            let (mut ts, mut values) = (Vec::new(), Vec::new());
+            s.read_into(i64::MIN, i64::MAX, &mut ts, &mut values)
+                .unwrap();
+            all.extend(ts.into_iter().zip(values));
+        }
+        all
+    };
+    assert_eq!(read("0"), vec![(1, 1.0), (2, 2.0), (3, 3.0)]);
+    assert_eq!(read("1"), vec![(1, 10.0), (2, 20.0)]);
+    // A bad label set is refused every time: it never enters the cache.
+    let dup = vec![l("__name__", "m"), l("gpu", "0"), l("gpu", "0")];
+    for _ in 0..2 {
+        let e = write(&[(dup.clone(), vec![(9, 9.0)])]).unwrap_err();
+        assert_eq!(e.0, StatusCode::BAD_REQUEST);
+        assert!(e.1.contains("more than once"), "{}", e.1);
+    }
+    assert_eq!(
+        read("0").len(),
+        3,
+        "nothing of the refused request is stored"
+    );
 }
