@@ -34,6 +34,8 @@ pub(crate) enum Command {
     Import(ImportArgs),
     /// Print series, samples and bytes on disk (per sample) of a data directory.
     Stats(StatsArgs),
+    /// Benchmarks: load generator, query set, comparison report.
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -64,6 +66,25 @@ pub(crate) struct StatsArgs {
 
 pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     duration(s)
+}
+
+/// A rate: a positive number with an optional k or M suffix (`500k`, `1.5M`).
+pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.strip_suffix(['k', 'K']) {
+        Some(n) => (n, 1e3),
+        None => match t.strip_suffix('M') {
+            Some(n) => (n, 1e6),
+            None => (t, 1.0),
+        },
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate (e.g. 500k or 1.5M samples/s)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err("must be greater than zero".into());
+    }
+    Ok(v * mult)
 }
 
 /// A byte size: a number with an optional KiB/MiB/GiB (or K/M/G) suffix.

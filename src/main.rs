@@ -7,6 +7,7 @@
 #![allow(clippy::print_stdout)]
 
 mod agent_cmd;
+mod bench;
 mod cli;
 mod import;
 mod node_metrics;
@@ -78,6 +79,7 @@ fn run() -> anyhow::Result<()> {
                 }
                 Ok(())
             }
+            Command::Bench(a) => bench::run(a).await,
             Command::Stats(a) => {
                 let s = stats::collect(&a.data_dir)?;
                 print!("{}", stats::render(&a.data_dir, &s, a.by_metric));

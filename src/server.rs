@@ -62,6 +62,39 @@ fn maintain(st: &Storage) -> storage::Result<()> {
     Ok(())
 }
 
+/// `POST /api/v1/admin/flush`: one round of upkeep now (flush the head to a
+/// segment, merge finished compaction windows, apply retention), as
+/// VictoriaMetrics's `/internal/force_flush`. Benchmarks call it before they
+/// measure the data directory; operators before a backup.
+fn admin_router(storage: Arc<Storage>) -> axum::Router {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    async fn flush(
+        axum::extract::State(st): axum::extract::State<Arc<Storage>>,
+    ) -> axum::response::Response {
+        let json = |code: StatusCode, v: serde_json::Value| {
+            (code, [("content-type", "application/json")], v.to_string()).into_response()
+        };
+        match tokio::task::spawn_blocking(move || maintain(&st)).await {
+            Ok(Ok(())) => json(StatusCode::OK, serde_json::json!({"status": "success"})),
+            Ok(Err(e)) => {
+                error!(error = %e, "flush on request failed");
+                json(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    serde_json::json!({"status": "error", "errorType": "internal", "error": e.to_string()}),
+                )
+            }
+            Err(e) => json(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({"status": "error", "errorType": "internal", "error": format!("flush task failed: {e}")}),
+            ),
+        }
+    }
+    axum::Router::new()
+        .route("/api/v1/admin/flush", axum::routing::post(flush))
+        .with_state(storage)
+}
+
 /// A running node. Dropping it does not stop it: call [`Self::shutdown`].
 pub(crate) struct Server {
     pub(crate) grpc_addr: SocketAddr,
@@ -141,7 +174,8 @@ impl Server {
                     promql: promql_metrics,
                     remote: remote_metrics,
                 },
-            ));
+            ))
+            .merge(admin_router(storage.clone()));
         let fut = query::http::serve(http, router, stopped(&stop));
         tasks.push((
             "http",

@@ -2,6 +2,7 @@
 //! processes on 127.0.0.1 and talks to them over gRPC, HTTP and the
 //! PostgreSQL protocol (through the real `psql`).
 
+mod bench;
 mod crash;
 mod delivery;
 mod ingest_protocol;

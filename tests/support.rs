@@ -134,6 +134,11 @@ impl Node {
         )
     }
 
+    /// The server's process id (for `/proc` measurements).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL: no shutdown code runs.
     pub(crate) fn kill9(mut self) {
         self.child.kill().expect("SIGKILL");

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# gpulse against VictoriaMetrics and Prometheus, on the same machine, the same
+# data and in the same run (issue #7). From nothing installed to a finished
+# table:
+#
+#   benches/peers/run.sh            # the full run (docs/BENCHMARKS.md + charts)
+#   benches/peers/run.sh --quick    # a smoke run (CI): tiny data, report in target/peers
+#
+# What it does, for each system in turn, each on 127.0.0.1 over a fresh
+# temporary data directory:
+#   1. installs Debian's victoria-metrics and prometheus (and curl, python3,
+#      fonts-dejavu-core) if they are missing;
+#   2. builds gpulse (`--profile perf`; the debug build for --quick), unless
+#      GPULSE_BIN names a binary;
+#   3. loads the simulated fleet, then (into a fresh instance) the real DCGM
+#      recordings of ../shared/data/real, with `gpulse bench ingest`: the
+#      peers by Prometheus remote-write, gpulse by remote-write and by its
+#      agent protocol. CPU and RSS come from the server's /proc entries;
+#   4. makes each system flush and merge in its own way (gpulse
+#      /api/v1/admin/flush; VictoriaMetrics /internal/force_flush and
+#      /internal/force_merge; Prometheus a TSDB snapshot with its head) and
+#      measures its data directory;
+#   5. times the query set with `gpulse bench query` (PromQL on all three,
+#      SQL raw and over rollups on gpulse);
+#   6. `gpulse bench report` prints the table of ratios and writes the
+#      docs/BENCHMARKS.md section and the PNG charts (full run only).
+#
+# Settings (environment): GPUS (default 1000), SPAN (2h), INTERVAL (10s),
+# REPS (20), GPULSE_BIN, OUT (results directory, default target/peers).
+set -euo pipefail
+
+QUICK=0
+case "${1:-}" in
+  --quick) QUICK=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+REAL_DIR=$(cd "$ROOT/.." && pwd)/shared/data/real
+OUT=${OUT:-$ROOT/target/peers}
+WORK=$(mktemp -d /tmp/gpulse-peers.XXXXXX)
+PIDS=()
+START_S=$(date +%s)
+
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+say() { printf '\n== %s (%ds)\n' "$*" $(( $(date +%s) - START_S )); }
+
+# --- 1. install ------------------------------------------------------------
+say "installing what is missing"
+need=()
+command -v victoria-metrics >/dev/null || need+=(victoria-metrics)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v curl >/dev/null || need+=(curl ca-certificates)
+command -v python3 >/dev/null || need+=(python3)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
+if ((${#need[@]})); then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+VM_VERSION=$(victoria-metrics -version 2>&1 | head -1)
+PROM_VERSION=$(prometheus --version 2>&1 | head -1)
+
+# --- 2. gpulse -------------------------------------------------------------
+if [ -n "${GPULSE_BIN:-}" ]; then
+  BIN=$GPULSE_BIN
+elif ((QUICK)); then
+  say "building gpulse (debug)"
+  (cd "$ROOT" && cargo build --bin gpulse)
+  BIN=$ROOT/target/debug/gpulse
+else
+  say "building gpulse (--profile perf)"
+  (cd "$ROOT" && cargo build --profile perf --bin gpulse)
+  BIN=$ROOT/target/perf/gpulse
+fi
+
+if ((QUICK)); then
+  GPUS=${GPUS:-64} SPAN=${SPAN:-30m} INTERVAL=${INTERVAL:-10s} REPS=${REPS:-3}
+else
+  GPUS=${GPUS:-1000} SPAN=${SPAN:-2h} INTERVAL=${INTERVAL:-10s} REPS=${REPS:-20}
+fi
+mkdir -p "$OUT"
+RESULTS=$OUT/results.jsonl
+: > "$RESULTS"
+END_MS=$(( $(date +%s) * 1000 ))
+SIM=(--gpus "$GPUS" --span "$SPAN" --interval "$INTERVAL" --end-ms "$END_MS")
+
+REAL=()
+if [ -f "$REAL_DIR/to_long_csv.py" ]; then
+  say "converting the real recordings"
+  if ((QUICK)); then
+    python3 "$REAL_DIR/to_long_csv.py" ath_b1 > "$WORK/real.csv"
+  else
+    python3 "$REAL_DIR/to_long_csv.py" > "$WORK/real.csv"
+  fi
+  REAL=(--recorded "$WORK/real.csv" --end-ms "$END_MS")
+else
+  echo "no $REAL_DIR: the recorded-data rows are skipped" >&2
+fi
+
+# --- servers ---------------------------------------------------------------
+wait_http() { # URL: up to 60 s
+  for _ in $(seq 600); do
+    curl -fsS -o /dev/null "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "no answer from $1" >&2
+  return 1
+}
+
+stop() { # PID
+  kill -TERM "$1" 2>/dev/null || true
+  for _ in $(seq 300); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done
+  kill -9 "$1" 2>/dev/null || true
+}
+
+GP_GRPC=127.0.0.1:17400 GP_HTTP=127.0.0.1:17401
+start_gpulse() { # DIR
+  "$BIN" serve --data-dir "$1" --grpc-listen "$GP_GRPC" --http-listen "$GP_HTTP" --pg-listen off \
+    > "$1.log" 2>&1 &
+  PID=$!; PIDS+=("$PID")
+  wait_http "http://$GP_HTTP/api/v1/status/buildinfo"
+}
+
+VM_HTTP=127.0.0.1:18428
+start_vm() { # DIR
+  victoria-metrics -storageDataPath="$1" -httpListenAddr="$VM_HTTP" -retentionPeriod=100y \
+    -loggerLevel=ERROR > "$1.log" 2>&1 &
+  PID=$!; PIDS+=("$PID")
+  wait_http "http://$VM_HTTP/health"
+}
+
+PROM_HTTP=127.0.0.1:19090
+start_prometheus() { # DIR
+  printf 'global:\n  scrape_interval: 1h\n' > "$1.yml"
+  prometheus --config.file="$1.yml" --storage.tsdb.path="$1" --web.listen-address="$PROM_HTTP" \
+    --web.enable-remote-write-receiver --web.enable-admin-api \
+    --storage.tsdb.retention.time=100y --log.level=error > "$1.log" 2>&1 &
+  PID=$!; PIDS+=("$PID")
+  wait_http "http://$PROM_HTTP/-/ready"
+}
+
+ingest() { # SYSTEM PROTOCOL URL PID DISK FLUSH-ARGS... -- DATA-ARGS...
+  local system=$1 protocol=$2 url=$3 pid=$4 disk=$5; shift 5
+  "$BIN" bench ingest --system "$system" --protocol "$protocol" --url "$url" \
+    --server-pid "$pid" --disk-path "$disk" --json "$RESULTS" "$@"
+}
+
+# --- 3-5. each system ------------------------------------------------------
+run_gpulse() { # PROTOCOL DATASET
+  local dir=$WORK/gpulse-$1-$2 url
+  start_gpulse "$dir"
+  if [ "$1" = agent ]; then url=grpc://$GP_GRPC; else url=http://$GP_HTTP/api/v1/write; fi
+  local data=("${SIM[@]}"); [ "$2" = sim ] || data=("${REAL[@]}")
+  ingest gpulse "$1" "$url" "$PID" "$dir" --flush-url "http://$GP_HTTP/api/v1/admin/flush" "${data[@]}"
+  if [ "$1-$2" = agent-sim ]; then
+    "$BIN" bench query --url "http://$GP_HTTP" --sql --at-ms "$END_MS" --reps "$REPS" \
+      --system gpulse --json "$RESULTS"
+  fi
+  stop "$PID"
+}
+
+run_vm() { # DATASET
+  local dir=$WORK/vm-$1
+  start_vm "$dir"
+  local data=("${SIM[@]}"); [ "$1" = sim ] || data=("${REAL[@]}")
+  ingest victoria-metrics remote-write "http://$VM_HTTP/api/v1/write" "$PID" "$dir" \
+    --flush-url "http://$VM_HTTP/internal/force_flush" \
+    --flush-url "http://$VM_HTTP/internal/force_merge" \
+    --settle-metric "http://$VM_HTTP/metrics#vm_active_force_merges" "${data[@]}"
+  if [ "$1" = sim ]; then
+    "$BIN" bench query --url "http://$VM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
+      --system victoria-metrics --json "$RESULTS" || echo "(some VictoriaMetrics queries failed; see the report)"
+  fi
+  stop "$PID"
+}
+
+run_prometheus() { # DATASET
+  local dir=$WORK/prom-$1
+  start_prometheus "$dir"
+  local data=("${SIM[@]}"); [ "$1" = sim ] || data=("${REAL[@]}")
+  ingest prometheus remote-write "http://$PROM_HTTP/api/v1/write" "$PID" "$dir/snapshots" \
+    --flush-url "http://$PROM_HTTP/api/v1/admin/tsdb/snapshot" "${data[@]}"
+  if [ "$1" = sim ]; then
+    "$BIN" bench query --url "http://$PROM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
+      --system prometheus --json "$RESULTS" || echo "(some Prometheus queries failed; see the report)"
+  fi
+  stop "$PID"
+}
+
+DATASETS=(sim); ((${#REAL[@]})) && DATASETS+=(real)
+for d in "${DATASETS[@]}"; do
+  say "gpulse, agent protocol, $d";      run_gpulse agent "$d"
+  say "gpulse, remote-write, $d";        run_gpulse remote-write "$d"
+  say "VictoriaMetrics, remote-write, $d"; run_vm "$d"
+  say "Prometheus, remote-write, $d";    run_prometheus "$d"
+done
+
+# --- 6. report -------------------------------------------------------------
+say "report"
+ELAPSED=$(( $(date +%s) - START_S ))
+NOTE="Run $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
+$(( $(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576 )) GiB; gpulse $("$BIN" --version | cut -d' ' -f2) \
+(commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION}, ${PROM_VERSION%% (*}. \
+Data: simulated fleet of $GPUS GPUs, $SPAN at $INTERVAL (53 DCGM fields per GPU), and the real DCGM recordings. \
+Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and server share the machine's cores; \
+per-core figures divide by the server's own CPU time."
+if ((QUICK)); then
+  "$BIN" bench report "$RESULTS" --markdown "$OUT/report.md" --charts "$OUT/charts" --note "$NOTE"
+else
+  "$BIN" bench report "$RESULTS" --markdown "$ROOT/docs/BENCHMARKS.md" --charts "$ROOT/docs/bench" \
+    --charts-link bench --note "$NOTE"
+fi
+say "done"

@@ -1,0 +1,319 @@
+//! The fixed query set of `gpulse bench query`: five questions a GPU-fleet
+//! dashboard asks, each as PromQL (for every system that speaks it) and as
+//! SQL over raw samples and over rollups (gpulse only).
+//!
+//! Every query is anchored at the end of the loaded data (`at_ms`), not at
+//! the wall clock, so that a run answers the same question however long the
+//! load took.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+/// Where the data lives: the query set picks its host, GPU and rack.
+#[derive(Debug, Clone)]
+pub(crate) struct Anchor {
+    pub(crate) at_ms: i64,
+    pub(crate) host: String,
+    pub(crate) gpu: String,
+    pub(crate) rack: String,
+}
+
+/// A PromQL query as the HTTP API takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Prom {
+    Instant {
+        query: String,
+        at_ms: i64,
+    },
+    Range {
+        query: String,
+        start_ms: i64,
+        end_ms: i64,
+        step_s: u64,
+    },
+}
+
+/// One question of the set.
+#[derive(Debug, Clone)]
+pub(crate) struct QuerySpec {
+    pub(crate) name: &'static str,
+    pub(crate) what: &'static str,
+    pub(crate) promql: Prom,
+    pub(crate) sql_raw: String,
+    pub(crate) sql_rollup: Option<String>,
+}
+
+const HOUR_MS: i64 = 3_600_000;
+
+fn ts(ms: i64) -> String {
+    format!("to_timestamp_millis({ms})")
+}
+
+/// The query set, documented in docs/BENCHMARKS.md.
+pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
+    let (t, host, gpu, rack) = (a.at_ms, &a.host, &a.gpu, &a.rack);
+    vec![
+        QuerySpec {
+            name: "gpu_last_hour",
+            what: "every metric of one GPU over the last hour, raw samples",
+            promql: Prom::Instant {
+                query: format!("{{Hostname=\"{host}\",gpu=\"{gpu}\"}}[1h]"),
+                at_ms: t,
+            },
+            sql_raw: format!(
+                "SELECT metric, ts, value FROM samples WHERE host = '{host}' AND gpu = '{gpu}' \
+                 AND ts > {} AND ts <= {} ORDER BY metric, ts",
+                ts(t - HOUR_MS),
+                ts(t)
+            ),
+            sql_rollup: None,
+        },
+        QuerySpec {
+            name: "rack_util_1h",
+            what: "fleet average GPU utilisation per rack over the last hour",
+            promql: Prom::Instant {
+                query: "avg by (rack) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[1h]))".into(),
+                at_ms: t,
+            },
+            sql_raw: format!(
+                "SELECT rack, avg(value) AS util FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_UTIL' \
+                 AND ts > {} AND ts <= {} GROUP BY rack ORDER BY rack",
+                ts(t - HOUR_MS),
+                ts(t)
+            ),
+            sql_rollup: Some(format!(
+                "SELECT rack, sum(sum) / sum(count) AS util FROM rollup_1m WHERE level = 'rack' \
+                 AND metric = 'DCGM_FI_DEV_GPU_UTIL' AND ts >= {} AND ts < {} GROUP BY rack ORDER BY rack",
+                ts(t - HOUR_MS),
+                ts(t)
+            )),
+        },
+        QuerySpec {
+            name: "top10_hottest",
+            what: "the 10 hottest GPUs now (latest temperature)",
+            promql: Prom::Instant {
+                query: "topk(10, DCGM_FI_DEV_GPU_TEMP)".into(),
+                at_ms: t,
+            },
+            sql_raw: format!(
+                "SELECT host, gpu, last_value(value ORDER BY ts) AS temp FROM samples \
+                 WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' AND ts > {} AND ts <= {} \
+                 GROUP BY host, gpu ORDER BY temp DESC LIMIT 10",
+                ts(t - 5 * 60_000),
+                ts(t)
+            ),
+            sql_rollup: None,
+        },
+        QuerySpec {
+            name: "host_energy_rate_6h",
+            what: "rate() of energy per host over 6 h, at 1-minute steps",
+            promql: Prom::Range {
+                query: "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m]))".into(),
+                start_ms: t - 6 * HOUR_MS,
+                end_ms: t,
+                step_s: 60,
+            },
+            // Energy used per host and minute, from the counter's rise.
+            sql_raw: format!(
+                "SELECT host, minute, sum(rise) / 60 AS mj_per_s FROM (\
+                 SELECT host, gpu, date_bin(INTERVAL '1 minute', ts) AS minute, max(value) - min(value) AS rise \
+                 FROM samples WHERE metric = 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION' AND ts > {} AND ts <= {} \
+                 GROUP BY host, gpu, minute) GROUP BY host, minute ORDER BY host, minute",
+                ts(t - 6 * HOUR_MS),
+                ts(t)
+            ),
+            sql_rollup: Some(format!(
+                "SELECT host, ts, sum(last - first) / 60 AS mj_per_s FROM rollup_1m \
+                 WHERE level = 'gpu' AND metric = 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION' \
+                 AND ts >= {} AND ts < {} GROUP BY host, ts ORDER BY host, ts",
+                ts(t - 6 * HOUR_MS),
+                ts(t)
+            )),
+        },
+        QuerySpec {
+            name: "rack_power_30d",
+            what: "one rack's average GPU power over 30 days at 1-hour resolution",
+            promql: Prom::Range {
+                query: format!(
+                    "avg(avg_over_time(DCGM_FI_DEV_POWER_USAGE{{rack=\"{rack}\"}}[1h]))"
+                ),
+                start_ms: t - 30 * 24 * HOUR_MS,
+                end_ms: t,
+                step_s: 3600,
+            },
+            sql_raw: format!(
+                "SELECT date_bin(INTERVAL '1 hour', ts) AS hour, avg(value) AS watts FROM samples \
+                 WHERE rack = '{rack}' AND metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts > {} AND ts <= {} \
+                 GROUP BY hour ORDER BY hour",
+                ts(t - 30 * 24 * HOUR_MS),
+                ts(t)
+            ),
+            sql_rollup: Some(format!(
+                "SELECT ts AS hour, avg AS watts FROM rollup_1h WHERE level = 'rack' AND rack = '{rack}' \
+                 AND metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts >= {} AND ts < {} ORDER BY hour",
+                ts(t - 30 * 24 * HOUR_MS),
+                ts(t)
+            )),
+        },
+    ]
+}
+
+/// A query as sent: the language and where it goes.
+#[derive(Debug, Clone)]
+pub(crate) enum Request {
+    /// To a Prometheus-compatible API at this base URL.
+    PromQl { base: String, query: Prom },
+    /// To gpulse's `/api/v1/sql` at this base URL.
+    Sql { base: String, query: String },
+}
+
+/// Sends `req` once; returns the number of result series (PromQL) or rows.
+pub(crate) fn send(agent: &ureq::Agent, req: &Request) -> anyhow::Result<u64> {
+    let (url, resp) = match req {
+        Request::PromQl { base, query } => {
+            let secs = |ms: i64| format!("{:.3}", ms as f64 / 1000.0);
+            let mut params: Vec<(&str, String)> = Vec::new();
+            let path = match query {
+                Prom::Instant { query, at_ms } => {
+                    params.push(("query", query.clone()));
+                    params.push(("time", secs(*at_ms)));
+                    "/api/v1/query"
+                }
+                Prom::Range {
+                    query,
+                    start_ms,
+                    end_ms,
+                    step_s,
+                } => {
+                    params.push(("query", query.clone()));
+                    params.push(("start", secs(*start_ms)));
+                    params.push(("end", secs(*end_ms)));
+                    params.push(("step", step_s.to_string()));
+                    "/api/v1/query_range"
+                }
+            };
+            // VictoriaMetrics caches range results; every repetition must
+            // evaluate, so its cache is turned off (others ignore the flag).
+            params.push(("nocache", "1".into()));
+            let url = format!("{}{path}", base.trim_end_matches('/'));
+            let resp = agent.post(&url).send_form(params);
+            (url, resp)
+        }
+        Request::Sql { base, query } => {
+            let url = format!("{}/api/v1/sql", base.trim_end_matches('/'));
+            let resp = agent
+                .post(&url)
+                .query("format", "json")
+                .header("content-type", "text/plain; charset=utf-8")
+                .send(query.as_bytes());
+            (url, resp)
+        }
+    };
+    let mut resp = resp.with_context(|| format!("POST {url}"))?;
+    let status = resp.status().as_u16();
+    let body = resp
+        .body_mut()
+        .with_config()
+        .limit(1 << 30)
+        .read_to_vec()
+        .with_context(|| format!("reading the answer of {url}"))?;
+    let v: Value = serde_json::from_slice(&body)
+        .with_context(|| format!("{url} answered HTTP {status} with no JSON"))?;
+    if status != 200 {
+        bail!(
+            "{url}: HTTP {status}: {}",
+            v["error"].as_str().unwrap_or("(no error text)")
+        );
+    }
+    match req {
+        Request::PromQl { .. } => {
+            if v["status"] != "success" {
+                bail!("{url}: status {}", v["status"]);
+            }
+            match &v["data"]["result"] {
+                Value::Array(a) => Ok(a.len() as u64),
+                _ => Ok(1),
+            }
+        }
+        Request::Sql { .. } => v["row_count"]
+            .as_u64()
+            .with_context(|| format!("{url}: no row_count in the answer")),
+    }
+}
+
+/// Latencies of `reps` runs after one warm-up run.
+#[derive(Debug, Clone)]
+pub(crate) struct Timing {
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    pub(crate) results: u64,
+}
+
+pub(crate) fn time(agent: &ureq::Agent, req: &Request, reps: usize) -> anyhow::Result<Timing> {
+    let results = send(agent, req)?;
+    let mut ms = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let t = Instant::now();
+        let n = send(agent, req)?;
+        ms.push(t.elapsed().as_secs_f64() * 1000.0);
+        if n != results {
+            bail!("the answer changed between runs: {results} then {n} results");
+        }
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(Timing {
+        p50_ms: percentile(&ms, 0.50),
+        p99_ms: percentile(&ms, 0.99),
+        results,
+    })
+}
+
+/// The nearest-rank percentile of sorted values.
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (p * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub(crate) fn http_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(300)))
+        .build()
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_percentiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&v, 0.5), 50.0);
+        assert_eq!(percentile(&v, 0.99), 99.0);
+        assert_eq!(percentile(&[3.0], 0.99), 3.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0], 0.5), 2.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn the_set_names_the_anchor() {
+        let a = Anchor {
+            at_ms: 7_200_000,
+            host: "host-00000".into(),
+            gpu: "0".into(),
+            rack: "rack-000".into(),
+        };
+        let set = query_set(&a);
+        assert_eq!(set.len(), 5);
+        assert!(set[0].sql_raw.contains("to_timestamp_millis(3600000)"));
+        assert!(
+            matches!(&set[4].promql, Prom::Range { step_s: 3600, query, .. } if query.contains("rack-000"))
+        );
+    }
+}
