@@ -64,8 +64,8 @@ if ((${#need[@]})); then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
-VM_VERSION=$(victoria-metrics -version 2>&1 | head -1)
-PROM_VERSION=$(prometheus --version 2>&1 | head -1)
+VM_VERSION="victoria-metrics $(dpkg-query -W -f='${Version}' victoria-metrics 2>/dev/null || echo '(version unknown)')"
+PROM_VERSION="prometheus $(dpkg-query -W -f='${Version}' prometheus 2>/dev/null || echo '(version unknown)')"
 
 # --- 2. gpulse -------------------------------------------------------------
 if [ -n "${GPULSE_BIN:-}" ]; then
@@ -207,7 +207,7 @@ say "report"
 ELAPSED=$(( $(date +%s) - START_S ))
 NOTE="Run $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 $(( $(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576 )) GiB; gpulse $("$BIN" --version | cut -d' ' -f2) \
-(commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION}, ${PROM_VERSION%% (*}. \
+(commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION} and ${PROM_VERSION} (Debian packages). \
 Data: simulated fleet of $GPUS GPUs, $SPAN at $INTERVAL (53 DCGM fields per GPU), and the real DCGM recordings. \
 Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and server share the machine's cores; \
 per-core figures divide by the server's own CPU time."
