@@ -14,30 +14,12 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use storage::{Label, SeriesKey, SeriesRef, Storage, StorageConfig, SyncPolicy};
+use storage::{SeriesRef, Storage, StorageConfig, SyncPolicy};
 
-fn key(i: usize) -> SeriesKey {
-    let (host, gpu, metric) = (i / 200, (i / 25) % 8, i % 25);
-    SeriesKey::new(
-        format!("DCGM_FI_DEV_METRIC_{metric:02}"),
-        vec![
-            Label::new("gpu", gpu.to_string()),
-            Label::new(
-                "UUID",
-                format!("GPU-{host:08x}-{gpu:04x}-4c22-9d1e-5a0f3b2c{gpu:04x}"),
-            ),
-            Label::new("pci_bus_id", format!("00000000:{:02X}:00.0", 0x18 + gpu)),
-            Label::new("device", format!("nvidia{gpu}")),
-            Label::new("modelName", "NVIDIA H100 80GB HBM3"),
-            Label::new("Hostname", format!("gpu-node-{host:05}")),
-            Label::new("DCGM_FI_DRIVER_VERSION", "550.54.15"),
-            Label::new("cluster", "prod-1"),
-            Label::new("row", format!("row-{}", host / 40)),
-            Label::new("rack", format!("rack-{}", host / 4)),
-        ],
-    )
-    .expect("valid key")
-}
+// The fleet's key shape, shared with the wal and scan benches.
+#[allow(dead_code)]
+mod fleet;
+use fleet::key;
 
 fn rss_bytes() -> u64 {
     let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
