@@ -706,20 +706,22 @@ impl<'a> Evaluator<'a> {
         };
         match op.as_str() {
             "sum" | "avg" | "min" | "max" | "count" | "group" | "stddev" | "stdvar" => {
+                let mut grouping = Grouping::new(by, names);
                 Ok(Val::Vector(
                     input
                         .iter()
-                        .map(|v| aggregate(&op, v, by, &names, None))
+                        .map(|v| aggregate(&op, v, &mut grouping, None))
                         .collect(),
                 ))
             }
             "quantile" => {
                 let q = scalar_param("quantile")?;
+                let mut grouping = Grouping::new(by, names);
                 Ok(Val::Vector(
                     input
                         .iter()
                         .zip(q)
-                        .map(|(v, q)| aggregate(&op, v, by, &names, Some(q)))
+                        .map(|(v, q)| aggregate(&op, v, &mut grouping, Some(q)))
                         .collect(),
                 ))
             }
@@ -949,27 +951,68 @@ fn group_labels(labels: &LabelSet, by: bool, names: &[String]) -> LabelSet {
         .collect()
 }
 
+/// The aggregation groups of one aggregation, for all its steps: each input
+/// series' group is found once (by the address of its shared label set, kept
+/// alive here so that the address cannot be reused), not once per step.
+#[derive(Debug)]
+struct Grouping {
+    by: bool,
+    names: Vec<String>,
+    of_series: HashMap<usize, (Arc<LabelSet>, usize)>,
+    ids: HashMap<String, usize>,
+    labels: Vec<Arc<LabelSet>>,
+    /// Per group id, its position in the step being aggregated (`usize::MAX`: none).
+    slots: Vec<usize>,
+}
+
+impl Grouping {
+    fn new(by: bool, names: Vec<String>) -> Self {
+        Self {
+            by,
+            names,
+            of_series: HashMap::new(),
+            ids: HashMap::new(),
+            labels: Vec::new(),
+            slots: Vec::new(),
+        }
+    }
+
+    fn id(&mut self, labels: &Arc<LabelSet>) -> usize {
+        let addr = Arc::as_ptr(labels) as usize;
+        if let Some(&(_, id)) = self.of_series.get(&addr) {
+            return id;
+        }
+        let gl = group_labels(labels, self.by, &self.names);
+        let next = self.labels.len();
+        let id = *self.ids.entry(key_of(&gl)).or_insert(next);
+        if id == next {
+            self.labels.push(Arc::new(gl));
+            self.slots.push(usize::MAX);
+        }
+        self.of_series.insert(addr, (labels.clone(), id));
+        id
+    }
+}
+
 #[derive(Debug)]
 struct Group {
-    labels: LabelSet,
+    id: usize,
     value: f64,
     mean: f64,
     count: f64,
     values: Vec<f64>,
 }
 
-fn aggregate(op: &str, v: &Vector, by: bool, names: &[String], q: Option<f64>) -> Vector {
-    let mut index: HashMap<String, usize> = HashMap::new();
+fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> Vector {
     let mut groups: Vec<Group> = Vec::new();
     for e in v {
-        let gl = group_labels(&e.labels, by, names);
-        let k = key_of(&gl);
+        let id = grouping.id(&e.labels);
         let s = e.v;
-        match index.get(&k) {
-            None => {
-                index.insert(k, groups.len());
+        match grouping.slots[id] {
+            usize::MAX => {
+                grouping.slots[id] = groups.len();
                 groups.push(Group {
-                    labels: gl,
+                    id,
                     value: if matches!(op, "stddev" | "stdvar") {
                         0.0
                     } else {
@@ -984,7 +1027,7 @@ fn aggregate(op: &str, v: &Vector, by: bool, names: &[String], q: Option<f64>) -
                     },
                 });
             }
-            Some(&i) => {
+            i => {
                 let g = &mut groups[i];
                 match op {
                     "sum" => g.value += s,
@@ -1015,6 +1058,9 @@ fn aggregate(op: &str, v: &Vector, by: bool, names: &[String], q: Option<f64>) -
             }
         }
     }
+    for g in &groups {
+        grouping.slots[g.id] = usize::MAX;
+    }
     groups
         .into_iter()
         .map(|mut g| {
@@ -1028,7 +1074,7 @@ fn aggregate(op: &str, v: &Vector, by: bool, names: &[String], q: Option<f64>) -
                 _ => g.value,
             };
             Elem {
-                labels: Arc::new(g.labels),
+                labels: grouping.labels[g.id].clone(),
                 v,
             }
         })
