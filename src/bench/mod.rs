@@ -492,19 +492,23 @@ fn metric_value(text: &str, name: &str) -> Option<f64> {
     })
 }
 
-/// The size of `path` once two measurements a second apart agree (at most
-/// a minute): servers delete merged files a little after writing new ones.
+/// The size of `path` once it has not changed for 5 s (at most two minutes):
+/// servers merge in the background after a flush and delete merged files a
+/// little after writing new ones (VictoriaMetrics's sizes varied by a third
+/// between runs with a 1-second wait).
 fn steady_dir_bytes(path: &std::path::Path) -> anyhow::Result<u64> {
     let measure =
         || probe::dir_bytes(path).with_context(|| format!("measuring {}", path.display()));
     let mut last = measure()?;
-    for _ in 0..60 {
+    let mut unchanged = 0;
+    for _ in 0..120 {
         std::thread::sleep(Duration::from_secs(1));
         let now = measure()?;
-        if now == last {
-            return Ok(now);
-        }
+        unchanged = if now == last { unchanged + 1 } else { 0 };
         last = now;
+        if unchanged >= 5 {
+            break;
+        }
     }
     Ok(last)
 }
