@@ -10,74 +10,15 @@
 #![allow(clippy::print_stdout)]
 
 use std::hint::black_box;
-use std::path::Path;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use storage::column::{decode_ts, decode_values, encode_ts, encode_values};
 use storage::gorilla::{GorillaDecoder, GorillaEncoder};
 
-/// One series: timestamps and values.
-type Series = (Vec<i64>, Vec<f64>);
-
-/// Every (file, gpu, column) of the real recordings as one series.
-fn real_series() -> Option<Vec<Series>> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../shared/data/real/atharvanihalani__gpu-telemetry-exploration");
-    let mut out = Vec::new();
-    for file in ["t13_node0_telemetry.csv", "b1_telemetry.csv"] {
-        let text = std::fs::read_to_string(dir.join(file)).ok()?;
-        let mut lines = text.lines();
-        let header: Vec<&str> = lines.next()?.split(',').collect();
-        let metrics: Vec<usize> = (4..header.len()).collect();
-        let mut by_key: std::collections::BTreeMap<(String, usize), Series> = Default::default();
-        for line in lines {
-            let f: Vec<&str> = line.split(',').collect();
-            let ts = (f[0].parse::<f64>().ok()? * 1000.0).round() as i64;
-            for &m in &metrics {
-                if let Ok(v) = f[m].parse::<f64>() {
-                    let s = by_key.entry((f[2].to_string(), m)).or_default();
-                    s.0.push(ts);
-                    s.1.push(v);
-                }
-            }
-        }
-        out.extend(by_key.into_values());
-    }
-    Some(out)
-}
-
-/// Fallback: 128 series of 3000 samples at 100 ms with jitter; constants,
-/// slow drift, counters and noise.
-fn synthetic_series() -> Vec<Series> {
-    let mut x: u64 = 42;
-    let mut rnd = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
-    (0..128)
-        .map(|i| {
-            let mut t = 1_775_000_000_000i64;
-            let mut acc = 0f64;
-            (0..3000)
-                .map(|k| {
-                    t += 100 + (rnd() % 7) as i64 - 3;
-                    let v = match i % 4 {
-                        0 => 700.0,
-                        1 => ((30.0 + k as f64 / 300.0) * 10.0).round() / 10.0,
-                        2 => {
-                            acc += (rnd() % 50_000) as f64;
-                            acc
-                        }
-                        _ => (rnd() % 1_000_000) as f64 / 1e6,
-                    };
-                    (t, v)
-                })
-                .unzip()
-        })
-        .collect()
-}
+// The recordings' loader, shared with the wal and scan benches.
+#[allow(dead_code)]
+mod fleet;
+use fleet::{real_series, synthetic_series};
 
 fn bench(c: &mut Criterion) {
     let (series, source) = match real_series() {

@@ -1,5 +1,5 @@
-//! Shared by the `wal` and `scan` benches: the fleet-shaped series keys of
-//! `append.rs` and sample values taken from the real DCGM recordings.
+//! Shared by the storage benches: the fleet-shaped series keys and the
+//! loader of the real DCGM recordings (with a synthetic fallback).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -53,9 +53,16 @@ pub(crate) fn hostname(host: usize) -> String {
 /// at 10 Hz); otherwise synthetic ones (constants, slow drift, counters,
 /// noise). Returns the sequences and where they came from.
 pub(crate) fn value_sequences() -> (Vec<Vec<f64>>, &'static str) {
-    match real_sequences() {
+    let values = |series: Vec<Series>| -> Vec<Vec<f64>> {
+        series
+            .into_iter()
+            .map(|(_, v)| v)
+            .filter(|v| !v.is_empty())
+            .collect()
+    };
+    match real_series().map(values) {
         Some(s) if !s.is_empty() => (s, "shared/data/real"),
-        _ => (synthetic_sequences(), "synthetic"),
+        _ => (values(synthetic_series()), "synthetic"),
     }
 }
 
@@ -67,8 +74,11 @@ pub(crate) fn value(seqs: &[Vec<f64>], i: usize, p: usize) -> f64 {
     s[(p + host * 131) % s.len()]
 }
 
-/// Every (file, gpu, column) of the real recordings, as `codec.rs` reads them.
-fn real_sequences() -> Option<Vec<Vec<f64>>> {
+/// One series: timestamps and values.
+pub(crate) type Series = (Vec<i64>, Vec<f64>);
+
+/// Every (file, gpu, column) of the real recordings as one series.
+pub(crate) fn real_series() -> Option<Vec<Series>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../shared/data/real/atharvanihalani__gpu-telemetry-exploration");
     let mut out = Vec::new();
@@ -76,21 +86,27 @@ fn real_sequences() -> Option<Vec<Vec<f64>>> {
         let text = std::fs::read_to_string(dir.join(file)).ok()?;
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next()?.split(',').collect();
-        let mut by_key: BTreeMap<(String, usize), Vec<f64>> = BTreeMap::new();
+        let metrics: Vec<usize> = (4..header.len()).collect();
+        let mut by_key: BTreeMap<(String, usize), Series> = BTreeMap::new();
         for line in lines {
             let f: Vec<&str> = line.split(',').collect();
-            for m in 4..header.len().min(f.len()) {
+            let ts = (f[0].parse::<f64>().ok()? * 1000.0).round() as i64;
+            for &m in metrics.iter().filter(|&&m| m < f.len()) {
                 if let Ok(v) = f[m].parse::<f64>() {
-                    by_key.entry((f[2].to_string(), m)).or_default().push(v);
+                    let s = by_key.entry((f[2].to_string(), m)).or_default();
+                    s.0.push(ts);
+                    s.1.push(v);
                 }
             }
         }
-        out.extend(by_key.into_values().filter(|v| !v.is_empty()));
+        out.extend(by_key.into_values());
     }
     Some(out)
 }
 
-fn synthetic_sequences() -> Vec<Vec<f64>> {
+/// Fallback: 128 series of 3000 samples at 100 ms with jitter; constants,
+/// slow drift, counters and noise.
+pub(crate) fn synthetic_series() -> Vec<Series> {
     let mut x: u64 = 42;
     let mut rnd = move || {
         x ^= x << 13;
@@ -100,18 +116,23 @@ fn synthetic_sequences() -> Vec<Vec<f64>> {
     };
     (0..128)
         .map(|i| {
+            let mut t = 1_775_000_000_000i64;
             let mut acc = 0f64;
             (0..3000)
-                .map(|k| match i % 4 {
-                    0 => 700.0,
-                    1 => ((30.0 + k as f64 / 300.0) * 10.0).round() / 10.0,
-                    2 => {
-                        acc += (rnd() % 50_000) as f64;
-                        acc
-                    }
-                    _ => (rnd() % 1_000_000) as f64 / 1e6,
+                .map(|k| {
+                    t += 100 + (rnd() % 7) as i64 - 3;
+                    let v = match i % 4 {
+                        0 => 700.0,
+                        1 => ((30.0 + k as f64 / 300.0) * 10.0).round() / 10.0,
+                        2 => {
+                            acc += (rnd() % 50_000) as f64;
+                            acc
+                        }
+                        _ => (rnd() % 1_000_000) as f64 / 1e6,
+                    };
+                    (t, v)
                 })
-                .collect()
+                .unzip()
         })
         .collect()
 }
