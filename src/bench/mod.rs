@@ -270,7 +270,7 @@ async fn ingest(mut a: IngestArgs) -> anyhow::Result<IngestResult> {
     };
     let started = match &a.url {
         Some(_) => None,
-        None => Some(server::Spawned::start(None).await?),
+        None => Some(server::Spawned::start().await?),
     };
     let url = match (&a.url, &started) {
         (Some(u), _) => u.clone(),
@@ -581,7 +581,7 @@ async fn query(a: QueryArgs) -> anyhow::Result<()> {
     let (started, base, at_ms) = match &a.url {
         Some(u) => (None, u.clone(), a.at_ms.unwrap_or_else(now_ms)),
         None => {
-            let s = server::Spawned::start(None).await?;
+            let s = server::Spawned::start().await?;
             let end_ms = a.at_ms.unwrap_or_else(now_ms);
             let feeds = fleet::SimFleet {
                 gpus: 64,

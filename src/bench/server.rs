@@ -20,16 +20,11 @@ pub(crate) struct Spawned {
 
 impl Spawned {
     /// Starts the server and waits for its `gpulse ready` line.
-    pub(crate) async fn start(extra_args: Option<&[&str]>) -> anyhow::Result<Self> {
-        let extra: Vec<String> = extra_args
-            .unwrap_or_default()
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        tokio::task::spawn_blocking(move || Self::start_blocking(&extra)).await?
+    pub(crate) async fn start() -> anyhow::Result<Self> {
+        tokio::task::spawn_blocking(Self::start_blocking).await?
     }
 
-    fn start_blocking(extra: &[String]) -> anyhow::Result<Self> {
+    fn start_blocking() -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("gpulse-bench-")
             .tempdir()
@@ -45,7 +40,6 @@ impl Spawned {
             ])
             .args(["--pg-listen", "off", "--data-dir"])
             .arg(dir.path())
-            .args(extra)
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
