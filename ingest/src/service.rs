@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use gpulse_proto::v1::ingest_server::Ingest;
 use gpulse_proto::v1::{
-    Ack, AgentMessage, Batch, Hello, IngestReply, Reject, agent_message, ingest_reply,
+    Ack, AgentMessage, Batch, Hello, IngestReply, NodeAddress, NodeStatusReply, NodeStatusRequest,
+    OwnerBacklog, OwnersReply, OwnersRequest, Reject, agent_message, ingest_reply,
 };
 use storage::{BatchOrigin, GpuRecord, Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
@@ -15,6 +16,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{error, info, warn};
 
 use crate::IngestConfig;
+use crate::cluster::{ClusterState, ShardKey};
 
 /// Counters of the ingest service (`gpulse_ingest_*` once exported).
 #[derive(Debug, Default)]
@@ -37,6 +39,8 @@ pub struct IngestService {
     config: Arc<IngestConfig>,
     metrics: Arc<IngestMetrics>,
     shutdown: watch::Sender<bool>,
+    /// Cluster mode (`serve --cluster`): answers `Owners` and `NodeStatus`.
+    cluster: Option<Arc<ClusterState>>,
 }
 
 impl IngestService {
@@ -46,7 +50,22 @@ impl IngestService {
             config: Arc::new(config),
             metrics: Arc::new(IngestMetrics::default()),
             shutdown: watch::Sender::new(false),
+            cluster: None,
         }
+    }
+
+    /// Runs the service as a cluster node.
+    pub fn with_cluster(self, cluster: Arc<ClusterState>) -> Self {
+        Self {
+            cluster: Some(cluster),
+            ..self
+        }
+    }
+
+    fn cluster(&self) -> Result<&Arc<ClusterState>, Status> {
+        self.cluster.as_ref().ok_or_else(|| {
+            Status::failed_precondition("this node runs without --cluster; it owns every host")
+        })
     }
 
     pub fn config(&self) -> &IngestConfig {
@@ -90,6 +109,73 @@ impl Ingest for IngestService {
             svc.metrics.streams_active.fetch_sub(1, Relaxed);
         });
         Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn owners(
+        &self,
+        request: Request<OwnersRequest>,
+    ) -> Result<Response<OwnersReply>, Status> {
+        let cluster = self.cluster()?;
+        let req = request.into_inner();
+        if req.rack.is_empty() && req.host.is_empty() {
+            return Err(Status::invalid_argument("owners: give a rack or a host"));
+        }
+        let map = cluster.map();
+        let now = now_ms();
+        let key = ShardKey::of(&req.rack, &req.host);
+        let owners = map
+            .owners_at(&key, now)
+            .into_iter()
+            .map(|i| {
+                let n = &map.nodes()[i];
+                NodeAddress {
+                    id: n.id.clone(),
+                    grpc: n.grpc.to_string(),
+                }
+            })
+            .collect();
+        // Ask again every 10 s, and just after the next epoch starts.
+        let next_epoch = map
+            .epochs()
+            .iter()
+            .map(|e| e.start_ms)
+            .find(|&s| s > now)
+            .map(|s| (s - now + 1) as u64);
+        let refresh_ms = next_epoch.unwrap_or(10_000).clamp(100, 10_000) as u32;
+        Ok(Response::new(OwnersReply {
+            owners,
+            map_hash: map.hash().to_owned(),
+            refresh_ms,
+        }))
+    }
+
+    async fn node_status(
+        &self,
+        _request: Request<NodeStatusRequest>,
+    ) -> Result<Response<NodeStatusReply>, Status> {
+        let cluster = self.cluster()?;
+        let (mut racks, mut hosts) = (Vec::new(), Vec::new());
+        for key in cluster.local_keys() {
+            match key {
+                ShardKey::Rack(r) => racks.push(r),
+                ShardKey::Host(h) => hosts.push(h),
+            }
+        }
+        let backlog = cluster
+            .backlog_by_node()
+            .into_iter()
+            .map(|(node_id, batches)| OwnerBacklog { node_id, batches })
+            .collect();
+        Ok(Response::new(NodeStatusReply {
+            node_id: cluster.self_id().to_owned(),
+            map_hash: cluster.map().hash().to_owned(),
+            racks,
+            hosts,
+            samples_accepted: self.metrics.samples_accepted.load(Relaxed),
+            streams_active: self.metrics.streams_active.load(Relaxed),
+            backlog,
+            uptime_s: cluster.uptime().as_secs(),
+        }))
     }
 }
 
@@ -141,6 +227,10 @@ impl IngestService {
             None => return Ok(()),
         };
         let mut state = self.open_stream(&hello)?;
+        if let Some(cluster) = &self.cluster {
+            let rack = hello.topology.as_ref().map_or("", |t| t.rack.as_str());
+            cluster.note_key(ShardKey::of(rack, &hello.host));
+        }
         // A new GPU is written to disk at once: keep that off the async workers.
         tokio::task::block_in_place(|| {
             self.storage
@@ -166,6 +256,19 @@ impl IngestService {
                 }) => {
                     // Storage blocks on the WAL write; keep it off the async workers' hot loop.
                     tokio::task::block_in_place(|| self.on_batch(&mut state, batch))?
+                }
+                Some(AgentMessage {
+                    msg: Some(agent_message::Msg::Backlog(b)),
+                }) => {
+                    if let Some(cluster) = &self.cluster {
+                        let per_node = b
+                            .owners
+                            .into_iter()
+                            .map(|o| (o.node_id, o.batches))
+                            .collect();
+                        cluster.set_backlog(&hello.agent_id, per_node);
+                    }
+                    continue;
                 }
                 Some(AgentMessage {
                     msg: Some(agent_message::Msg::Hello(_)),
