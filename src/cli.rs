@@ -7,7 +7,7 @@ use std::time::Duration;
 use agent::replay::ReplaySpeed;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::server::{DEFAULT_GRPC_LISTEN, DEFAULT_HTTP_LISTEN, DEFAULT_PG_LISTEN};
+use crate::server::DEFAULT_PG_LISTEN;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -36,6 +36,29 @@ pub(crate) enum Command {
     Stats(StatsArgs),
     /// Benchmarks: load generator, query set, comparison report.
     Bench(crate::bench::BenchArgs),
+    /// Sharded cluster operations.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Per node of the cluster file: up or down, same file or not, racks owned,
+    /// ingest rate, agent streams, and replica lag (batches agents hold for it).
+    Status(ClusterStatusArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ClusterStatusArgs {
+    /// The cluster file (the one the nodes run with).
+    #[arg(long, env = "GPULSE_CLUSTER_FILE")]
+    pub(crate) cluster: PathBuf,
+    /// Time between the two status rounds the ingest rate is computed from.
+    #[arg(long, default_value = "1s", value_parser = duration)]
+    pub(crate) interval: Duration,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -144,11 +167,13 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "GPULSE_DATA_DIR", default_value = "./gpulse-data")]
     pub(crate) data_dir: PathBuf,
     /// Address of the ingest gRPC listener (port 0 picks a free port).
-    #[arg(long, env = "GPULSE_GRPC_LISTEN", default_value = DEFAULT_GRPC_LISTEN)]
-    pub(crate) grpc_listen: SocketAddr,
+    /// Default 127.0.0.1:7400, or the node's `grpc` in the cluster file.
+    #[arg(long, env = "GPULSE_GRPC_LISTEN")]
+    pub(crate) grpc_listen: Option<SocketAddr>,
     /// Address of the HTTP query listener (port 0 picks a free port).
-    #[arg(long, env = "GPULSE_HTTP_LISTEN", default_value = DEFAULT_HTTP_LISTEN)]
-    pub(crate) http_listen: SocketAddr,
+    /// Default 127.0.0.1:7401, or the node's `http` in the cluster file.
+    #[arg(long, env = "GPULSE_HTTP_LISTEN")]
+    pub(crate) http_listen: Option<SocketAddr>,
     /// Address of the PostgreSQL wire-protocol listener (port 0 picks a free
     /// port), or `off`. No authentication: keep it on a trusted address.
     #[arg(long, env = "GPULSE_PG_LISTEN", default_value = DEFAULT_PG_LISTEN, value_parser = optional_listen)]
@@ -192,6 +217,14 @@ pub(crate) struct NodeArgs {
 pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) node: NodeArgs,
+    /// Run as a member of a sharded cluster described by this TOML file (the
+    /// same file on every node; see README "Cluster"). The node's listeners
+    /// default to its entry. SIGHUP re-reads the file.
+    #[arg(long, env = "GPULSE_CLUSTER_FILE", requires = "node_id")]
+    pub(crate) cluster: Option<PathBuf>,
+    /// This node's id in the cluster file.
+    #[arg(long, env = "GPULSE_NODE_ID", requires = "cluster")]
+    pub(crate) node_id: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -426,5 +459,27 @@ mod tests {
         assert_eq!((n.max_result_rows, n.max_result_bytes), (10_000, 2 << 20));
         assert!(serve(&["--pg-listen", "localhost"]).is_err());
         assert!(serve(&["--max-result-rows", "0"]).is_err());
+    }
+
+    #[test]
+    fn cluster_flags_come_together() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["gpulse", "serve"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv).map(|c| match c.command {
+                Command::Serve(s) => (s.cluster, s.node_id, s.node.grpc_listen),
+                _ => panic!("not serve"),
+            })
+        };
+        assert_eq!(parse(&[]).unwrap(), (None, None, None));
+        let (file, id, grpc) = parse(&["--cluster", "c.toml", "--node-id", "a"]).unwrap();
+        assert_eq!(
+            (file.unwrap(), id.unwrap(), grpc),
+            ("c.toml".into(), "a".to_string(), None)
+        );
+        let e = parse(&["--cluster", "c.toml"]).unwrap_err().to_string();
+        assert!(e.contains("--node-id"), "{e}");
+        let e = parse(&["--node-id", "a"]).unwrap_err().to_string();
+        assert!(e.contains("--cluster"), "{e}");
     }
 }

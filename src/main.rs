@@ -9,6 +9,7 @@
 mod agent_cmd;
 mod bench;
 mod cli;
+mod cluster;
 mod import;
 mod node_metrics;
 mod server;
@@ -80,6 +81,15 @@ fn run() -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Bench(a) => bench::run(a).await,
+            Command::Cluster(cli::ClusterCommand::Status(a)) => {
+                let lines = cluster::status(&a.cluster, a.interval).await?;
+                if a.json {
+                    println!("{}", serde_json::to_string_pretty(&lines)?);
+                } else {
+                    print!("{}", cluster::render_status(&lines));
+                }
+                Ok(())
+            }
             Command::Stats(a) => {
                 let s = stats::collect(&a.data_dir)?;
                 print!("{}", stats::render(&a.data_dir, &s, a.by_metric));
@@ -105,11 +115,17 @@ pub(crate) async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-fn serve_config(node: &NodeArgs) -> ServeConfig {
+pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
+    let default = |a: &str| a.parse().expect("BUG: a default address parses");
     ServeConfig {
         data_dir: node.data_dir.clone(),
-        grpc_listen: node.grpc_listen,
-        http_listen: node.http_listen,
+        grpc_listen: node
+            .grpc_listen
+            .unwrap_or_else(|| default(server::DEFAULT_GRPC_LISTEN)),
+        http_listen: node
+            .http_listen
+            .unwrap_or_else(|| default(server::DEFAULT_HTTP_LISTEN)),
+        cluster: None,
         pg_listen: node.pg_listen.0,
         limits: query::ResultLimits {
             max_rows: node.max_result_rows,
@@ -140,10 +156,24 @@ fn print_endpoints(s: &Server, node: &NodeArgs) {
         println!("  query (pg)      postgres://{pg}   (psql \"postgresql://{pg}/gpulse\")");
     }
     println!("  data dir        {}", node.data_dir.display());
+    if let Some(c) = &s.cluster {
+        let map = c.map();
+        println!(
+            "  cluster         node {} of {} (replication factor {}, file hash {})",
+            c.self_id(),
+            map.nodes().len(),
+            map.replication_factor(),
+            map.hash()
+        );
+    }
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    let server = Server::start(&serve_config(&args.node)).await?;
+    let mut config = serve_config(&args.node);
+    if let (Some(file), Some(id)) = (&args.cluster, &args.node_id) {
+        config = cluster::configure(config, &args.node, file, id)?;
+    }
+    let server = Server::start(&config).await?;
     print_endpoints(&server, &args.node);
     println!("gpulse ready");
     std::io::stdout().flush()?;

@@ -34,6 +34,8 @@ pub(crate) struct ServeConfig {
     pub(crate) retention_1h: Option<Duration>,
     pub(crate) retention_1d: Option<Duration>,
     pub(crate) ooo_window: Duration,
+    /// Cluster mode (`--cluster`, `--node-id`).
+    pub(crate) cluster: Option<crate::cluster::NodeConfig>,
 }
 
 /// One round of upkeep: flush the head, merge finished compaction windows
@@ -101,6 +103,8 @@ pub(crate) struct Server {
     pub(crate) http_addr: SocketAddr,
     pub(crate) pg_addr: Option<SocketAddr>,
     pub(crate) storage: Arc<Storage>,
+    /// Cluster mode: this node's view of the cluster.
+    pub(crate) cluster: Option<Arc<ingest::cluster::ClusterState>>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
@@ -143,7 +147,16 @@ impl Server {
         };
 
         let mut tasks = Vec::new();
-        let service = ingest::service(storage.clone(), ingest::IngestConfig::default());
+        let mut service = ingest::service(storage.clone(), ingest::IngestConfig::default());
+        let cluster = match &config.cluster {
+            Some(node) => {
+                let state =
+                    crate::cluster::start(node, &storage, stop.subscribe(), &mut tasks).await?;
+                service = service.with_cluster(state.clone());
+                Some(state)
+            }
+            None => None,
+        };
         let ingest_metrics = service.metrics().clone();
         let fut = ingest::serve(grpc, service, stopped(&stop));
         tasks.push((
@@ -161,10 +174,11 @@ impl Server {
         let promql_metrics = prom.metrics().clone();
         let router = query::http::router(engine.clone())
             .merge(query::promql::api::router(prom))
-            .merge(query::remote::router(
+            .merge(query::remote::router_with_cluster(
                 storage.clone(),
                 query::remote::RemoteLimits::default(),
                 remote_metrics.clone(),
+                cluster.clone(),
             ))
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
@@ -223,6 +237,7 @@ impl Server {
             http_addr,
             pg_addr,
             storage,
+            cluster,
             stop,
             tasks,
         })

@@ -3,6 +3,7 @@
 //! PostgreSQL protocol (through the real `psql`).
 
 mod bench;
+mod cluster;
 mod crash;
 mod delivery;
 mod ingest_protocol;

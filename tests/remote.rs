@@ -78,7 +78,7 @@ fn prom_labels(l: &BTreeMap<String, String>) -> Vec<Label> {
 }
 
 /// POSTs a snappy-compressed protobuf; returns status, content type and body.
-fn post(node: &Node, path: &str, msg: &[u8], raw: bool) -> (u16, String, Vec<u8>) {
+pub(crate) fn post(node: &Node, path: &str, msg: &[u8], raw: bool) -> (u16, String, Vec<u8>) {
     let body = if raw {
         msg.to_vec()
     } else {

@@ -38,8 +38,11 @@ impl Node {
         } else {
             &["--flush-interval", "1h"]
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
-            .args([
+        // A cluster node listens where the cluster file says.
+        let listen: &[&str] = if extra.contains(&"--cluster") {
+            &["serve", "--pg-listen", "127.0.0.1:0"]
+        } else {
+            &[
                 "serve",
                 "--grpc-listen",
                 "127.0.0.1:0",
@@ -47,7 +50,10 @@ impl Node {
                 "127.0.0.1:0",
                 "--pg-listen",
                 "127.0.0.1:0",
-            ])
+            ]
+        };
+        let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+            .args(listen)
             .arg("--data-dir")
             .arg(data_dir)
             .args(flush)

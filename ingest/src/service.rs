@@ -171,7 +171,7 @@ impl Ingest for IngestService {
             map_hash: cluster.map().hash().to_owned(),
             racks,
             hosts,
-            samples_accepted: self.metrics.samples_accepted.load(Relaxed),
+            samples_accepted: self.metrics.samples_accepted.load(Relaxed) + cluster.other_samples(),
             streams_active: self.metrics.streams_active.load(Relaxed),
             backlog,
             uptime_s: cluster.uptime().as_secs(),

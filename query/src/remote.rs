@@ -27,6 +27,7 @@
 //! with 400 and says which limit.
 
 pub mod decode;
+pub mod forward;
 pub mod wire;
 pub mod xor;
 
@@ -96,12 +97,15 @@ pub struct RemoteMetrics {
     pub read_requests_failed: AtomicU64,
     pub read_series: AtomicU64,
     pub read_samples: AtomicU64,
+    /// Cluster mode: parts of write requests an owner did not take (down,
+    /// or 5xx); the request was answered 503 for the sender to retry.
+    pub write_forward_failed: AtomicU64,
 }
 
 impl RemoteMetrics {
     /// Appends the counters in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, &AtomicU64); 9] = [
+        let counters: [(&str, &str, &AtomicU64); 10] = [
             (
                 "gpulse_remote_write_requests_total",
                 "Remote-write requests received.",
@@ -126,6 +130,11 @@ impl RemoteMetrics {
                 "gpulse_remote_write_samples_dropped_total",
                 "Remote-write samples not stored: already stored, or too old.",
                 &self.write_samples_dropped,
+            ),
+            (
+                "gpulse_remote_write_forward_failed_total",
+                "Cluster mode: request parts an owner did not take (the request was answered 503).",
+                &self.write_forward_failed,
             ),
             (
                 "gpulse_remote_read_requests_total",
@@ -164,6 +173,8 @@ struct Remote {
     limits: RemoteLimits,
     metrics: Arc<RemoteMetrics>,
     cache: SeriesCache,
+    /// Cluster mode: writes are split by shard and forwarded to the owners.
+    cluster: Option<Arc<ingest::cluster::ClusterState>>,
 }
 
 /// Most bytes of label sets [`SeriesCache`] holds before it starts over.
@@ -193,6 +204,17 @@ thread_local! {
 
 /// The routes `/api/v1/write` and `/api/v1/read`.
 pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMetrics>) -> Router {
+    router_with_cluster(storage, limits, metrics, None)
+}
+
+/// [`router`]; with `cluster`, a write is split by shard and each part
+/// stored by its owners ([`forward`]).
+pub fn router_with_cluster(
+    storage: Arc<Storage>,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+    cluster: Option<Arc<ingest::cluster::ClusterState>>,
+) -> Router {
     Router::new()
         .route("/api/v1/write", post(write))
         .route("/api/v1/read", post(read))
@@ -202,6 +224,7 @@ pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMe
             limits,
             metrics,
             cache: SeriesCache::default(),
+            cluster,
         }))
 }
 
@@ -229,12 +252,17 @@ impl From<BodyError> for HttpError {
     }
 }
 
-async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
+async fn write(
+    State(remote): State<Arc<Remote>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let m = &remote.metrics;
     m.write_requests.fetch_add(1, Relaxed);
     let r = remote.clone();
+    let forwarded = headers.contains_key(forward::FORWARDED_HEADER);
     // Decoding and the WAL write block: keep them off the async workers.
-    let result = tokio::task::spawn_blocking(move || write_blocking(&r, &body))
+    let result = tokio::task::spawn_blocking(move || write_blocking(&r, &body, forwarded))
         .await
         .unwrap_or_else(|e| {
             Err(HttpError(
@@ -256,16 +284,22 @@ async fn write(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
     }
 }
 
-fn write_blocking(remote: &Remote, body: &[u8]) -> Result<(), HttpError> {
+fn write_blocking(remote: &Remote, body: &[u8], forwarded: bool) -> Result<(), HttpError> {
     let raw = decode::decompress(body, remote.limits.max_request_bytes)?;
     RAW_WRITE.with_borrow_mut(|w| {
         w.read(&raw)
             .map_err(|e| bad(format!("body is not a prometheus.WriteRequest: {e}")))?;
-        store(remote, w)
+        match (&remote.cluster, forwarded) {
+            (Some(_), false) => forward::route(remote, w),
+            (Some(_), true) => forward::store_forwarded(remote, w),
+            (None, _) => store(remote, w, None),
+        }
     })
 }
 
-fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
+/// Stores the series of `w`, or only those listed (ascending) in `only`.
+fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<(), HttpError> {
+    let picked = |i: usize| only.is_none_or(|o| o.binary_search(&i).is_ok());
     let storage = &remote.storage;
     let labels_of = |series: &wire::RawSeries| &w.label_bytes[series.labels.clone()];
     // 1. Cached refs, by label bytes.
@@ -278,7 +312,7 @@ fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
                     "series {i}: native histograms are not supported; send classic histograms"
                 )));
             }
-            refs_of.push(if series.samples.is_empty() {
+            refs_of.push(if series.samples.is_empty() || !picked(i) {
                 None
             } else {
                 map.refs.get(labels_of(series)).copied()
@@ -291,7 +325,7 @@ fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
     let mut missing = Vec::new();
     let mut keys = Vec::new();
     for (i, series) in w.series.iter().enumerate() {
-        if refs_of[i].is_none() && !series.samples.is_empty() {
+        if refs_of[i].is_none() && !series.samples.is_empty() && picked(i) {
             let labels =
                 wire::labels(labels_of(series)).map_err(|e| bad(format!("series {i}: {e}")))?;
             keys.push(series_key(labels).map_err(|e| bad(format!("series {i}: {e}")))?);
@@ -324,7 +358,7 @@ fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
         Vec::with_capacity(n),
     );
     for (i, series) in w.series.iter().enumerate() {
-        if series.samples.is_empty() {
+        if series.samples.is_empty() || !picked(i) {
             continue;
         }
         let r = refs_of[i].expect("BUG: every series with samples has a ref by now");
@@ -343,6 +377,9 @@ fn store(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError> {
     metrics
         .write_samples_accepted
         .fetch_add(u64::from(outcome.accepted), Relaxed);
+    if let Some(c) = &remote.cluster {
+        c.add_samples(u64::from(outcome.accepted));
+    }
     metrics
         .write_samples_dropped
         .fetch_add(u64::from(outcome.dropped()), Relaxed);

@@ -32,6 +32,9 @@ pub(crate) struct LoadConfig {
     pub(crate) concurrency: usize,
     /// Samples per second for the whole load; `None` as fast as acked.
     pub(crate) rate: Option<f64>,
+    /// Agent protocol: feed `i` goes to `targets[i]` instead of `url`
+    /// (a cluster's owners).
+    pub(crate) targets: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,10 +121,18 @@ pub(crate) async fn run(
     });
     match config.protocol {
         Protocol::Agent => {
-            let endpoint = agent_endpoint(&config.url)?;
+            let endpoint = match &config.targets {
+                Some(_) => None,
+                None => Some(agent_endpoint(&config.url)?),
+            };
             let mut tasks = tokio::task::JoinSet::new();
-            for feed in feeds {
-                let (endpoint, stats, pacer) = (endpoint.clone(), stats.clone(), pacer.clone());
+            for (i, feed) in feeds.into_iter().enumerate() {
+                let endpoint = match (&endpoint, &config.targets) {
+                    (Some(e), _) => e.clone(),
+                    (None, Some(t)) => agent_endpoint(&t[i])?,
+                    (None, None) => unreachable!("one of the two is set"),
+                };
+                let (stats, pacer) = (stats.clone(), pacer.clone());
                 let (k, window) = (config.polls_per_batch, config.concurrency);
                 tasks.spawn(async move {
                     let host = feed.host().name.clone();

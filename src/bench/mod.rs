@@ -121,6 +121,11 @@ pub(crate) struct IngestArgs {
     /// A smoke run: 64 GPUs over 30 minutes.
     #[arg(long)]
     pub(crate) quick: bool,
+    /// Load a cluster (agent protocol): every host streams to each owner of
+    /// its rack in this cluster file, as agents in cluster mode do. `--url`
+    /// is then not used, and the acked count includes every replica.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) cluster: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -268,6 +273,24 @@ async fn ingest(mut a: IngestArgs) -> anyhow::Result<IngestResult> {
         ProtocolArg::Agent => Protocol::Agent,
         ProtocolArg::RemoteWrite => Protocol::RemoteWrite,
     };
+    if a.cluster.is_some() {
+        if protocol != Protocol::Agent {
+            bail!(
+                "--cluster loads over the agent protocol; for remote write, give --url of any node"
+            );
+        }
+        let url = String::from("(cluster)");
+        let probe = a.server_pid.map(|pid| Probe { pid });
+        return ingest_into(
+            &a,
+            protocol,
+            &url,
+            probe,
+            &a.flush_urls,
+            a.disk_path.clone(),
+        )
+        .await;
+    }
     let started = match &a.url {
         Some(_) => None,
         None => Some(server::Spawned::start().await?),
@@ -308,26 +331,53 @@ async fn ingest_into(
     disk_path: Option<PathBuf>,
 ) -> anyhow::Result<IngestResult> {
     let end_ms = a.end_ms.unwrap_or_else(now_ms);
-    let (feeds, dataset) = match &a.recorded {
-        Some(path) => {
-            let p = path.clone();
-            let feeds = tokio::task::spawn_blocking(move || fleet::recorded(&p, end_ms)).await??;
-            (feeds, "recorded".to_string())
-        }
-        None => {
-            let interval_ms = a.interval.as_millis().max(1) as i64;
-            let polls = (a.span.as_millis() as i64 / interval_ms).max(1) as u64;
-            let sim = fleet::SimFleet {
-                gpus: a.gpus.max(1),
-                interval_ms,
-                polls,
-                end_ms,
-                seed: a.seed,
-            };
-            (sim.feeds(), "simulated".to_string())
-        }
+    let make_feeds = || async {
+        anyhow::Ok(match &a.recorded {
+            Some(path) => {
+                let p = path.clone();
+                let feeds =
+                    tokio::task::spawn_blocking(move || fleet::recorded(&p, end_ms)).await??;
+                (feeds, "recorded".to_string())
+            }
+            None => {
+                let interval_ms = a.interval.as_millis().max(1) as i64;
+                let polls = (a.span.as_millis() as i64 / interval_ms).max(1) as u64;
+                let sim = fleet::SimFleet {
+                    gpus: a.gpus.max(1),
+                    interval_ms,
+                    polls,
+                    end_ms,
+                    seed: a.seed,
+                };
+                (sim.feeds(), "simulated".to_string())
+            }
+        })
     };
+    let (mut feeds, dataset) = make_feeds().await?;
     let hosts = feeds.len() as u64;
+    // A cluster: one copy of every host per replica, each to its owner.
+    let mut targets = None;
+    if let Some(file) = &a.cluster {
+        let map = ingest::cluster::ShardMap::load(file)?;
+        let mut urls = Vec::new();
+        let mut all = Vec::new();
+        for rank in 0..map.replication_factor() {
+            let copy = if rank == 0 {
+                std::mem::take(&mut feeds)
+            } else {
+                make_feeds().await?.0
+            };
+            for f in copy {
+                let h = f.host();
+                let key = ingest::cluster::ShardKey::of(&h.rack, &h.name);
+                let owner = map.owners_at(&key, end_ms)[rank];
+                urls.push(format!("grpc://{}", map.nodes()[owner].grpc));
+                all.push(f);
+            }
+        }
+        feeds = all;
+        targets = Some(urls);
+    }
     let polls: u64 = feeds.iter().map(|f| f.polls_left()).sum();
     eprintln!(
         "bench: loading {hosts} hosts ({polls} polls, {dataset}) into {url} over {}",
@@ -339,6 +389,7 @@ async fn ingest_into(
         polls_per_batch: a.polls_per_batch.max(1),
         concurrency: a.concurrency.max(1),
         rate: a.rate,
+        targets,
     };
     let stats = Arc::new(LoadStats::default());
     let cpu0 = probe.and_then(|p| p.cpu_seconds());
@@ -598,6 +649,7 @@ async fn query(a: QueryArgs) -> anyhow::Result<()> {
                 polls_per_batch: 5,
                 concurrency: 4,
                 rate: None,
+                targets: None,
             };
             load::run(&config, feeds, stats.clone()).await?;
             post_empty(&format!("http://{}/api/v1/admin/flush", s.http_addr)).await?;

@@ -2,6 +2,7 @@
 //! itself, what its peers last said, and its agents' backlogs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
@@ -33,6 +34,8 @@ pub struct ClusterState {
     backlog: Mutex<HashMap<String, BTreeMap<String, u64>>>,
     /// By node id.
     peers: Mutex<HashMap<String, PeerView>>,
+    /// Samples stored through paths other than agent streams (remote write).
+    other_samples: AtomicU64,
 }
 
 impl ClusterState {
@@ -50,6 +53,7 @@ impl ClusterState {
             local_keys: Mutex::default(),
             backlog: Mutex::default(),
             peers: Mutex::default(),
+            other_samples: AtomicU64::new(0),
         }
     }
 
@@ -102,6 +106,16 @@ impl ClusterState {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// Counts samples stored by remote write, for the node's ingest rate.
+    pub fn add_samples(&self, n: u64) {
+        self.other_samples.fetch_add(n, Relaxed);
+    }
+
+    /// Samples counted by [`Self::add_samples`].
+    pub fn other_samples(&self) -> u64 {
+        self.other_samples.load(Relaxed)
     }
 
     /// An agent's latest backlog report, replacing its previous one.

@@ -228,13 +228,14 @@ fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
         limits: RemoteLimits::default(),
         metrics: Arc::default(),
         cache: SeriesCache::default(),
+        cluster: None,
     };
     let l = |n: &str, v: &str| (n.to_string(), v.to_string());
     let write = |series: &[TestSeries]| {
         let body = snap::raw::Encoder::new()
             .compress_vec(&prom_request(series))
             .unwrap();
-        write_blocking(&remote, &body)
+        write_blocking(&remote, &body, false)
     };
     let a = vec![l("__name__", "m"), l("gpu", "0")];
     let b = vec![l("__name__", "m"), l("gpu", "1")];
