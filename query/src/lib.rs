@@ -9,7 +9,12 @@
 //! `POST /api/v1/sql` and [`pg::serve`] the PostgreSQL protocol on top of it.
 //! Queries are read-only: DDL, DML and SET statements are refused. Results
 //! larger than the engine's [`ResultLimits`] fail instead of filling memory.
+//!
+//! In a cluster ([`cluster`]), an engine made with
+//! [`QueryEngine::with_cluster`] reads `samples` from every node, and a
+//! result that lacks a shard says so in [`QueryResult::warnings`].
 
+pub mod cluster;
 pub mod gpus;
 pub mod http;
 pub mod pg;
@@ -42,6 +47,10 @@ pub enum QueryError {
     /// The result is larger than [`ResultLimits`] allows (HTTP 422).
     #[error("{0}")]
     TooLarge(LimitExceeded),
+    /// The cluster cannot answer: a peer runs with another cluster file
+    /// (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// How large one query's result may be. Both front ends (HTTP and the
@@ -131,6 +140,12 @@ pub(crate) async fn physical_plan(engine: &QueryEngine, sql: &str) -> String {
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
+        if let DataFusionError::External(inner) = e.find_root()
+            && let Some(cluster::ClusterError::Refused(m)) =
+                inner.downcast_ref::<cluster::ClusterError>()
+        {
+            return QueryError::Unavailable(m.clone());
+        }
         match e.find_root() {
             DataFusionError::SQL(..)
             | DataFusionError::Plan(_)
@@ -141,11 +156,14 @@ impl From<DataFusionError> for QueryError {
     }
 }
 
-/// The result of a query: its schema and batches.
+/// The result of a query: its schema and batches, and why it may be
+/// incomplete (cluster mode: shards that no replica could serve).
 #[derive(Debug, Clone)]
 pub struct QueryResult {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
+    /// Empty when the result is complete.
+    pub warnings: Vec<String>,
 }
 
 impl QueryResult {
@@ -215,7 +233,7 @@ impl QueryMetrics {
     }
 }
 
-/// Runs SQL over the tables of one storage.
+/// Runs SQL over the tables of one storage, or of the whole cluster.
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: Arc<SessionContext>,
@@ -238,23 +256,46 @@ impl QueryEngine {
     }
 
     pub fn with_limits(storage: Arc<Storage>, limits: ResultLimits) -> Self {
+        Self::build(storage.clone(), cluster::Source::Local(storage), limits)
+    }
+
+    /// An engine of a cluster node: `samples` holds the whole cluster's
+    /// samples, read through `reader` (made over this node's `storage`).
+    /// Results that lack a shard carry [`QueryResult::warnings`]; the HTTP
+    /// API shows them, PostgreSQL clients get them as notices. `gpus` and
+    /// the rollup tables read this node alone and say so in a warning.
+    pub fn with_cluster(
+        storage: Arc<Storage>,
+        limits: ResultLimits,
+        reader: cluster::ClusterReader,
+    ) -> Self {
+        Self::build(storage, cluster::Source::Cluster(reader), limits)
+    }
+
+    fn build(storage: Arc<Storage>, source: cluster::Source, limits: ResultLimits) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
+        let clustered = source.is_cluster();
+        ctx.register_table("samples", Arc::new(samples::SamplesTable::over(source)))
+            .expect("BUG: registering a table in a fresh context");
         ctx.register_table(
-            "samples",
-            Arc::new(samples::SamplesTable::new(storage.clone())),
+            "gpus",
+            Arc::new(gpus::GpusTable::new(storage.clone()).local_in_cluster(clustered)),
         )
         .expect("BUG: registering a table in a fresh context");
-        ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage.clone())))
-            .expect("BUG: registering a table in a fresh context");
         for tier in storage::RollupTier::ALL {
             ctx.register_table(
                 rollups::table_name(tier),
-                Arc::new(rollups::RollupTable::new(storage.clone(), tier)),
+                Arc::new(
+                    rollups::RollupTable::new(storage.clone(), tier).local_in_cluster(clustered),
+                ),
             )
             .expect("BUG: registering a table in a fresh context");
         }
-        ctx.register_udtf("rollup", Arc::new(rollups::RollupFunction::new(storage)));
+        ctx.register_udtf(
+            "rollup",
+            Arc::new(rollups::RollupFunction::new(storage).local_in_cluster(clustered)),
+        );
         // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
         // functions psql's \dt and \d call (pg_table_is_visible, format_type).
         // They read the context's catalog, so they list `samples` as it is.
@@ -288,9 +329,9 @@ impl QueryEngine {
     /// query stops there).
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
         let started = std::time::Instant::now();
-        let result = self.run_sql(query).await;
+        let (result, warnings) = cluster::collect_sql_warnings(self.run_sql(query)).await;
         self.metrics.observe(started.elapsed(), result.is_ok());
-        result
+        result.map(|r| QueryResult { warnings, ..r })
     }
 
     async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
@@ -313,6 +354,10 @@ impl QueryEngine {
                 .map_err(QueryError::TooLarge)?;
             batches.push(batch);
         }
-        Ok(QueryResult { schema, batches })
+        Ok(QueryResult {
+            schema,
+            batches,
+            warnings: Vec::new(),
+        })
     }
 }

@@ -25,6 +25,13 @@
 //! types with fully anchored regexes, and time bounds are inclusive. A read
 //! that passes [`RemoteLimits::max_samples`] or `max_response_bytes` fails
 //! with 400 and says which limit.
+//!
+//! In cluster mode ([`router_with_cluster`]) a read selects from every node
+//! ([`crate::cluster`]). The remote-read protocol has no way to mark an
+//! answer partial, so a read that would lack a shard (no replica could
+//! serve it) fails with 503 and a message naming the shards; Prometheus
+//! shows a failing remote read as a warning of its query. A cluster that
+//! refuses to answer (a peer with another cluster file) also gives 503.
 
 pub mod decode;
 pub mod wire;
@@ -51,6 +58,7 @@ use tracing::warn;
 
 use self::decode::BodyError;
 use self::xor::{SAMPLES_PER_CHUNK, XorChunk, put_uvarint};
+use crate::cluster::{ClusterError, ClusterReader, Source};
 
 /// Frames of a streamed read are cut at about this size.
 const MAX_FRAME_BYTES: usize = 1 << 20;
@@ -193,16 +201,54 @@ thread_local! {
 
 /// The routes `/api/v1/write` and `/api/v1/read`.
 pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMetrics>) -> Router {
+    routes(storage.clone(), Source::Local(storage), limits, metrics)
+}
+
+/// The routes of a cluster node: `/api/v1/write` stores into this node's
+/// storage (the reader's), as [`router`]'s does; `/api/v1/read` reads the
+/// whole cluster through `reader` (see the module docs for partial reads).
+pub fn router_with_cluster(
+    reader: ClusterReader,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+) -> Router {
+    routes(
+        reader.storage().clone(),
+        Source::Cluster(reader),
+        limits,
+        metrics,
+    )
+}
+
+fn routes(
+    storage: Arc<Storage>,
+    source: Source,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+) -> Router {
+    let remote = Arc::new(Remote {
+        storage,
+        limits,
+        metrics,
+        cache: SeriesCache::default(),
+    });
     Router::new()
         .route("/api/v1/write", post(write))
-        .route("/api/v1/read", post(read))
+        .with_state(remote.clone())
+        .merge(
+            Router::new()
+                .route("/api/v1/read", post(read))
+                .with_state(Arc::new(Reads { remote, source })),
+        )
         .layer(DefaultBodyLimit::max(limits.max_request_bytes))
-        .with_state(Arc::new(Remote {
-            storage,
-            limits,
-            metrics,
-            cache: SeriesCache::default(),
-        }))
+}
+
+/// The state of the read route: where reads select (this node's storage,
+/// or the cluster).
+#[derive(Debug)]
+struct Reads {
+    remote: Arc<Remote>,
+    source: Source,
 }
 
 /// An error answer: a status and a plain-text message, as Prometheus sends.
@@ -375,10 +421,10 @@ fn series_key(labels: Vec<(String, String)>) -> Result<SeriesKey, String> {
     SeriesKey::new(metric, rest).map_err(|e| e.to_string())
 }
 
-async fn read(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
+async fn read(State(reads): State<Arc<Reads>>, body: Bytes) -> Response {
+    let remote = reads.remote.clone();
     remote.metrics.read_requests.fetch_add(1, Relaxed);
-    let r = remote.clone();
-    let result = tokio::task::spawn_blocking(move || read_blocking(&r, &body))
+    let result = tokio::task::spawn_blocking(move || read_blocking(&reads, &body))
         .await
         .unwrap_or_else(|e| {
             Err(HttpError(
@@ -421,7 +467,8 @@ struct ReadSeries {
     values: Vec<f64>,
 }
 
-fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
+fn read_blocking(reads: &Reads, body: &[u8]) -> Result<Response, HttpError> {
+    let remote = &*reads.remote;
     let req = decode::read_request(body, remote.limits.max_request_bytes)?;
     let streamed = match req.accepted_response_types.first() {
         None => false,
@@ -436,7 +483,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
         let mut out = Vec::new();
         for (qi, q) in req.queries.iter().enumerate() {
             for s in select(
-                &remote.storage,
+                &reads.source,
                 q,
                 &mut samples_left,
                 remote.limits.max_samples,
@@ -456,7 +503,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
     for q in &req.queries {
         let mut timeseries = Vec::new();
         for s in select(
-            &remote.storage,
+            &reads.source,
             q,
             &mut samples_left,
             remote.limits.max_samples,
@@ -498,7 +545,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
 /// The series of one query, sorted by label set, with their samples in the
 /// inclusive range; series without samples there are left out.
 fn select(
-    storage: &Storage,
+    source: &Source,
     q: &gpulse_proto::prometheus::Query,
     samples_left: &mut u64,
     max_samples: u64,
@@ -509,8 +556,23 @@ fn select(
         .map(matcher)
         .collect::<Result<Vec<_>, _>>()?;
     let (min, max) = (q.start_timestamp_ms, q.end_timestamp_ms);
+    let selection = source
+        .select_blocking(&matchers, min, max)
+        .map_err(|e| match e {
+            ClusterError::Refused(m) => HttpError(StatusCode::SERVICE_UNAVAILABLE, m),
+            ClusterError::Internal(m) => HttpError(StatusCode::INTERNAL_SERVER_ERROR, m),
+        })?;
+    if !selection.warnings.is_empty() {
+        return Err(HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "remote read refused: the answer would be partial, and remote read cannot say so: {}",
+                selection.warnings.join("; ")
+            ),
+        ));
+    }
     let mut out = Vec::new();
-    for s in storage.select(&matchers, min, max) {
+    for s in selection.series {
         let (mut ts, mut values) = (Vec::new(), Vec::new());
         s.read_into(min, max, &mut ts, &mut values)
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;

@@ -137,6 +137,8 @@ pub struct RollupTable {
     /// Whether the table has the `tier` column (`rollup(…)`).
     with_tier: bool,
     schema: SchemaRef,
+    /// In cluster mode: scans warn that only this node's rollups are read.
+    local_in_cluster: bool,
 }
 
 impl RollupTable {
@@ -148,6 +150,16 @@ impl RollupTable {
             window_starts: TimeRange::default(),
             with_tier: false,
             schema: schema(false),
+            local_in_cluster: false,
+        }
+    }
+
+    /// With `true`, a scan adds a warning to the query's result: the table
+    /// holds this node's rollups only.
+    pub fn local_in_cluster(self, yes: bool) -> Self {
+        Self {
+            local_in_cluster: yes,
+            ..self
         }
     }
 }
@@ -350,6 +362,12 @@ impl TableProvider for RollupTable {
         filters: &[Expr],
         _limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>> {
+        if self.local_in_cluster {
+            crate::cluster::warn_local_only(&format!(
+                "the rollup table {}",
+                table_name(self.tier)
+            ))?;
+        }
         let pushdown = Pushdown::from_filters(filters);
         let cols: Vec<usize> = match projection {
             Some(p) => p.clone(),
@@ -615,11 +633,23 @@ impl Iterator for RollupBatches {
 #[derive(Debug)]
 pub struct RollupFunction {
     storage: Arc<Storage>,
+    local_in_cluster: bool,
 }
 
 impl RollupFunction {
     pub fn new(storage: Arc<Storage>) -> Self {
-        Self { storage }
+        Self {
+            storage,
+            local_in_cluster: false,
+        }
+    }
+
+    /// See [`RollupTable::local_in_cluster`].
+    pub fn local_in_cluster(self, yes: bool) -> Self {
+        Self {
+            local_in_cluster: yes,
+            ..self
+        }
     }
 }
 
@@ -691,6 +721,7 @@ impl TableFunctionImpl for RollupFunction {
             },
             with_tier: true,
             schema: schema(true),
+            local_in_cluster: self.local_in_cluster,
         }))
     }
 }
