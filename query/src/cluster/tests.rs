@@ -1103,3 +1103,95 @@ async fn http_answers_are_complete_or_say_they_are_partial() {
     );
     assert!(msg.contains(&lost[0].to_string()), "{msg}");
 }
+
+/// Reads one backend message: its type byte and body.
+async fn pg_message(s: &mut tokio::net::TcpStream) -> (u8, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let kind = s.read_u8().await.unwrap();
+    let len = s.read_i32().await.unwrap();
+    let mut body = vec![0; len as usize - 4];
+    s.read_exact(&mut body).await.unwrap();
+    (kind, body)
+}
+
+/// Sends a simple query and returns the messages up to ReadyForQuery.
+async fn pg_query(s: &mut tokio::net::TcpStream, sql: &str) -> Vec<(u8, Vec<u8>)> {
+    use tokio::io::AsyncWriteExt;
+    let mut msg = vec![b'Q'];
+    msg.extend_from_slice(&(4 + sql.len() as i32 + 1).to_be_bytes());
+    msg.extend_from_slice(sql.as_bytes());
+    msg.push(0);
+    s.write_all(&msg).await.unwrap();
+    let mut out = Vec::new();
+    loop {
+        let m = pg_message(s).await;
+        if m.0 == b'Z' {
+            return out;
+        }
+        out.push(m);
+    }
+}
+
+/// The fields of an ErrorResponse or NoticeResponse, by code.
+fn pg_fields(body: &[u8]) -> BTreeMap<u8, String> {
+    let mut out = BTreeMap::new();
+    let mut rest = body;
+    while let Some((&code, tail)) = rest.split_first() {
+        if code == 0 {
+            break;
+        }
+        let end = tail.iter().position(|&b| b == 0).unwrap();
+        out.insert(code, String::from_utf8(tail[..end].to_vec()).unwrap());
+        rest = &tail[end + 1..];
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_clients_get_partial_results_as_notices() {
+    use tokio::io::AsyncWriteExt;
+    let mut f = Fixture::three().await;
+    let lost = f.shards_owned_by(&["b", "c"]);
+    f.down("b", true).await;
+    f.down("c", true).await;
+    let kept_rows = f.expected(|s| !lost.contains(&s.shard)).len();
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_stop, rx) = oneshot::channel::<()>();
+    tokio::spawn(crate::pg::serve(listener, f.sql_engine(), async {
+        let _ = rx.await;
+    }));
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&196_608i32.to_be_bytes());
+    startup.extend_from_slice(b"user\0test\0database\0gpulse\0\0");
+    let mut msg = (4 + startup.len() as i32).to_be_bytes().to_vec();
+    msg.extend_from_slice(&startup);
+    s.write_all(&msg).await.unwrap();
+    while pg_message(&mut s).await.0 != b'Z' {}
+
+    let messages = pg_query(&mut s, "SELECT count(*) FROM samples").await;
+    let notices: Vec<BTreeMap<u8, String>> = messages
+        .iter()
+        .filter(|(k, _)| *k == b'N')
+        .map(|(_, b)| pg_fields(b))
+        .collect();
+    assert_eq!(notices.len(), lost.len(), "{notices:?}");
+    for (n, k) in notices.iter().zip(&lost) {
+        assert_eq!(n[&b'S'], "WARNING");
+        assert_eq!(n[&b'C'], "01000");
+        assert!(n[&b'M'].contains(&format!("{k} could be read")), "{n:?}");
+    }
+    // The rows still come: the count of what the other shards hold.
+    let row = messages.iter().find(|(k, _)| *k == b'D').unwrap();
+    let len = i32::from_be_bytes(row.1[2..6].try_into().unwrap()) as usize;
+    assert_eq!(
+        std::str::from_utf8(&row.1[6..6 + len]).unwrap(),
+        kept_rows.to_string()
+    );
+    // The notices come before the result.
+    let first_notice = messages.iter().position(|(k, _)| *k == b'N').unwrap();
+    let description = messages.iter().position(|(k, _)| *k == b'T').unwrap();
+    assert!(first_notice < description);
+}
