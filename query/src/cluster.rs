@@ -88,6 +88,10 @@ pub enum ClusterError {
     /// Something on this node failed (HTTP 500).
     #[error("{0}")]
     Internal(String),
+    /// The select received more samples from peers than
+    /// [`ReaderConfig::max_peer_samples`] allows (HTTP 422).
+    #[error("{0}")]
+    TooLarge(crate::LimitExceeded),
 }
 
 /// One part of a series: from this node's storage (decoded when read) or

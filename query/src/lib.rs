@@ -84,6 +84,10 @@ pub enum LimitExceeded {
         "the result is larger than {limit} bytes (--max-result-bytes); select fewer columns or rows, or aggregate"
     )]
     Bytes { limit: u64 },
+    #[error(
+        "the query reads more than {limit} samples from other nodes of the cluster; narrow the time range or the labels"
+    )]
+    PeerSamples { limit: u64 },
 }
 
 /// Counts what a result has produced so far against [`ResultLimits`].
@@ -141,10 +145,13 @@ pub(crate) async fn physical_plan(engine: &QueryEngine, sql: &str) -> String {
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
         if let DataFusionError::External(inner) = e.find_root()
-            && let Some(cluster::ClusterError::Refused(m)) =
-                inner.downcast_ref::<cluster::ClusterError>()
+            && let Some(c) = inner.downcast_ref::<cluster::ClusterError>()
         {
-            return QueryError::Unavailable(m.clone());
+            match c {
+                cluster::ClusterError::Refused(m) => return QueryError::Unavailable(m.clone()),
+                cluster::ClusterError::TooLarge(l) => return QueryError::TooLarge(l.clone()),
+                cluster::ClusterError::Internal(_) => {}
+            }
         }
         match e.find_root() {
             DataFusionError::SQL(..)

@@ -561,6 +561,7 @@ fn select(
         .map_err(|e| match e {
             ClusterError::Refused(m) => HttpError(StatusCode::SERVICE_UNAVAILABLE, m),
             ClusterError::Internal(m) => HttpError(StatusCode::INTERNAL_SERVER_ERROR, m),
+            ClusterError::TooLarge(l) => bad(l.to_string()),
         })?;
     if !selection.warnings.is_empty() {
         return Err(HttpError(

@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,6 +31,11 @@ pub struct ReaderConfig {
     /// Longest wait for the next message of a peer's answer (default 30 s);
     /// past it the peer counts as failed and its shards go to other replicas.
     pub idle_timeout: Duration,
+    /// Most samples one select may receive from peers (default 50,000,000,
+    /// Prometheus's `query.max-samples`): peers' answers are held in memory
+    /// until the query has them all, so past this the select fails with
+    /// [`ClusterError::TooLarge`] instead of filling memory.
+    pub max_peer_samples: usize,
 }
 
 impl Default for ReaderConfig {
@@ -37,7 +43,23 @@ impl Default for ReaderConfig {
         Self {
             connect_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(30),
+            max_peer_samples: 50_000_000,
         }
+    }
+}
+
+/// Why a peer's answer was not taken.
+#[derive(Debug)]
+enum FetchError {
+    /// The peer failed: try another replica.
+    Failed(String),
+    /// The select received more samples than it may: stop it.
+    TooLarge,
+}
+
+impl From<String> for FetchError {
+    fn from(e: String) -> Self {
+        Self::Failed(e)
     }
 }
 
@@ -60,7 +82,7 @@ struct Inner {
 }
 
 /// The answer of one node for some shards.
-type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, String>;
+type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
 
 impl ClusterReader {
     /// A reader over `state` with this node's `storage`, counting into
@@ -188,6 +210,7 @@ impl ClusterReader {
         let mut merged: BTreeMap<Arc<SeriesKey>, Vec<Part>> = BTreeMap::new();
         let mut plan = self.plan(&map, &keys, min_ts, max_ts, me, &failed);
         let mut first_round = true;
+        let received = AtomicUsize::new(0);
         loop {
             for m in std::mem::take(&mut plan.missing) {
                 missing.entry(m.key).or_default().extend(m.owners);
@@ -213,7 +236,8 @@ impl ClusterReader {
                 futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
                     let addr = map.nodes()[node].flight;
                     let ticket = wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
-                    async move { (node, self.fetch(addr, ticket).await) }
+                    let received = &received;
+                    async move { (node, self.fetch(addr, ticket, received).await) }
                 }));
             let (local, remote) = futures::join!(local, remote);
             let local = local.map_err(|e| {
@@ -230,7 +254,12 @@ impl ClusterReader {
                             merged.entry(key).or_default().push(part);
                         }
                     }
-                    Err(e) => {
+                    Err(FetchError::TooLarge) => {
+                        return Err(ClusterError::TooLarge(crate::LimitExceeded::PeerSamples {
+                            limit: inner.config.max_peer_samples as u64,
+                        }));
+                    }
+                    Err(FetchError::Failed(e)) => {
                         let id = &map.nodes()[node].id;
                         warn!(peer = %id, error = %e, "cluster read of a peer failed; trying other replicas");
                         inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
@@ -323,8 +352,9 @@ impl ClusterReader {
             .clone()
     }
 
-    /// Reads one peer's answer for a ticket, all of it or nothing.
-    async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>) -> NodeAnswer {
+    /// Reads one peer's answer for a ticket, all of it or nothing, adding
+    /// its samples to `received` (the select's, against the limit).
+    async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>, received: &AtomicUsize) -> NodeAnswer {
         let metrics = &self.inner.metrics;
         metrics.peer_reads.fetch_add(1, Relaxed);
         let idle = self.inner.config.idle_timeout;
@@ -338,13 +368,22 @@ impl ClusterReader {
         let mut decoder = AnswerDecoder::default();
         loop {
             match tokio::time::timeout(idle, stream.next()).await {
-                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
                 Ok(None) => break,
-                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}")),
-                Ok(Some(Ok(batch))) => decoder.push(&batch).map_err(|e| {
-                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                    format!("{addr} sent a malformed answer: {e}")
-                })?,
+                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
+                Ok(Some(Ok(batch))) => {
+                    let before = decoder.samples();
+                    decoder.push(&batch).map_err(|e| {
+                        metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                        format!("{addr} sent a malformed answer: {e}")
+                    })?;
+                    let added = decoder.samples() - before;
+                    if received.fetch_add(added, Relaxed) + added
+                        > self.inner.config.max_peer_samples
+                    {
+                        return Err(FetchError::TooLarge);
+                    }
+                }
             }
         }
         metrics

@@ -1195,3 +1195,39 @@ async fn postgres_clients_get_partial_results_as_notices() {
     let description = messages.iter().position(|(k, _)| *k == b'T').unwrap();
     assert!(first_notice < description);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_many_samples_from_peers_fail_the_query() {
+    let f = Fixture::three().await;
+    let reader = ClusterReader::new(
+        f.state.clone(),
+        f.nodes[0].storage.clone(),
+        f.nodes[0].metrics.clone(),
+        ReaderConfig {
+            max_peer_samples: 10,
+            ..ReaderConfig::default()
+        },
+    );
+    let engine = QueryEngine::with_cluster(
+        f.nodes[0].storage.clone(),
+        ResultLimits::default(),
+        reader.clone(),
+    );
+    let e = engine.sql(ROWS_SQL).await.unwrap_err();
+    assert!(
+        matches!(
+            e,
+            QueryError::TooLarge(crate::LimitExceeded::PeerSamples { limit: 10 })
+        ),
+        "{e:?}"
+    );
+    let prom = PromEngine::with_cluster(reader, PromLimits::default());
+    let e = tokio::task::spawn_blocking(move || prom.instant_answer("temp", T0))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        matches!(&e, crate::promql::PromError::Execution(m) if m.contains("more than 10 samples from other nodes")),
+        "{e:?}"
+    );
+}

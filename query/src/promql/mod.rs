@@ -94,6 +94,7 @@ impl From<ClusterError> for PromError {
         match e {
             ClusterError::Refused(m) => Self::Unavailable(m),
             ClusterError::Internal(m) => Self::Internal(m),
+            ClusterError::TooLarge(l) => Self::Execution(l.to_string()),
         }
     }
 }
