@@ -35,16 +35,59 @@ use std::sync::{Arc, Mutex};
 
 pub use flight::{FlightNode, serve_flight};
 pub use ingest::cluster::{ClusterState, ShardKey};
-pub use reader::{ClusterReader, ReaderConfig};
+pub use reader::{ClusterReader, ReaderConfig, RollupSelection};
 use storage::{Label, Matcher, SelectedSeries, SeriesKey, Storage};
 
 /// The shard of a stored series: its `rack` label when it has one (and it is
-/// not empty), else its `Hostname` label (empty when absent).
+/// not empty), else its host: the `Hostname` label, or `hostname` when there
+/// is no `Hostname` (as the `host` column and the rollup groups read it),
+/// empty when both are absent. Whatever routes writes (agents, remote-write
+/// forwarding) must place a series on the owners of this key.
 pub fn shard_of(key: &SeriesKey) -> ShardKey {
     ShardKey::of(
         key.get("rack").unwrap_or(""),
-        key.get("Hostname").unwrap_or(""),
+        key.get("Hostname")
+            .or_else(|| key.get("hostname"))
+            .unwrap_or(""),
     )
+}
+
+/// The shard of a rollup group at gpu or host level.
+pub(crate) fn shard_of_group(g: &storage::RollupGroup) -> ShardKey {
+    ShardKey::of(&g.rack, &g.host)
+}
+
+/// This node's rollup records of the shards `keep` accepts, at `req.level`,
+/// for windows starting in `[min_start, max_start]`: as stored at gpu and
+/// host level, merged from the host level above it (a host belongs to one
+/// shard; a rack, row or cluster group of this node may mix shards that
+/// other nodes also hold).
+pub(crate) fn shard_rollups(
+    storage: &Storage,
+    req: &wire::RollupRequest,
+    min_start: i64,
+    max_start: i64,
+    keep: impl Fn(&ShardKey) -> bool,
+) -> wire::RollupMap {
+    use storage::RollupLevel;
+    let read = req.level.min(RollupLevel::Host);
+    let mut out = wire::RollupMap::new();
+    if min_start > max_start {
+        return out;
+    }
+    for (g, records) in storage.select_rollups(req.tier, read, &req.filter, min_start, max_start) {
+        if !keep(&shard_of_group(&g)) {
+            continue;
+        }
+        let target = g.at_level(req.level);
+        for r in records
+            .iter()
+            .filter(|r| (min_start..=max_start).contains(&r.window_start_ms))
+        {
+            wire::merge_record(&mut out, &target, r);
+        }
+    }
+    out
 }
 
 /// The shards of every series in `storage`, for
@@ -262,10 +305,6 @@ impl Source {
             Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
             Source::Cluster(r) => r.select_blocking(matchers, min_ts, max_ts, true),
         }
-    }
-
-    pub(crate) fn is_cluster(&self) -> bool {
-        matches!(self, Source::Cluster(_))
     }
 }
 

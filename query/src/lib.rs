@@ -268,9 +268,11 @@ impl QueryEngine {
 
     /// An engine of a cluster node: `samples` holds the whole cluster's
     /// samples, read through `reader` (made over this node's `storage`).
-    /// Results that lack a shard carry [`QueryResult::warnings`]; the HTTP
-    /// API shows them, PostgreSQL clients get them as notices. `gpus` and
-    /// the rollup tables read this node alone and say so in a warning.
+    /// The rollup tables and `rollup(…)` read the cluster's rollups too
+    /// ([`cluster::ClusterReader::rollups`]). Results that lack a shard carry
+    /// [`QueryResult::warnings`]; the HTTP API shows them, PostgreSQL
+    /// clients get them as notices. `gpus` reads this node's inventory alone
+    /// and says so in a warning.
     pub fn with_cluster(
         storage: Arc<Storage>,
         limits: ResultLimits,
@@ -282,7 +284,10 @@ impl QueryEngine {
     fn build(storage: Arc<Storage>, source: cluster::Source, limits: ResultLimits) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
-        let clustered = source.is_cluster();
+        let (clustered, reader) = match &source {
+            cluster::Source::Local(_) => (false, None),
+            cluster::Source::Cluster(r) => (true, Some(r.clone())),
+        };
         ctx.register_table("samples", Arc::new(samples::SamplesTable::over(source)))
             .expect("BUG: registering a table in a fresh context");
         ctx.register_table(
@@ -294,14 +299,14 @@ impl QueryEngine {
             ctx.register_table(
                 rollups::table_name(tier),
                 Arc::new(
-                    rollups::RollupTable::new(storage.clone(), tier).local_in_cluster(clustered),
+                    rollups::RollupTable::new(storage.clone(), tier).in_cluster(reader.clone()),
                 ),
             )
             .expect("BUG: registering a table in a fresh context");
         }
         ctx.register_udtf(
             "rollup",
-            Arc::new(rollups::RollupFunction::new(storage).local_in_cluster(clustered)),
+            Arc::new(rollups::RollupFunction::new(storage).in_cluster(reader)),
         );
         // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
         // functions psql's \dt and \d call (pg_table_is_visible, format_type).

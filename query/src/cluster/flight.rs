@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
 use super::wire::{self, BatchBuilder, ROW_SAMPLES};
-use super::{ClusterMetrics, shard_of};
+use super::{ClusterMetrics, shard_of, shard_rollups};
 
 /// The Flight service over one node's storage.
 #[derive(Debug, Clone)]
@@ -76,6 +76,17 @@ fn produce(
     metrics: &ClusterMetrics,
     tx: &mpsc::Sender<Result<RecordBatch, FlightError>>,
 ) {
+    if let Some(r) = &req.rollups {
+        let map = shard_rollups(storage, r, req.min_ts, req.max_ts, |k| {
+            req.shards.contains(k)
+        });
+        for b in wire::rollup_batches(&map) {
+            if tx.blocking_send(Ok(b)).is_err() {
+                return;
+            }
+        }
+        return;
+    }
     let selected = storage.select(&req.matchers, req.min_ts, req.max_ts);
     let mut b = BatchBuilder::new();
     let (mut ts, mut values) = (Vec::new(), Vec::new());
@@ -154,11 +165,16 @@ impl FlightService for FlightNode {
         );
         // Decoding blocks: a blocking thread fills a small queue of batches,
         // so that a slow reader holds back the producer.
+        let schema = if req.rollups.is_some() {
+            wire::rollup_schema()
+        } else {
+            wire::schema()
+        };
         let (tx, rx) = mpsc::channel(4);
         let (storage, metrics) = (self.storage.clone(), self.metrics.clone());
         tokio::task::spawn_blocking(move || produce(&storage, &req, &metrics, &tx));
         let stream = FlightDataEncoderBuilder::new()
-            .with_schema(wire::schema())
+            .with_schema(schema)
             .build(ReceiverStream::new(rx))
             .map_err(Status::from);
         Ok(Response::new(stream.boxed()))

@@ -11,7 +11,9 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
 use futures::StreamExt;
 use ingest::cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
-use storage::{Matcher, SeriesKey, Storage};
+use storage::{
+    Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
+};
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
 
@@ -79,6 +81,14 @@ struct Inner {
     channels: Mutex<HashMap<SocketAddr, Channel>>,
     /// The runtime that runs the reads of [`ClusterReader::select_blocking`].
     runtime: tokio::runtime::Handle,
+}
+
+/// The answer of a cluster rollup read: groups sorted, records in window
+/// order, and why it may be incomplete.
+#[derive(Debug, Clone, Default)]
+pub struct RollupSelection {
+    pub groups: Vec<(RollupGroup, Vec<RollupRecord>)>,
+    pub warnings: Vec<String>,
 }
 
 /// The answer of one node for some shards.
@@ -275,29 +285,7 @@ impl ClusterReader {
             first_round = false;
         }
 
-        if !missing.is_empty() {
-            inner.metrics.selects_partial.fetch_add(1, Relaxed);
-        }
-        for (key, owners) in missing {
-            let why: Vec<String> = owners
-                .iter()
-                .map(|&o| {
-                    let id = &map.nodes()[o].id;
-                    match failed.get(&o) {
-                        Some(e) => format!("{id}: read failed: {e}"),
-                        None => match inner.state.peer(id).last_error {
-                            Some(e) => format!("{id}: down ({e})"),
-                            None => format!("{id}: down"),
-                        },
-                    }
-                })
-                .collect();
-            warnings.push(format!(
-                "partial result: no replica of {key} could be read, its data is missing \
-                 (owners tried: {})",
-                why.join("; ")
-            ));
-        }
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
         debug!(
             series = merged.len(),
             warnings = warnings.len(),
@@ -310,6 +298,221 @@ impl ClusterReader {
                 .collect(),
             warnings,
         })
+    }
+
+    /// A warning per shard in `missing`, naming its owners and why each was
+    /// not read.
+    fn missing_warnings(
+        &self,
+        map: &ShardMap,
+        missing: BTreeMap<ShardKey, BTreeSet<usize>>,
+        failed: &BTreeMap<usize, String>,
+        warnings: &mut Vec<String>,
+    ) {
+        if !missing.is_empty() {
+            self.inner.metrics.selects_partial.fetch_add(1, Relaxed);
+        }
+        for (key, owners) in missing {
+            let why: Vec<String> = owners
+                .iter()
+                .map(|&o| {
+                    let id = &map.nodes()[o].id;
+                    match failed.get(&o) {
+                        Some(e) => format!("{id}: read failed: {e}"),
+                        None => match self.inner.state.peer(id).last_error {
+                            Some(e) => format!("{id}: down ({e})"),
+                            None => format!("{id}: down"),
+                        },
+                    }
+                })
+                .collect();
+            warnings.push(format!(
+                "partial result: no replica of {key} could be read, its data is missing \
+                 (owners tried: {})",
+                why.join("; ")
+            ));
+        }
+    }
+
+    /// The cluster's rollup records at `level` of `tier` matching `filter`,
+    /// for windows that overlap `[min_ts, max_ts]` (as
+    /// [`Storage::select_rollups`] over all the cluster's data), groups
+    /// sorted and records in window order, with warnings as
+    /// [`Self::select`]'s.
+    ///
+    /// Each shard is read from one replica per epoch: gpu and host groups
+    /// as stored; rack, row and cluster groups as each node's aggregate of
+    /// the shards it was asked for, merged here (count and sum add, min and
+    /// max, first and last by timestamp). Each window is read from the
+    /// owners of the epoch its start lies in; a window that spans an epoch
+    /// change therefore lacks the samples after the change, and the answer
+    /// says so.
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub async fn rollups(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<RollupSelection, ClusterError> {
+        let inner = &self.inner;
+        inner.metrics.selects.fetch_add(1, Relaxed);
+        let mut warnings = inner.state.preflight().map_err(|e| {
+            inner.metrics.selects_refused.fetch_add(1, Relaxed);
+            ClusterError::Refused(e)
+        })?;
+        if min_ts > max_ts {
+            return Ok(RollupSelection::default());
+        }
+        let map = inner.state.map();
+        let me = map
+            .node_index(inner.state.self_id())
+            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let known = inner.state.known_keys();
+        let keys: BTreeSet<ShardKey> = known
+            .iter()
+            .filter(|k| match k {
+                ShardKey::Rack(r) => filter.rack.as_ref().is_none_or(|f| f == r),
+                ShardKey::Host(h) => {
+                    filter.rack.as_ref().is_none_or(String::is_empty)
+                        && filter.host.as_ref().is_none_or(|f| f == h)
+                }
+            })
+            .cloned()
+            .collect();
+        let req = wire::RollupRequest {
+            tier,
+            level,
+            filter: filter.clone(),
+        };
+        let first_start = tier.window_start(min_ts);
+        let epochs = map.epochs_overlapping(min_ts, max_ts);
+        let mut merged = wire::RollupMap::new();
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        for (i, &e) in epochs.iter().enumerate() {
+            let epoch_start = map.epochs()[e].start_ms;
+            // Windows starting in [lo, hi] are read from this epoch's owners.
+            let lo = if i == 0 { first_start } else { epoch_start };
+            let hi = match epochs.get(i + 1) {
+                Some(&next) => map.epochs()[next].start_ms - 1,
+                None => max_ts,
+            };
+            if i > 0 && epoch_start.rem_euclid(tier.window_ms()) != 0 {
+                warnings.push(format!(
+                    "partial result: the {} window that holds the membership change at {} \
+                     counts only the samples before the change",
+                    crate::rollups::tier_label(tier),
+                    crate::pushdown::format_ms(epoch_start)
+                ));
+            }
+            // Plan within this epoch alone.
+            let (plan_lo, plan_hi) = (lo.max(epoch_start), hi.max(lo.max(epoch_start)));
+            let mut plan = self.plan(&map, &keys, plan_lo, plan_hi, me, &failed);
+            let mut first_round = true;
+            loop {
+                for m in std::mem::take(&mut plan.missing) {
+                    missing.entry(m.key).or_default().extend(m.owners);
+                }
+                let local_keys = plan.assignments.remove(&me);
+                let unknown_too = first_round.then(|| known.clone());
+                let local = {
+                    let (storage, req) = (inner.storage.clone(), req.clone());
+                    async move {
+                        if local_keys.is_none() && unknown_too.is_none() {
+                            return Ok(wire::RollupMap::new());
+                        }
+                        tokio::task::spawn_blocking(move || {
+                            crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
+                                local_keys.as_ref().is_some_and(|a| a.contains(k))
+                                    || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
+                            })
+                        })
+                        .await
+                    }
+                };
+                let remote =
+                    futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
+                        let addr = map.nodes()[node].flight;
+                        let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
+                        async move { (node, self.fetch_rollups(addr, ticket).await) }
+                    }));
+                let (local, remote) = futures::join!(local, remote);
+                let local = local.map_err(|e| {
+                    ClusterError::Internal(format!("reading this node's rollups failed: {e}"))
+                })?;
+                for (g, windows) in &local {
+                    for r in windows.values() {
+                        wire::merge_record(&mut merged, g, r);
+                    }
+                }
+                let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
+                for (node, answer) in remote {
+                    match answer {
+                        Ok(part) => {
+                            for (g, windows) in &part {
+                                for r in windows.values() {
+                                    wire::merge_record(&mut merged, g, r);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            let id = &map.nodes()[node].id;
+                            warn!(peer = %id, error = %e, "cluster rollup read of a peer failed; trying other replicas");
+                            inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
+                            replan.extend(plan.assignments[&node].iter().cloned());
+                            failed.insert(node, e);
+                        }
+                    }
+                }
+                if replan.is_empty() {
+                    break;
+                }
+                plan = self.plan(&map, &replan, plan_lo, plan_hi, me, &failed);
+                first_round = false;
+            }
+        }
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        Ok(RollupSelection {
+            groups: merged
+                .into_iter()
+                .map(|(g, w)| (g, w.into_values().collect()))
+                .collect(),
+            warnings,
+        })
+    }
+
+    /// Reads one peer's rollup answer, all of it or nothing.
+    async fn fetch_rollups(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+    ) -> Result<wire::RollupMap, String> {
+        let metrics = &self.inner.metrics;
+        metrics.peer_reads.fetch_add(1, Relaxed);
+        let idle = self.inner.config.idle_timeout;
+        let client = FlightServiceClient::new(self.channel(addr))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let mut client = FlightClient::new_from_inner(client);
+        let mut stream = tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
+            .await
+            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
+            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
+        let mut out = wire::RollupMap::new();
+        loop {
+            match tokio::time::timeout(idle, stream.next()).await {
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
+                Ok(None) => return Ok(out),
+                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}")),
+                Ok(Some(Ok(batch))) => wire::merge_rollup_batch(&mut out, &batch).map_err(|e| {
+                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                    format!("{addr} sent a malformed answer: {e}")
+                })?,
+            }
+        }
     }
 
     fn plan(

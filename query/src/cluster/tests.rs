@@ -1231,3 +1231,196 @@ async fn too_many_samples_from_peers_fail_the_query() {
         "{e:?}"
     );
 }
+
+/// One rollup row: level, metric, rack, host, gpu, window start, count,
+/// and the bits of sum, min, max, first, last.
+type RollupRow = (String, String, String, String, String, i64, i64, [u64; 5]);
+
+const ROLLUP_SQL: &str = "SELECT level, metric, rack, host, gpu, ts, count, sum, min, max, first, last \
+                          FROM rollup_1m";
+
+fn rollup_rows_of(r: &QueryResult) -> Vec<RollupRow> {
+    let mut out = Vec::new();
+    for b in &r.batches {
+        let text = |i: usize, row: usize| -> String {
+            let c = b.column(i);
+            if c.is_null(row) {
+                return String::new();
+            }
+            c.as_string::<i32>().value(row).to_string()
+        };
+        let ts = b.column(5).as_primitive::<TimestampMillisecondType>();
+        let count = b.column(6).as_primitive::<arrow::datatypes::Int64Type>();
+        let f = |i: usize, row: usize| {
+            b.column(i)
+                .as_primitive::<Float64Type>()
+                .value(row)
+                .to_bits()
+        };
+        for row in 0..b.num_rows() {
+            out.push((
+                text(0, row),
+                text(1, row),
+                text(2, row),
+                text(3, row),
+                text(4, row),
+                ts.value(row),
+                count.value(row),
+                [f(7, row), f(8, row), f(9, row), f(10, row), f(11, row)],
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The 1-minute rollups of the fleet's series that `keep` accepts, at every
+/// level, computed from the samples written.
+fn expected_rollups(fleet: &[TestSeries], keep: impl Fn(&TestSeries) -> bool) -> Vec<RollupRow> {
+    // (level, metric, rack, host, gpu, window) -> samples (ts, value).
+    type Group = (String, String, String, String, String, i64);
+    let mut groups: BTreeMap<Group, Vec<(i64, f64)>> = BTreeMap::new();
+    for s in fleet.iter().filter(|s| keep(s)) {
+        for &(k, v) in &s.samples {
+            let t = T0 + k * STEP;
+            let window = t - t.rem_euclid(60_000);
+            let (rack, host, gpu) = (s.rack(), s.host.clone(), s.gpu.clone());
+            let e = String::new;
+            for (level, r, h, g) in [
+                ("gpu", rack.clone(), host.clone(), gpu.clone()),
+                ("host", rack.clone(), host.clone(), e()),
+                ("rack", rack.clone(), e(), e()),
+                ("row", e(), e(), e()),
+                ("cluster", e(), e(), e()),
+            ] {
+                groups
+                    .entry((level.into(), s.metric.into(), r, h, g, window))
+                    .or_default()
+                    .push((t, v));
+            }
+        }
+    }
+    let mut out: Vec<RollupRow> = groups
+        .into_iter()
+        .map(|((level, metric, rack, host, gpu, window), mut samples)| {
+            // first: smallest time, then smallest value; last: largest time, then largest value.
+            samples.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+            let values: Vec<f64> = samples.iter().map(|s| s.1).collect();
+            let sum: f64 = values.iter().sum();
+            let min = values.iter().copied().fold(f64::INFINITY, f64::min);
+            let max = values.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            (
+                level,
+                metric,
+                rack,
+                host,
+                gpu,
+                window,
+                samples.len() as i64,
+                [
+                    sum.to_bits(),
+                    min.to_bits(),
+                    max.to_bits(),
+                    samples[0].1.to_bits(),
+                    samples[samples.len() - 1].1.to_bits(),
+                ],
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_are_cluster_wide_at_every_level() {
+    let f = Fixture::three().await;
+    let r = f.sql_engine().sql(ROLLUP_SQL).await.unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let want = expected_rollups(&f.fleet, |_| true);
+    // Every level is there (5 windows of 4 samples per series).
+    assert!(want.iter().any(|r| r.0 == "cluster" && r.6 > 4));
+    assert_eq!(rollup_rows_of(&r), want);
+
+    // rollup(…) and a pushed-down rack and level.
+    let lost = f.shards_owned_by(&["b", "c"]);
+    let ShardKey::Rack(rack) = &lost[0] else {
+        panic!("not a rack")
+    };
+    let sql = format!(
+        "SELECT level, metric, rack, host, gpu, ts, count, sum, min, max, first, last \
+         FROM rollup('{}', '{}', '1m') WHERE rack = '{rack}' AND level IN ('host', 'rack')",
+        crate::pushdown::format_ms(T0),
+        crate::pushdown::format_ms(T0 + N * STEP)
+    );
+    let r = f.sql_engine().sql(&sql).await.unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    let want: Vec<RollupRow> = expected_rollups(&f.fleet, |s| s.shard == lost[0])
+        .into_iter()
+        .filter(|r| r.0 == "host" || r.0 == "rack")
+        .collect();
+    assert!(!want.is_empty());
+    assert_eq!(rollup_rows_of(&r), want);
+
+    // A node down: failed over, still complete.
+    let mut f = f;
+    f.down("c", false).await;
+    let r = f.sql_engine().sql(ROLLUP_SQL).await.unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(rollup_rows_of(&r), expected_rollups(&f.fleet, |_| true));
+
+    // Both owners of some shards down: the others complete, at every level
+    // (row and cluster without the lost shards), and a warning for each.
+    f.down("b", true).await;
+    let r = f.sql_engine().sql(ROLLUP_SQL).await.unwrap();
+    assert_eq!(
+        rollup_rows_of(&r),
+        expected_rollups(&f.fleet, |s| !lost.contains(&s.shard))
+    );
+    assert_eq!(r.warnings.len(), lost.len(), "{:?}", r.warnings);
+    for k in &lost {
+        assert!(
+            r.warnings
+                .iter()
+                .any(|w| w.contains(&format!("{k} could be read"))),
+            "{:?}",
+            r.warnings
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollups_across_an_epoch_change_warn_about_the_split_window() {
+    let change = T0 + 10 * STEP; // 2.5 minutes in: inside a 1-minute window
+    let start = chrono::DateTime::from_timestamp_millis(change)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let epochs = format!(
+        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
+         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
+    );
+    let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
+    let r = f
+        .sql_engine()
+        .sql(&format!("{ROLLUP_SQL} WHERE level = 'gpu'"))
+        .await
+        .unwrap();
+    assert_eq!(r.warnings.len(), 1, "{:?}", r.warnings);
+    assert!(
+        r.warnings[0].contains("window that holds the membership change at")
+            && r.warnings[0].contains(&crate::pushdown::format_ms(change)),
+        "{:?}",
+        r.warnings
+    );
+    // Windows wholly inside one epoch are exact: the first two minutes and
+    // the last two.
+    let whole = |w: i64| !(T0 + 120_000..T0 + 180_000).contains(&w);
+    let got: Vec<RollupRow> = rollup_rows_of(&r)
+        .into_iter()
+        .filter(|r| whole(r.5))
+        .collect();
+    let want: Vec<RollupRow> = expected_rollups(&f.fleet, |_| true)
+        .into_iter()
+        .filter(|r| r.0 == "gpu" && whole(r.5))
+        .collect();
+    assert_eq!(got, want);
+}

@@ -24,19 +24,39 @@
 //! | `labels` | `Map<Utf8, Utf8>` | the other labels, sorted by name |
 //! | `ts` | `List<Int64>` | sample times, Unix ms, increasing |
 //! | `value` | `List<Float64>` | sample values, bit-exact (NaN payloads too) |
+//!
+//! A ticket with a `rollups` object asks for rollup records instead:
+//! `"rollups":{"tier":"1m","level":"row","filter":{"metric":"x","rack":"r7"}}`
+//! (the filter's fields are those of [`storage::RollupFilter`], all
+//! optional). `min_ts` and `max_ts` then bound the windows' *starts*, and
+//! `matchers` is empty. The node answers the records of the listed shards
+//! only: at gpu and host level as stored, at rack, row and cluster level
+//! merged from its host-level records of those shards (its partial
+//! aggregate of them). One row per group and window:
+//!
+//! | column | type |
+//! | --- | --- |
+//! | `metric`, `cluster`, `row`, `rack`, `host`, `gpu` | `Utf8` (empty below the level) |
+//! | `window_start`, `first_ts`, `last_ts` | `Int64` (Unix ms) |
+//! | `count` | `UInt64` |
+//! | `sum`, `min`, `max`, `first`, `last` | `Float64` |
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
 
 use arrow::array::{
-    Array, ArrayRef, AsArray, Float64Array, Int64Array, ListArray, MapBuilder, RecordBatch,
-    StringArray, StringBuilder,
+    Array, ArrayRef, AsArray, Float64Array, Float64Builder, Int64Array, Int64Builder, ListArray,
+    MapBuilder, RecordBatch, StringArray, StringBuilder, UInt64Builder,
 };
 use arrow::buffer::OffsetBuffer;
-use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef};
+use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt64Type};
 use ingest::cluster::ShardKey;
 use serde::{Deserialize, Serialize};
-use storage::{Label, Matcher, SeriesKey};
+use storage::{
+    Label, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey,
+};
+
+use crate::rollups::{level_by_name, level_name, tier_label};
 
 /// The ticket format's version; a node refuses others.
 pub(crate) const TICKET_VERSION: u32 = 1;
@@ -66,6 +86,41 @@ pub(crate) struct WireShard {
     pub host: Option<String>,
 }
 
+/// The rollup part of a ticket.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireRollups {
+    tier: String,
+    level: String,
+    #[serde(default)]
+    filter: WireFilter,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireFilter {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    metric: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    cluster: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    row: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rack: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    gpu: Option<String>,
+}
+
+/// A decoded rollup request.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RollupRequest {
+    pub tier: RollupTier,
+    pub level: RollupLevel,
+    pub filter: RollupFilter,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct WireTicket {
@@ -76,6 +131,8 @@ struct WireTicket {
     shards: Vec<WireShard>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     labels_only: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rollups: Option<WireRollups>,
 }
 
 /// A decoded select request.
@@ -87,6 +144,8 @@ pub(crate) struct SelectRequest {
     pub shards: BTreeSet<ShardKey>,
     /// Series without samples.
     pub labels_only: bool,
+    /// Rollup records instead of series (`min_ts`/`max_ts` bound window starts).
+    pub rollups: Option<RollupRequest>,
 }
 
 fn wire_matcher(m: &Matcher) -> WireMatcher {
@@ -103,6 +162,22 @@ fn wire_matcher(m: &Matcher) -> WireMatcher {
     }
 }
 
+fn wire_shards(shards: &BTreeSet<ShardKey>) -> Vec<WireShard> {
+    shards
+        .iter()
+        .map(|k| match k {
+            ShardKey::Rack(r) => WireShard {
+                rack: Some(r.clone()),
+                host: None,
+            },
+            ShardKey::Host(h) => WireShard {
+                rack: None,
+                host: Some(h.clone()),
+            },
+        })
+        .collect()
+}
+
 /// The ticket bytes of a select request.
 pub(crate) fn encode_ticket(
     matchers: &[Matcher],
@@ -116,20 +191,41 @@ pub(crate) fn encode_ticket(
         matchers: matchers.iter().map(wire_matcher).collect(),
         min_ts,
         max_ts,
-        shards: shards
-            .iter()
-            .map(|k| match k {
-                ShardKey::Rack(r) => WireShard {
-                    rack: Some(r.clone()),
-                    host: None,
-                },
-                ShardKey::Host(h) => WireShard {
-                    rack: None,
-                    host: Some(h.clone()),
-                },
-            })
-            .collect(),
+        shards: wire_shards(shards),
         labels_only,
+        rollups: None,
+    };
+    serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
+}
+
+/// The ticket bytes of a rollup request for windows starting in
+/// `[min_start, max_start]`.
+pub(crate) fn encode_rollup_ticket(
+    req: &RollupRequest,
+    min_start: i64,
+    max_start: i64,
+    shards: &BTreeSet<ShardKey>,
+) -> Vec<u8> {
+    let f = &req.filter;
+    let t = WireTicket {
+        v: TICKET_VERSION,
+        matchers: Vec::new(),
+        min_ts: min_start,
+        max_ts: max_start,
+        shards: wire_shards(shards),
+        labels_only: false,
+        rollups: Some(WireRollups {
+            tier: tier_label(req.tier).to_owned(),
+            level: level_name(req.level).to_owned(),
+            filter: WireFilter {
+                metric: f.metric.clone(),
+                cluster: f.cluster.clone(),
+                row: f.row.clone(),
+                rack: f.rack.clone(),
+                host: f.host.clone(),
+                gpu: f.gpu.clone(),
+            },
+        }),
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -183,12 +279,41 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
             }
         });
     }
+    let rollups = match t.rollups {
+        None => None,
+        Some(r) => {
+            let tier = RollupTier::ALL
+                .into_iter()
+                .find(|&x| tier_label(x) == r.tier)
+                .ok_or_else(|| format!("unknown rollup tier {:?}: 1m, 1h or 1d", r.tier))?;
+            let level = level_by_name(&r.level).ok_or_else(|| {
+                format!(
+                    "unknown rollup level {:?}: gpu, host, rack, row or cluster",
+                    r.level
+                )
+            })?;
+            let f = r.filter;
+            Some(RollupRequest {
+                tier,
+                level,
+                filter: RollupFilter {
+                    metric: f.metric,
+                    cluster: f.cluster,
+                    row: f.row,
+                    rack: f.rack,
+                    host: f.host,
+                    gpu: f.gpu,
+                },
+            })
+        }
+    };
     Ok(SelectRequest {
         matchers,
         min_ts: t.min_ts,
         max_ts: t.max_ts,
         shards,
         labels_only: t.labels_only,
+        rollups,
     })
 }
 
@@ -404,4 +529,155 @@ impl AnswerDecoder {
     pub(crate) fn finish(self) -> BTreeMap<SeriesKey, FetchedSeries> {
         self.series
     }
+}
+
+/// Rows per rollup answer batch.
+pub(crate) const ROLLUP_BATCH_ROWS: usize = 8192;
+
+const GROUP_FIELDS: [&str; 6] = ["metric", "cluster", "row", "rack", "host", "gpu"];
+
+/// The schema of a rollup answer.
+pub(crate) fn rollup_schema() -> SchemaRef {
+    static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            let mut fields: Vec<Field> = GROUP_FIELDS
+                .iter()
+                .map(|n| Field::new(*n, DataType::Utf8, false))
+                .collect();
+            fields.extend([
+                Field::new("window_start", DataType::Int64, false),
+                Field::new("count", DataType::UInt64, false),
+                Field::new("sum", DataType::Float64, false),
+                Field::new("min", DataType::Float64, false),
+                Field::new("max", DataType::Float64, false),
+                Field::new("first", DataType::Float64, false),
+                Field::new("first_ts", DataType::Int64, false),
+                Field::new("last", DataType::Float64, false),
+                Field::new("last_ts", DataType::Int64, false),
+            ]);
+            Arc::new(Schema::new(fields))
+        })
+        .clone()
+}
+
+/// Rollup records by group and window start: what a node answers, and
+/// what the asking node merges the answers into.
+pub(crate) type RollupMap = BTreeMap<RollupGroup, BTreeMap<i64, RollupRecord>>;
+
+/// Merges one record into `map`.
+pub(crate) fn merge_record(map: &mut RollupMap, g: &RollupGroup, r: &RollupRecord) {
+    let windows = match map.get_mut(g) {
+        Some(w) => w,
+        None => map.entry(g.clone()).or_default(),
+    };
+    windows
+        .entry(r.window_start_ms)
+        .and_modify(|m| m.merge(r))
+        .or_insert(*r);
+}
+
+/// The batches of a rollup answer.
+pub(crate) fn rollup_batches(map: &RollupMap) -> Vec<RecordBatch> {
+    let mut out = Vec::new();
+    let rows: Vec<(&RollupGroup, &RollupRecord)> = map
+        .iter()
+        .flat_map(|(g, w)| w.values().map(move |r| (g, r)))
+        .collect();
+    for chunk in rows.chunks(ROLLUP_BATCH_ROWS) {
+        let mut text: Vec<StringBuilder> = (0..GROUP_FIELDS.len())
+            .map(|_| StringBuilder::new())
+            .collect();
+        let (mut window, mut first_ts, mut last_ts) = (
+            Int64Builder::new(),
+            Int64Builder::new(),
+            Int64Builder::new(),
+        );
+        let mut count = UInt64Builder::new();
+        let mut f: Vec<Float64Builder> = (0..5).map(|_| Float64Builder::new()).collect();
+        for (g, r) in chunk {
+            for (b, v) in text
+                .iter_mut()
+                .zip([&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu])
+            {
+                b.append_value(v);
+            }
+            window.append_value(r.window_start_ms);
+            count.append_value(r.count);
+            for (b, v) in f.iter_mut().zip([r.sum, r.min, r.max, r.first, r.last]) {
+                b.append_value(v);
+            }
+            first_ts.append_value(r.first_ts_ms);
+            last_ts.append_value(r.last_ts_ms);
+        }
+        let mut cols: Vec<ArrayRef> = text
+            .into_iter()
+            .map(|mut b| Arc::new(b.finish()) as ArrayRef)
+            .collect();
+        let mut f = f.into_iter().map(|mut b| Arc::new(b.finish()) as ArrayRef);
+        let mut next_f = || f.next().expect("BUG: five float columns");
+        cols.push(Arc::new(window.finish()));
+        cols.push(Arc::new(count.finish()));
+        cols.push(next_f()); // sum
+        cols.push(next_f()); // min
+        cols.push(next_f()); // max
+        cols.push(next_f()); // first
+        cols.push(Arc::new(first_ts.finish()));
+        cols.push(next_f()); // last
+        cols.push(Arc::new(last_ts.finish()));
+        out.push(
+            RecordBatch::try_new(rollup_schema(), cols).expect("BUG: columns built to the schema"),
+        );
+    }
+    out
+}
+
+/// Merges a rollup answer batch into `map`.
+///
+/// # Errors
+/// The batch does not have the rollup schema or holds nulls.
+pub(crate) fn merge_rollup_batch(map: &mut RollupMap, batch: &RecordBatch) -> Result<(), String> {
+    if batch.schema().fields() != rollup_schema().fields() {
+        return Err(format!(
+            "the answer's schema is {:?}, not the gpulse rollup schema",
+            batch.schema()
+        ));
+    }
+    if batch.columns().iter().any(|c| c.null_count() > 0) {
+        return Err("the answer holds nulls".into());
+    }
+    let text: Vec<&StringArray> = (0..GROUP_FIELDS.len())
+        .map(|i| batch.column(i).as_string::<i32>())
+        .collect();
+    let int = |i: usize| batch.column(i).as_primitive::<Int64Type>();
+    let float = |i: usize| batch.column(i).as_primitive::<Float64Type>();
+    let (window, first_ts, last_ts) = (int(6), int(12), int(14));
+    let count = batch.column(7).as_primitive::<UInt64Type>();
+    let (sum, min, max, first, last) = (float(8), float(9), float(10), float(11), float(13));
+    for row in 0..batch.num_rows() {
+        let g = RollupGroup {
+            metric: text[0].value(row).to_owned(),
+            cluster: text[1].value(row).to_owned(),
+            row: text[2].value(row).to_owned(),
+            rack: text[3].value(row).to_owned(),
+            host: text[4].value(row).to_owned(),
+            gpu: text[5].value(row).to_owned(),
+        };
+        let r = RollupRecord {
+            window_start_ms: window.value(row),
+            count: count.value(row),
+            sum: sum.value(row),
+            min: min.value(row),
+            max: max.value(row),
+            first: first.value(row),
+            first_ts_ms: first_ts.value(row),
+            last: last.value(row),
+            last_ts_ms: last_ts.value(row),
+        };
+        if r.count == 0 {
+            return Err(format!("row {row}: a rollup record of no samples"));
+        }
+        merge_record(map, &g, &r);
+    }
+    Ok(())
 }
