@@ -220,6 +220,29 @@ pub fn router_with_cluster(
     )
 }
 
+/// Only `/api/v1/read`, reading the whole cluster through `reader`: for a
+/// node whose `/api/v1/write` is served by something else (forwarding to
+/// the shard owners). Counts into `metrics` like [`router`].
+pub fn read_router_with_cluster(
+    reader: ClusterReader,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+) -> Router {
+    let remote = Arc::new(Remote {
+        storage: reader.storage().clone(),
+        limits,
+        metrics,
+        cache: SeriesCache::default(),
+    });
+    Router::new()
+        .route("/api/v1/read", post(read))
+        .with_state(Arc::new(Reads {
+            remote,
+            source: Source::Cluster(reader),
+        }))
+        .layer(DefaultBodyLimit::max(limits.max_request_bytes))
+}
+
 fn routes(
     storage: Arc<Storage>,
     source: Source,

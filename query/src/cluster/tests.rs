@@ -888,7 +888,7 @@ fn shard_pruning_follows_rack_and_hostname_matchers() {
 async fn serve_http(f: &Fixture) -> (String, oneshot::Sender<()>) {
     let router = crate::http::router(f.sql_engine())
         .merge(crate::promql::api::router(f.prom_engine()))
-        .merge(crate::remote::router_with_cluster(
+        .merge(crate::remote::read_router_with_cluster(
             f.reader.clone(),
             crate::remote::RemoteLimits::default(),
             Arc::default(),
