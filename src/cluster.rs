@@ -85,14 +85,6 @@ pub(crate) fn configure(
     Ok(config)
 }
 
-/// The shard of a stored series: its `rack` label, else its `Hostname`.
-pub(crate) fn shard_of(key: &storage::SeriesKey) -> ShardKey {
-    ShardKey::of(
-        key.get("rack").unwrap_or_default(),
-        key.get("Hostname").unwrap_or_default(),
-    )
-}
-
 /// Starts cluster mode: the node's state (seeded with the shards its data
 /// directory already holds), the peer poller, and the SIGHUP reload.
 pub(crate) async fn start(
@@ -104,8 +96,8 @@ pub(crate) async fn start(
     let state = Arc::new(ClusterState::new(node.map.clone(), &node.node_id));
     let (st, seeded) = (storage.clone(), state.clone());
     let shards = tokio::task::spawn_blocking(move || {
-        for s in st.select(&[], i64::MIN, i64::MAX) {
-            seeded.note_key(shard_of(&s.key));
+        for key in query::cluster::local_shard_keys(&st) {
+            seeded.note_key(key);
         }
         seeded.local_keys().len()
     })
@@ -364,31 +356,5 @@ flight = "127.0.0.1:7503"
             .unwrap_err()
             .to_string();
         assert!(e.contains("cannot read the cluster file"), "{e}");
-    }
-
-    #[test]
-    fn a_series_shard_is_its_rack_else_its_host() {
-        let key = |labels: &[(&str, &str)]| {
-            storage::SeriesKey::new(
-                "m",
-                labels
-                    .iter()
-                    .map(|(n, v)| storage::Label::new(*n, *v))
-                    .collect(),
-            )
-            .unwrap()
-        };
-        assert_eq!(
-            shard_of(&key(&[("Hostname", "h1"), ("rack", "r1")])),
-            ShardKey::Rack("r1".into())
-        );
-        assert_eq!(
-            shard_of(&key(&[("Hostname", "h1")])),
-            ShardKey::Host("h1".into())
-        );
-        assert_eq!(
-            shard_of(&key(&[("Hostname", "h1"), ("rack", "")])),
-            ShardKey::Host("h1".into())
-        );
     }
 }

@@ -23,6 +23,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) query: Arc<QueryMetrics>,
     pub(crate) promql: Arc<QueryMetrics>,
     pub(crate) remote: Arc<RemoteMetrics>,
+    /// Cluster mode: Flight and cluster-read counters.
+    pub(crate) cluster: Option<Arc<query::cluster::ClusterMetrics>>,
 }
 
 pub(crate) fn router(m: NodeMetrics) -> Router {
@@ -208,5 +210,8 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.query.render(&mut out, "sql");
     m.promql.render(&mut out, "promql");
     m.remote.render(&mut out);
+    if let Some(c) = &m.cluster {
+        c.render(&mut out);
+    }
     out
 }

@@ -168,18 +168,68 @@ impl Server {
             }),
         ));
 
-        let engine = query::QueryEngine::with_limits(storage.clone(), config.limits);
         let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
-        let prom = query::promql::PromEngine::new(storage.clone());
+        let remote_limits = query::remote::RemoteLimits::default();
+        // Cluster mode: reads of every kind answer for the whole cluster,
+        // fetching other nodes' shards over Arrow Flight.
+        let mut flight_addr = None;
+        let (engine, prom, remote, cluster_metrics) = match (&cluster, &config.cluster) {
+            (Some(state), Some(node)) => {
+                let metrics = Arc::new(query::cluster::ClusterMetrics::default());
+                let addr = node.spec().flight;
+                let fl = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding the Arrow Flight listener on {addr}"))?;
+                flight_addr = Some(fl.local_addr()?);
+                let fut = query::cluster::serve_flight(
+                    fl,
+                    storage.clone(),
+                    metrics.clone(),
+                    stopped(&stop),
+                );
+                tasks.push((
+                    "flight",
+                    tokio::spawn(async move {
+                        if let Err(e) = fut.await {
+                            error!(error = %e, "Arrow Flight server failed");
+                        }
+                    }),
+                ));
+                let reader = query::cluster::ClusterReader::new(
+                    state.clone(),
+                    storage.clone(),
+                    metrics.clone(),
+                    query::cluster::ReaderConfig::default(),
+                );
+                (
+                    query::QueryEngine::with_cluster(
+                        storage.clone(),
+                        config.limits,
+                        reader.clone(),
+                    ),
+                    query::promql::PromEngine::with_cluster(
+                        reader.clone(),
+                        query::promql::PromLimits::default(),
+                    ),
+                    query::remote::router_with_cluster(
+                        reader,
+                        remote_limits,
+                        remote_metrics.clone(),
+                    ),
+                    Some(metrics),
+                )
+            }
+            _ => (
+                query::QueryEngine::with_limits(storage.clone(), config.limits),
+                query::promql::PromEngine::new(storage.clone()),
+                query::remote::router(storage.clone(), remote_limits, remote_metrics.clone()),
+                None,
+            ),
+        };
         let promql_metrics = prom.metrics().clone();
         let router = query::http::router(engine.clone())
             .merge(query::promql::api::router(prom))
-            .merge(query::remote::router_with_cluster(
-                storage.clone(),
-                query::remote::RemoteLimits::default(),
-                remote_metrics.clone(),
-                cluster.clone(),
-            ))
+            .merge(remote)
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
                     storage: storage.clone(),
@@ -187,6 +237,7 @@ impl Server {
                     query: engine.metrics().clone(),
                     promql: promql_metrics,
                     remote: remote_metrics,
+                    cluster: cluster_metrics,
                 },
             ))
             .merge(admin_router(storage.clone()));
@@ -231,7 +282,7 @@ impl Server {
                 }
             }),
         ));
-        info!(grpc = %grpc_addr, http = %http_addr, postgres = ?pg_addr, "serving");
+        info!(grpc = %grpc_addr, http = %http_addr, postgres = ?pg_addr, flight = ?flight_addr, "serving");
         Ok(Self {
             grpc_addr,
             http_addr,

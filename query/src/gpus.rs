@@ -71,6 +71,8 @@ pub fn gpus_schema() -> SchemaRef {
 pub struct GpusTable {
     storage: Arc<Storage>,
     schema: SchemaRef,
+    /// In cluster mode: scans warn that only this node's inventory is read.
+    local_in_cluster: bool,
 }
 
 impl GpusTable {
@@ -78,6 +80,16 @@ impl GpusTable {
         Self {
             storage,
             schema: gpus_schema(),
+            local_in_cluster: false,
+        }
+    }
+
+    /// With `true`, a scan adds a warning to the query's result: the table
+    /// lists this node's inventory only.
+    pub fn local_in_cluster(self, yes: bool) -> Self {
+        Self {
+            local_in_cluster: yes,
+            ..self
         }
     }
 
@@ -120,6 +132,9 @@ impl TableProvider for GpusTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>, DataFusionError> {
+        if self.local_in_cluster {
+            crate::cluster::warn_local_only("the gpus table")?;
+        }
         // A fleet has thousands of GPUs, not millions: one in-memory batch.
         let mem = MemTable::try_new(self.schema.clone(), vec![vec![self.batch()?]])?;
         mem.scan(state, projection, filters, limit).await

@@ -11,6 +11,13 @@
 //! are RFC 3339 strings. Errors: HTTP 400 (bad query), 422 (the result passes
 //! the engine's [`crate::ResultLimits`]) or 500 with
 //! `{"status":"error","errorType":"bad_data"|"too_large"|"execution","error":"..."}`.
+//!
+//! Cluster mode: a result that lacks a shard (no replica could serve it) has
+//! the header `X-Gpulse-Partial: true` in every format, one
+//! `X-Gpulse-Warning` header per warning (when the text is a valid header
+//! value), and in JSON a `"warnings":["..."]` field. A cluster that refuses
+//! to answer (a peer with another cluster file) gives 503 with `errorType`
+//! `unavailable`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,6 +35,11 @@ use serde_json::{Value, json};
 use tracing::debug;
 
 use crate::{QueryEngine, QueryError, QueryResult};
+
+/// Set to `true` on a result that lacks data (cluster mode).
+pub const PARTIAL_HEADER: &str = "x-gpulse-partial";
+/// One per warning of a partial result.
+pub const WARNING_HEADER: &str = "x-gpulse-warning";
 
 /// Builds the router of the HTTP API.
 pub fn router(engine: QueryEngine) -> Router {
@@ -76,6 +88,7 @@ fn http_status(e: &QueryError) -> (StatusCode, &'static str) {
         QueryError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_data"),
         QueryError::Execution(_) => (StatusCode::INTERNAL_SERVER_ERROR, "execution"),
         QueryError::TooLarge(_) => (StatusCode::UNPROCESSABLE_ENTITY, "too_large"),
+        QueryError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
     }
 }
 
@@ -139,12 +152,29 @@ async fn sql(
         }
     };
     let rendered = match format {
-        Format::Json => to_json(&result).map(|v| ("application/json", v.to_string().into_bytes())),
+        Format::Json => to_json(&result).map(|mut v| {
+            if !result.warnings.is_empty() {
+                v["warnings"] = json!(result.warnings);
+            }
+            ("application/json", v.to_string().into_bytes())
+        }),
         Format::Csv => to_csv(&result).map(|b| ("text/csv; charset=utf-8", b)),
         Format::Arrow => to_arrow_ipc(&result).map(|b| ("application/vnd.apache.arrow.stream", b)),
     };
     match rendered {
-        Ok((ct, bytes)) => ([(header::CONTENT_TYPE, ct)], bytes).into_response(),
+        Ok((ct, bytes)) => {
+            let mut response = ([(header::CONTENT_TYPE, ct)], bytes).into_response();
+            if !result.warnings.is_empty() {
+                let h = response.headers_mut();
+                h.insert(PARTIAL_HEADER, header::HeaderValue::from_static("true"));
+                for w in &result.warnings {
+                    if let Ok(v) = header::HeaderValue::from_str(w) {
+                        h.append(WARNING_HEADER, v);
+                    }
+                }
+            }
+            response
+        }
         Err(e) => error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
             "execution",

@@ -9,7 +9,12 @@
 //! `POST /api/v1/sql` and [`pg::serve`] the PostgreSQL protocol on top of it.
 //! Queries are read-only: DDL, DML and SET statements are refused. Results
 //! larger than the engine's [`ResultLimits`] fail instead of filling memory.
+//!
+//! In a cluster ([`cluster`]), an engine made with
+//! [`QueryEngine::with_cluster`] reads `samples` from every node, and a
+//! result that lacks a shard says so in [`QueryResult::warnings`].
 
+pub mod cluster;
 pub mod gpus;
 pub mod http;
 pub mod pg;
@@ -42,6 +47,10 @@ pub enum QueryError {
     /// The result is larger than [`ResultLimits`] allows (HTTP 422).
     #[error("{0}")]
     TooLarge(LimitExceeded),
+    /// The cluster cannot answer: a peer runs with another cluster file
+    /// (HTTP 503).
+    #[error("{0}")]
+    Unavailable(String),
 }
 
 /// How large one query's result may be. Both front ends (HTTP and the
@@ -75,6 +84,10 @@ pub enum LimitExceeded {
         "the result is larger than {limit} bytes (--max-result-bytes); select fewer columns or rows, or aggregate"
     )]
     Bytes { limit: u64 },
+    #[error(
+        "the query reads more than {limit} samples from other nodes of the cluster; narrow the time range or the labels"
+    )]
+    PeerSamples { limit: u64 },
 }
 
 /// Counts what a result has produced so far against [`ResultLimits`].
@@ -131,6 +144,15 @@ pub(crate) async fn physical_plan(engine: &QueryEngine, sql: &str) -> String {
 
 impl From<DataFusionError> for QueryError {
     fn from(e: DataFusionError) -> Self {
+        if let DataFusionError::External(inner) = e.find_root()
+            && let Some(c) = inner.downcast_ref::<cluster::ClusterError>()
+        {
+            match c {
+                cluster::ClusterError::Refused(m) => return QueryError::Unavailable(m.clone()),
+                cluster::ClusterError::TooLarge(l) => return QueryError::TooLarge(l.clone()),
+                cluster::ClusterError::Internal(_) => {}
+            }
+        }
         match e.find_root() {
             DataFusionError::SQL(..)
             | DataFusionError::Plan(_)
@@ -141,11 +163,14 @@ impl From<DataFusionError> for QueryError {
     }
 }
 
-/// The result of a query: its schema and batches.
+/// The result of a query: its schema and batches, and why it may be
+/// incomplete (cluster mode: shards that no replica could serve).
 #[derive(Debug, Clone)]
 pub struct QueryResult {
     pub schema: SchemaRef,
     pub batches: Vec<RecordBatch>,
+    /// Empty when the result is complete.
+    pub warnings: Vec<String>,
 }
 
 impl QueryResult {
@@ -215,7 +240,7 @@ impl QueryMetrics {
     }
 }
 
-/// Runs SQL over the tables of one storage.
+/// Runs SQL over the tables of one storage, or of the whole cluster.
 #[derive(Clone)]
 pub struct QueryEngine {
     ctx: Arc<SessionContext>,
@@ -238,23 +263,51 @@ impl QueryEngine {
     }
 
     pub fn with_limits(storage: Arc<Storage>, limits: ResultLimits) -> Self {
+        Self::build(storage.clone(), cluster::Source::Local(storage), limits)
+    }
+
+    /// An engine of a cluster node: `samples` holds the whole cluster's
+    /// samples, read through `reader` (made over this node's `storage`).
+    /// The rollup tables and `rollup(…)` read the cluster's rollups too
+    /// ([`cluster::ClusterReader::rollups`]). Results that lack a shard carry
+    /// [`QueryResult::warnings`]; the HTTP API shows them, PostgreSQL
+    /// clients get them as notices. `gpus` reads this node's inventory alone
+    /// and says so in a warning.
+    pub fn with_cluster(
+        storage: Arc<Storage>,
+        limits: ResultLimits,
+        reader: cluster::ClusterReader,
+    ) -> Self {
+        Self::build(storage, cluster::Source::Cluster(reader), limits)
+    }
+
+    fn build(storage: Arc<Storage>, source: cluster::Source, limits: ResultLimits) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
+        let (clustered, reader) = match &source {
+            cluster::Source::Local(_) => (false, None),
+            cluster::Source::Cluster(r) => (true, Some(r.clone())),
+        };
+        ctx.register_table("samples", Arc::new(samples::SamplesTable::over(source)))
+            .expect("BUG: registering a table in a fresh context");
         ctx.register_table(
-            "samples",
-            Arc::new(samples::SamplesTable::new(storage.clone())),
+            "gpus",
+            Arc::new(gpus::GpusTable::new(storage.clone()).local_in_cluster(clustered)),
         )
         .expect("BUG: registering a table in a fresh context");
-        ctx.register_table("gpus", Arc::new(gpus::GpusTable::new(storage.clone())))
-            .expect("BUG: registering a table in a fresh context");
         for tier in storage::RollupTier::ALL {
             ctx.register_table(
                 rollups::table_name(tier),
-                Arc::new(rollups::RollupTable::new(storage.clone(), tier)),
+                Arc::new(
+                    rollups::RollupTable::new(storage.clone(), tier).in_cluster(reader.clone()),
+                ),
             )
             .expect("BUG: registering a table in a fresh context");
         }
-        ctx.register_udtf("rollup", Arc::new(rollups::RollupFunction::new(storage)));
+        ctx.register_udtf(
+            "rollup",
+            Arc::new(rollups::RollupFunction::new(storage).in_cluster(reader)),
+        );
         // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
         // functions psql's \dt and \d call (pg_table_is_visible, format_type).
         // They read the context's catalog, so they list `samples` as it is.
@@ -288,9 +341,9 @@ impl QueryEngine {
     /// query stops there).
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
         let started = std::time::Instant::now();
-        let result = self.run_sql(query).await;
+        let (result, warnings) = cluster::collect_sql_warnings(self.run_sql(query)).await;
         self.metrics.observe(started.elapsed(), result.is_ok());
-        result
+        result.map(|r| QueryResult { warnings, ..r })
     }
 
     async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
@@ -313,6 +366,10 @@ impl QueryEngine {
                 .map_err(QueryError::TooLarge)?;
             batches.push(batch);
         }
-        Ok(QueryResult { schema, batches })
+        Ok(QueryResult {
+            schema,
+            batches,
+            warnings: Vec::new(),
+        })
     }
 }

@@ -17,6 +17,10 @@
 //!   errors, 0A000 for what DataFusion does not support, XX000 for failures
 //!   while running. The connection stays usable after any of them.
 //!
+//! - cluster mode: a result that lacks a shard (see [`crate::cluster`]) is
+//!   preceded by one NoticeResponse per warning (severity WARNING, SQLSTATE
+//!   01000); psql prints them as `WARNING:  partial result: ...`.
+//!
 //! There is no authentication: any user name and database name are accepted
 //! (bind to a loopback or otherwise trusted address). TLS is not offered.
 
@@ -38,7 +42,7 @@ use datafusion_postgres::hooks::set_show::SetShowHook;
 use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::pgwire;
 use datafusion_postgres::{DfSessionService, QueryHook};
-use futures::{Sink, StreamExt};
+use futures::{Sink, SinkExt, StreamExt};
 use pgwire::api::auth::StartupHandler;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
@@ -51,6 +55,7 @@ use pgwire::api::{
 };
 use pgwire::error::{ErrorInfo, PgWireError, PgWireResult};
 use pgwire::messages::PgWireBackendMessage;
+use pgwire::messages::response::NoticeResponse;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
@@ -215,6 +220,27 @@ fn limit_rows(mut response: QueryResponse, limits: ResultLimits) -> QueryRespons
     limited
 }
 
+/// Sends each warning as a NoticeResponse (severity WARNING, 01000).
+async fn send_warnings<C>(client: &mut C, warnings: &[String]) -> PgWireResult<()>
+where
+    C: Sink<PgWireBackendMessage> + Unpin,
+    PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+{
+    if warnings.is_empty() {
+        return Ok(());
+    }
+    for w in warnings {
+        let notice = ErrorInfo::new("WARNING".to_owned(), "01000".to_owned(), w.clone());
+        client
+            .feed(PgWireBackendMessage::NoticeResponse(NoticeResponse::from(
+                notice,
+            )))
+            .await?;
+    }
+    client.flush().await?;
+    Ok(())
+}
+
 fn limit_error(e: &LimitExceeded) -> PgWireError {
     // 54000: program_limit_exceeded.
     user_error("54000", e.to_string())
@@ -237,9 +263,14 @@ impl SimpleQueryHandler for LimitedService {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let responses =
-            <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query).await?;
-        Ok(responses.into_iter().map(|r| self.limit(r)).collect())
+        // The statements are planned (and their scans run their cluster
+        // reads) inside the inner call: their warnings are collected there.
+        let (responses, warnings) = crate::cluster::collect_sql_warnings(
+            <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query),
+        )
+        .await;
+        send_warnings(client, &warnings).await?;
+        Ok(responses?.into_iter().map(|r| self.limit(r)).collect())
     }
 }
 
@@ -264,14 +295,17 @@ impl ExtendedQueryHandler for LimitedService {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let response = <DfSessionService as ExtendedQueryHandler>::do_query(
-            &self.inner,
-            client,
-            portal,
-            max_rows,
+        let (response, warnings) = crate::cluster::collect_sql_warnings(
+            <DfSessionService as ExtendedQueryHandler>::do_query(
+                &self.inner,
+                client,
+                portal,
+                max_rows,
+            ),
         )
-        .await?;
-        Ok(self.limit(response))
+        .await;
+        send_warnings(client, &warnings).await?;
+        Ok(self.limit(response?))
     }
 }
 

@@ -25,6 +25,13 @@
 //! types with fully anchored regexes, and time bounds are inclusive. A read
 //! that passes [`RemoteLimits::max_samples`] or `max_response_bytes` fails
 //! with 400 and says which limit.
+//!
+//! In cluster mode ([`router_with_cluster`]) a read selects from every node
+//! ([`crate::cluster`]). The remote-read protocol has no way to mark an
+//! answer partial, so a read that would lack a shard (no replica could
+//! serve it) fails with 503 and a message naming the shards; Prometheus
+//! shows a failing remote read as a warning of its query. A cluster that
+//! refuses to answer (a peer with another cluster file) also gives 503.
 
 pub mod decode;
 pub mod forward;
@@ -52,6 +59,7 @@ use tracing::warn;
 
 use self::decode::BodyError;
 use self::xor::{SAMPLES_PER_CHUNK, XorChunk, put_uvarint};
+use crate::cluster::{ClusterError, ClusterReader, Source};
 
 /// Frames of a streamed read are cut at about this size.
 const MAX_FRAME_BYTES: usize = 1 << 20;
@@ -204,28 +212,65 @@ thread_local! {
 
 /// The routes `/api/v1/write` and `/api/v1/read`.
 pub fn router(storage: Arc<Storage>, limits: RemoteLimits, metrics: Arc<RemoteMetrics>) -> Router {
-    router_with_cluster(storage, limits, metrics, None)
+    routes(
+        storage.clone(),
+        Source::Local(storage),
+        limits,
+        metrics,
+        None,
+    )
 }
 
-/// [`router`]; with `cluster`, a write is split by shard and each part
-/// stored by its owners ([`forward`]).
+/// The routes of a cluster node: `/api/v1/read` reads the whole cluster
+/// through `reader` (see the module docs for partial reads), and
+/// `/api/v1/write` splits each request by shard and has every owner store
+/// its part ([`forward`]).
 pub fn router_with_cluster(
+    reader: ClusterReader,
+    limits: RemoteLimits,
+    metrics: Arc<RemoteMetrics>,
+) -> Router {
+    let state = reader.state().clone();
+    routes(
+        reader.storage().clone(),
+        Source::Cluster(reader),
+        limits,
+        metrics,
+        Some(state),
+    )
+}
+
+fn routes(
     storage: Arc<Storage>,
+    source: Source,
     limits: RemoteLimits,
     metrics: Arc<RemoteMetrics>,
     cluster: Option<Arc<ingest::cluster::ClusterState>>,
 ) -> Router {
+    let remote = Arc::new(Remote {
+        storage,
+        limits,
+        metrics,
+        cache: SeriesCache::default(),
+        cluster,
+    });
     Router::new()
         .route("/api/v1/write", post(write))
-        .route("/api/v1/read", post(read))
+        .with_state(remote.clone())
+        .merge(
+            Router::new()
+                .route("/api/v1/read", post(read))
+                .with_state(Arc::new(Reads { remote, source })),
+        )
         .layer(DefaultBodyLimit::max(limits.max_request_bytes))
-        .with_state(Arc::new(Remote {
-            storage,
-            limits,
-            metrics,
-            cache: SeriesCache::default(),
-            cluster,
-        }))
+}
+
+/// The state of the read route: where reads select (this node's storage,
+/// or the cluster).
+#[derive(Debug)]
+struct Reads {
+    remote: Arc<Remote>,
+    source: Source,
 }
 
 /// An error answer: a status and a plain-text message, as Prometheus sends.
@@ -412,10 +457,10 @@ fn series_key(labels: Vec<(String, String)>) -> Result<SeriesKey, String> {
     SeriesKey::new(metric, rest).map_err(|e| e.to_string())
 }
 
-async fn read(State(remote): State<Arc<Remote>>, body: Bytes) -> Response {
+async fn read(State(reads): State<Arc<Reads>>, body: Bytes) -> Response {
+    let remote = reads.remote.clone();
     remote.metrics.read_requests.fetch_add(1, Relaxed);
-    let r = remote.clone();
-    let result = tokio::task::spawn_blocking(move || read_blocking(&r, &body))
+    let result = tokio::task::spawn_blocking(move || read_blocking(&reads, &body))
         .await
         .unwrap_or_else(|e| {
             Err(HttpError(
@@ -458,7 +503,8 @@ struct ReadSeries {
     values: Vec<f64>,
 }
 
-fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
+fn read_blocking(reads: &Reads, body: &[u8]) -> Result<Response, HttpError> {
+    let remote = &*reads.remote;
     let req = decode::read_request(body, remote.limits.max_request_bytes)?;
     let streamed = match req.accepted_response_types.first() {
         None => false,
@@ -473,7 +519,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
         let mut out = Vec::new();
         for (qi, q) in req.queries.iter().enumerate() {
             for s in select(
-                &remote.storage,
+                &reads.source,
                 q,
                 &mut samples_left,
                 remote.limits.max_samples,
@@ -493,7 +539,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
     for q in &req.queries {
         let mut timeseries = Vec::new();
         for s in select(
-            &remote.storage,
+            &reads.source,
             q,
             &mut samples_left,
             remote.limits.max_samples,
@@ -535,7 +581,7 @@ fn read_blocking(remote: &Remote, body: &[u8]) -> Result<Response, HttpError> {
 /// The series of one query, sorted by label set, with their samples in the
 /// inclusive range; series without samples there are left out.
 fn select(
-    storage: &Storage,
+    source: &Source,
     q: &gpulse_proto::prometheus::Query,
     samples_left: &mut u64,
     max_samples: u64,
@@ -546,8 +592,24 @@ fn select(
         .map(matcher)
         .collect::<Result<Vec<_>, _>>()?;
     let (min, max) = (q.start_timestamp_ms, q.end_timestamp_ms);
+    let selection = source
+        .select_blocking(&matchers, min, max)
+        .map_err(|e| match e {
+            ClusterError::Refused(m) => HttpError(StatusCode::SERVICE_UNAVAILABLE, m),
+            ClusterError::Internal(m) => HttpError(StatusCode::INTERNAL_SERVER_ERROR, m),
+            ClusterError::TooLarge(l) => bad(l.to_string()),
+        })?;
+    if !selection.warnings.is_empty() {
+        return Err(HttpError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "remote read refused: the answer would be partial, and remote read cannot say so: {}",
+                selection.warnings.join("; ")
+            ),
+        ));
+    }
     let mut out = Vec::new();
-    for s in storage.select(&matchers, min, max) {
+    for s in selection.series {
         let (mut ts, mut values) = (Vec::new(), Vec::new());
         s.read_into(min, max, &mut ts, &mut values)
             .map_err(|e| HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;

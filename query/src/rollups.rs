@@ -33,6 +33,13 @@
 //! (literals, strings in RFC 3339, or constant expressions such as
 //! `now() - interval '30 days'`); `step` is an interval or a string such as
 //! `'1h'`, `'15m'`, `'1 day'`.
+//!
+//! In cluster mode ([`RollupTable::in_cluster`]) a scan reads the whole
+//! cluster's rollups when it is planned, one level at a time, through
+//! [`ClusterReader::rollups`]: gpu and host groups from one replica of their
+//! shard, rack, row and cluster groups merged from each node's aggregate of
+//! the shards it was asked for. Shards no replica could serve, and a window
+//! split by a membership change, are warnings of the query.
 
 use std::sync::Arc;
 
@@ -59,6 +66,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
 use storage::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage};
 
+use crate::cluster::ClusterReader;
 use crate::pushdown::{TimeRange, column_of, comparisons, literal_of, string_of};
 
 /// Rows per record batch produced by a scan.
@@ -79,7 +87,7 @@ pub fn table_name(tier: RollupTier) -> &'static str {
     }
 }
 
-fn tier_label(tier: RollupTier) -> &'static str {
+pub(crate) fn tier_label(tier: RollupTier) -> &'static str {
     match tier {
         RollupTier::Minute => "1m",
         RollupTier::Hour => "1h",
@@ -87,7 +95,7 @@ fn tier_label(tier: RollupTier) -> &'static str {
     }
 }
 
-fn level_name(level: RollupLevel) -> &'static str {
+pub(crate) fn level_name(level: RollupLevel) -> &'static str {
     match level {
         RollupLevel::Gpu => "gpu",
         RollupLevel::Host => "host",
@@ -97,7 +105,7 @@ fn level_name(level: RollupLevel) -> &'static str {
     }
 }
 
-fn level_by_name(name: &str) -> Option<RollupLevel> {
+pub(crate) fn level_by_name(name: &str) -> Option<RollupLevel> {
     RollupLevel::ALL
         .into_iter()
         .find(|&l| level_name(l) == name)
@@ -137,6 +145,8 @@ pub struct RollupTable {
     /// Whether the table has the `tier` column (`rollup(…)`).
     with_tier: bool,
     schema: SchemaRef,
+    /// In cluster mode: the reader of the cluster's rollups.
+    cluster: Option<ClusterReader>,
 }
 
 impl RollupTable {
@@ -148,6 +158,17 @@ impl RollupTable {
             window_starts: TimeRange::default(),
             with_tier: false,
             schema: schema(false),
+            cluster: None,
+        }
+    }
+
+    /// In cluster mode: scans read the whole cluster's rollups through
+    /// `reader` ([`ClusterReader::rollups`]) and report what they lack as
+    /// warnings of the query.
+    pub fn in_cluster(self, reader: Option<ClusterReader>) -> Self {
+        Self {
+            cluster: reader,
+            ..self
         }
     }
 }
@@ -359,6 +380,24 @@ impl TableProvider for RollupTable {
         let mut time = pushdown.time;
         time.min_ts = time.min_ts.max(self.window_starts.min_ts);
         time.max_ts = time.max_ts.min(self.window_starts.max_ts);
+        let fetched = match &self.cluster {
+            None => None,
+            Some(reader) => {
+                let mut levels = Vec::new();
+                let mut warnings = Vec::new();
+                for level in pushdown.levels() {
+                    let got = reader
+                        .rollups(self.tier, level, &pushdown.filter, time.min_ts, time.max_ts)
+                        .await
+                        .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))?;
+                    crate::cluster::add_warnings(&mut warnings, got.warnings);
+                    levels.push((level, got.groups));
+                }
+                crate::cluster::report_sql_warnings(warnings)
+                    .map_err(crate::cluster::refuse_unseen)?;
+                Some(Arc::new(levels))
+            }
+        };
         let properties = PlanProperties::new(
             EquivalenceProperties::new(schema.clone()),
             Partitioning::UnknownPartitioning(1),
@@ -375,9 +414,13 @@ impl TableProvider for RollupTable {
             cols,
             schema,
             properties: Arc::new(properties),
+            fetched,
         }))
     }
 }
+
+/// The rollups of every level a cluster scan reads, fetched when it is planned.
+type Fetched = Arc<Vec<(RollupLevel, Vec<(RollupGroup, Vec<RollupRecord>)>)>>;
 
 /// Reads one tier's rollups from storage, one level after the other.
 #[derive(Debug)]
@@ -392,6 +435,8 @@ pub struct RollupScanExec {
     cols: Vec<usize>,
     schema: SchemaRef,
     properties: Arc<PlanProperties>,
+    /// Cluster mode: the levels' rollups, read from the cluster at planning.
+    fetched: Option<Fetched>,
 }
 
 impl DisplayAs for RollupScanExec {
@@ -456,6 +501,7 @@ impl ExecutionPlan for RollupScanExec {
             current: None,
             cols: self.cols.clone(),
             schema: self.schema.clone(),
+            fetched: self.fetched.clone(),
         };
         Ok(Box::pin(RecordBatchStreamAdapter::new(
             self.schema.clone(),
@@ -481,6 +527,8 @@ struct RollupBatches {
     current: Option<(RollupGroup, std::vec::IntoIter<RollupRecord>)>,
     cols: Vec<usize>,
     schema: SchemaRef,
+    /// Cluster mode: where levels come from instead of `storage`.
+    fetched: Option<Fetched>,
 }
 
 enum Builder {
@@ -512,16 +560,21 @@ impl RollupBatches {
             }
             let level = self.levels.next()?;
             self.level = level;
-            self.groups = self
-                .storage
-                .select_rollups(
+            self.groups = match &self.fetched {
+                Some(f) => f
+                    .iter()
+                    .find(|(l, _)| *l == level)
+                    .map(|(_, groups)| groups.clone())
+                    .unwrap_or_default(),
+                None => self.storage.select_rollups(
                     self.tier,
                     level,
                     &self.filter,
                     self.time.min_ts,
                     self.time.max_ts,
-                )
-                .into_iter();
+                ),
+            }
+            .into_iter();
         }
     }
 }
@@ -615,11 +668,24 @@ impl Iterator for RollupBatches {
 #[derive(Debug)]
 pub struct RollupFunction {
     storage: Arc<Storage>,
+    cluster: Option<ClusterReader>,
 }
 
 impl RollupFunction {
     pub fn new(storage: Arc<Storage>) -> Self {
-        Self { storage }
+        Self {
+            storage,
+            cluster: None,
+        }
+    }
+
+    /// See [`RollupTable::in_cluster`]. The tier is still picked by this
+    /// node's retention settings (every node should have the same).
+    pub fn in_cluster(self, reader: Option<ClusterReader>) -> Self {
+        Self {
+            cluster: reader,
+            ..self
+        }
     }
 }
 
@@ -691,6 +757,7 @@ impl TableFunctionImpl for RollupFunction {
             },
             with_tier: true,
             schema: schema(true),
+            cluster: self.cluster.clone(),
         }))
     }
 }

@@ -9,6 +9,11 @@
 //! pick series and chunks before anything is decoded (reported as `Inexact`,
 //! so DataFusion still applies them row by row). Scans are lazy: a partition
 //! decodes one series at a time as its stream is polled.
+//!
+//! In cluster mode the scan selects from every node ([`crate::cluster`]) with
+//! the pushed filters; samples of peers arrive decoded, this node's are
+//! decoded as above. Shards no replica could serve become warnings of the
+//! query ([`crate::QueryResult::warnings`]).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -27,8 +32,9 @@ use datafusion::logical_expr::{Expr, Operator, TableProviderFilterPushDown, Tabl
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::{PartitionStream, StreamingTableExec};
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use storage::{Matcher, SelectedSeries, SeriesKey, Storage};
+use storage::{Matcher, SeriesKey, Storage};
 
+use crate::cluster::{ClusterSeries, Source};
 use crate::pushdown::{TimeRange, comparisons, string_of};
 
 /// Rows per record batch produced by a scan.
@@ -125,14 +131,18 @@ pub(crate) fn samples_schema() -> SchemaRef {
 /// The `samples` table provider.
 #[derive(Debug)]
 pub struct SamplesTable {
-    storage: Arc<Storage>,
+    source: Source,
     schema: SchemaRef,
 }
 
 impl SamplesTable {
     pub fn new(storage: Arc<Storage>) -> Self {
+        Self::over(Source::Local(storage))
+    }
+
+    pub(crate) fn over(source: Source) -> Self {
         Self {
-            storage,
+            source,
             schema: samples_schema(),
         }
     }
@@ -236,13 +246,19 @@ impl TableProvider for SamplesTable {
             None => (0..COLUMNS.len()).collect(),
         };
         let schema = Arc::new(self.schema.project(&cols)?);
-        let series: Vec<SelectedSeries> = self
-            .storage
+        let selection = self
+            .source
             .select(
                 &pushdown.matchers(),
                 pushdown.time.min_ts,
                 pushdown.time.max_ts,
             )
+            .await
+            .map_err(|e| DataFusionError::External(Box::new(e)))?;
+        crate::cluster::report_sql_warnings(selection.warnings)
+            .map_err(crate::cluster::refuse_unseen)?;
+        let series: Vec<ClusterSeries> = selection
+            .series
             .into_iter()
             .filter(|s| pushdown.accepts(&s.key))
             .collect();
@@ -253,7 +269,7 @@ impl TableProvider for SamplesTable {
             .target_partitions()
             .max(1)
             .min(series.len().max(1));
-        let mut parts: Vec<Vec<SelectedSeries>> = vec![Vec::new(); n];
+        let mut parts: Vec<Vec<ClusterSeries>> = vec![Vec::new(); n];
         let mut load = vec![0usize; n];
         let mut by_size = series;
         by_size.sort_by_key(|s| std::cmp::Reverse(s.max_samples()));
@@ -356,7 +372,7 @@ impl ExecutionPlan for SamplesScanExec {
 struct SamplesPartition {
     schema: SchemaRef,
     cols: Vec<Col>,
-    series: Arc<Vec<SelectedSeries>>,
+    series: Arc<Vec<ClusterSeries>>,
     min_ts: i64,
     max_ts: i64,
 }
@@ -391,7 +407,7 @@ impl PartitionStream for SamplesPartition {
 struct BatchIter {
     schema: SchemaRef,
     cols: Vec<Col>,
-    series: Arc<Vec<SelectedSeries>>,
+    series: Arc<Vec<ClusterSeries>>,
     /// Next series to decode.
     next: usize,
     min_ts: i64,

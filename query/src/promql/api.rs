@@ -7,7 +7,11 @@
 //! are RFC 3339 or Unix seconds (fractions allowed); `step` is seconds or a
 //! duration (`15s`, `1m`). Answers and errors have Prometheus's JSON shapes:
 //! `{"status":"success","data":...}` and
-//! `{"status":"error","errorType":"bad_data","error":"..."}`.
+//! `{"status":"error","errorType":"bad_data","error":"..."}`. In cluster
+//! mode, an answer that lacks a shard has Prometheus's
+//! `"warnings":["..."]` beside `data`; a cluster that refuses to answer (a
+//! peer with another cluster file) gives 503 with `errorType`
+//! `unavailable`.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -22,7 +26,7 @@ use axum::routing::get;
 use promql_parser::parser::Expr;
 
 use super::eval::Evaluator;
-use super::{LabelSet, PromEngine, PromError, PromValue, labels_of, parse};
+use super::{Answer, LabelSet, PromEngine, PromError, PromValue, labels_of, parse};
 
 /// The Prometheus version reported by `/api/v1/status/buildinfo`. Grafana
 /// enables features by it; this is the release the evaluator follows.
@@ -140,12 +144,31 @@ fn error(e: &PromError) -> Response {
 }
 
 fn success(data: &str) -> Response {
+    success_with(data, &[])
+}
+
+/// A success answer with Prometheus's `warnings` when there are any.
+fn success_with(data: &str, warnings: &[String]) -> Response {
+    let body = if warnings.is_empty() {
+        format!(r#"{{"status":"success","data":{data}}}"#)
+    } else {
+        let list: Vec<String> = warnings.iter().map(|w| json_str(w)).collect();
+        format!(
+            r#"{{"status":"success","data":{data},"warnings":[{}]}}"#,
+            list.join(",")
+        )
+    };
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
-        format!(r#"{{"status":"success","data":{data}}}"#),
+        body,
     )
         .into_response()
+}
+
+/// Renders an answer: its `data` and warnings.
+fn render_answer(a: &Answer) -> (String, Vec<String>) {
+    (render(&a.value), a.warnings.clone())
 }
 
 fn bad(msg: impl Into<String>) -> PromError {
@@ -277,8 +300,8 @@ async fn query(
         Err(e) => return error(&e),
     };
     let engine = (*engine).clone();
-    match blocking(move || engine.instant(&q, t).map(|v| render(&v))).await {
-        Ok(data) => success(&data),
+    match blocking(move || engine.instant_answer(&q, t).map(|a| render_answer(&a))).await {
+        Ok((data, warnings)) => success_with(&data, &warnings),
         Err(e) => error(&e),
     }
 }
@@ -311,8 +334,14 @@ async fn query_range(
         Err(e) => return error(&e),
     };
     let engine = (*engine).clone();
-    match blocking(move || engine.range(&q, start, end, step).map(|v| render(&v))).await {
-        Ok(data) => success(&data),
+    match blocking(move || {
+        engine
+            .range_answer(&q, start, end, step)
+            .map(|a| render_answer(&a))
+    })
+    .await
+    {
+        Ok((data, warnings)) => success_with(&data, &warnings),
         Err(e) => error(&e),
     }
 }
@@ -331,12 +360,13 @@ fn bounds(p: &Params) -> Result<(i64, i64), PromError> {
 }
 
 /// The label sets of the series selected by `match[]` (all series when
-/// none is given and `required` is false) with data in the time bounds.
+/// none is given and `required` is false) with data in the time bounds,
+/// and the warnings of the reads (cluster mode).
 fn matched_series(
     engine: &PromEngine,
     p: &Params,
     required: bool,
-) -> Result<Vec<LabelSet>, PromError> {
+) -> Result<(Vec<LabelSet>, Vec<String>), PromError> {
     let (start, end) = bounds(p)?;
     let selectors = p.all("match[]");
     if selectors.is_empty() && required {
@@ -361,12 +391,15 @@ fn matched_series(
         ]);
     }
     let mut out: BTreeSet<LabelSet> = BTreeSet::new();
+    let mut warnings = Vec::new();
     for m in &sets {
-        for s in engine.storage().select(m, start, end) {
+        let selection = engine.series(m, start, end)?;
+        crate::cluster::add_warnings(&mut warnings, selection.warnings);
+        for s in selection.series {
             out.insert(labels_of(&s.key));
         }
     }
-    Ok(out.into_iter().collect())
+    Ok((out.into_iter().collect(), warnings))
 }
 
 async fn series(
@@ -378,7 +411,7 @@ async fn series(
     let p = Params::from(raw, &headers, &body);
     let engine = (*engine).clone();
     let r = blocking(move || {
-        let all = matched_series(&engine, &p, true)?;
+        let (all, warnings) = matched_series(&engine, &p, true)?;
         let mut out = String::from("[");
         for (i, l) in all.iter().enumerate() {
             if i > 0 {
@@ -387,11 +420,11 @@ async fn series(
             write_labels(&mut out, l);
         }
         out.push(']');
-        Ok(out)
+        Ok((out, warnings))
     })
     .await;
     match r {
-        Ok(d) => success(&d),
+        Ok((d, w)) => success_with(&d, &w),
         Err(e) => error(&e),
     }
 }
@@ -417,15 +450,16 @@ async fn labels(
     let p = Params::from(raw, &headers, &body);
     let engine = (*engine).clone();
     let r = blocking(move || {
-        let names: BTreeSet<String> = matched_series(&engine, &p, false)?
+        let (all, warnings) = matched_series(&engine, &p, false)?;
+        let names: BTreeSet<String> = all
             .into_iter()
             .flat_map(|l| l.into_iter().map(|(n, _)| n))
             .collect();
-        Ok(string_list(&names))
+        Ok((string_list(&names), warnings))
     })
     .await;
     match r {
-        Ok(d) => success(&d),
+        Ok((d, w)) => success_with(&d, &w),
         Err(e) => error(&e),
     }
 }
@@ -441,15 +475,16 @@ async fn label_values(
     let p = Params::from(raw, &HeaderMap::new(), &Bytes::new());
     let engine = (*engine).clone();
     let r = blocking(move || {
-        let values: BTreeSet<String> = matched_series(&engine, &p, false)?
+        let (all, warnings) = matched_series(&engine, &p, false)?;
+        let values: BTreeSet<String> = all
             .into_iter()
             .filter_map(|l| l.into_iter().find(|(n, _)| *n == name).map(|(_, v)| v))
             .collect();
-        Ok(string_list(&values))
+        Ok((string_list(&values), warnings))
     })
     .await;
     match r {
-        Ok(d) => success(&d),
+        Ok((d, w)) => success_with(&d, &w),
         Err(e) => error(&e),
     }
 }

@@ -1,7 +1,7 @@
 //! The evaluator: every node is evaluated for all steps of the query at
 //! once (one storage read per selector), as Prometheus's `rangeEval` does.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -83,6 +83,8 @@ pub(super) struct Evaluator<'a> {
     query_end: i64,
     pub(super) steps: Vec<i64>,
     samples: Rc<Cell<usize>>,
+    /// Warnings of the cluster reads (shards missing), shared with subqueries.
+    warnings: Rc<RefCell<Vec<String>>>,
 }
 
 pub(super) fn unsupported(what: &str) -> PromError {
@@ -279,7 +281,13 @@ impl<'a> Evaluator<'a> {
             query_end: end,
             steps,
             samples: Rc::new(Cell::new(0)),
+            warnings: Rc::default(),
         })
+    }
+
+    /// The warnings of the reads so far.
+    pub(super) fn warnings(&self) -> Vec<String> {
+        self.warnings.borrow().clone()
     }
 
     /// Counts `n` more samples held by the query against the limit.
@@ -459,7 +467,9 @@ impl<'a> Evaluator<'a> {
         max_ts: i64,
         keep_stale: bool,
     ) -> Result<Vec<RawSeries>> {
-        let selected = self.engine.storage.select(matchers, min_ts, max_ts);
+        let selection = self.engine.select(matchers, min_ts, max_ts)?;
+        crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
+        let selected = selection.series;
         let mut out = Vec::with_capacity(selected.len());
         for s in selected {
             self.account(s.max_samples())?;
@@ -595,6 +605,7 @@ impl<'a> Evaluator<'a> {
                 .map(|i| start + i * step)
                 .collect(),
             samples: self.samples.clone(),
+            warnings: self.warnings.clone(),
         };
         let per_step = match inner.eval(&sq.expr)? {
             Val::Vector(v) => v,

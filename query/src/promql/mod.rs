@@ -11,6 +11,10 @@
 //! ... up to and including `end`.
 //!
 //! Labels are returned as stored: nothing is renamed.
+//!
+//! In cluster mode ([`PromEngine::with_cluster`]) every selector reads the
+//! whole cluster; an answer that lacks a shard carries warnings
+//! ([`Answer::warnings`], the `warnings` field of the HTTP answer).
 
 pub mod api;
 mod eval;
@@ -19,6 +23,8 @@ mod functions;
 use std::sync::Arc;
 
 use storage::Storage;
+
+use crate::cluster::{ClusterError, ClusterReader, Selection, Source};
 
 /// The bit pattern of Prometheus's staleness marker (`value.StaleNaN`).
 pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
@@ -77,6 +83,20 @@ pub enum PromError {
     /// Storage could not be read (HTTP 500, `internal`).
     #[error("{0}")]
     Internal(String),
+    /// The cluster cannot answer: a peer runs with another cluster file
+    /// (HTTP 503, `unavailable`).
+    #[error("{0}")]
+    Unavailable(String),
+}
+
+impl From<ClusterError> for PromError {
+    fn from(e: ClusterError) -> Self {
+        match e {
+            ClusterError::Refused(m) => Self::Unavailable(m),
+            ClusterError::Internal(m) => Self::Internal(m),
+            ClusterError::TooLarge(l) => Self::Execution(l.to_string()),
+        }
+    }
 }
 
 impl PromError {
@@ -86,6 +106,7 @@ impl PromError {
             Self::BadData(_) => (400, "bad_data"),
             Self::Execution(_) => (422, "execution"),
             Self::Internal(_) => (500, "internal"),
+            Self::Unavailable(_) => (503, "unavailable"),
         }
     }
 }
@@ -109,10 +130,21 @@ impl Default for PromLimits {
     }
 }
 
-/// Evaluates PromQL over a [`Storage`]. Cheap to clone.
+/// A query's value and why it may be incomplete.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer {
+    pub value: PromValue,
+    /// Shards that no replica could serve (cluster mode); empty when the
+    /// answer is complete.
+    pub warnings: Vec<String>,
+}
+
+/// Evaluates PromQL over a [`Storage`], or over the whole cluster. Cheap to
+/// clone.
 #[derive(Debug, Clone)]
 pub struct PromEngine {
     storage: Arc<Storage>,
+    source: Source,
     limits: PromLimits,
     metrics: Arc<crate::QueryMetrics>,
 }
@@ -124,10 +156,45 @@ impl PromEngine {
 
     pub fn with_limits(storage: Arc<Storage>, limits: PromLimits) -> Self {
         Self {
+            source: Source::Local(storage.clone()),
             storage,
             limits,
             metrics: Arc::default(),
         }
+    }
+
+    /// An engine of a cluster node: selectors (and the `series`, `labels`
+    /// and `label values` endpoints) read the whole cluster through
+    /// `reader`. Evaluation must run on a blocking thread (the HTTP API
+    /// does), since a select waits for peers.
+    pub fn with_cluster(reader: ClusterReader, limits: PromLimits) -> Self {
+        Self {
+            storage: reader.storage().clone(),
+            source: Source::Cluster(reader),
+            limits,
+            metrics: Arc::default(),
+        }
+    }
+
+    /// Selects series for a query (this node's storage, or the cluster).
+    pub(crate) fn select(
+        &self,
+        matchers: &[storage::Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, PromError> {
+        Ok(self.source.select_blocking(matchers, min_ts, max_ts)?)
+    }
+
+    /// Selects series for their label sets only (their samples must not be
+    /// read: in cluster mode peers send none).
+    pub(crate) fn series(
+        &self,
+        matchers: &[storage::Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, PromError> {
+        Ok(self.source.series_blocking(matchers, min_ts, max_ts)?)
     }
 
     /// Latencies and failures of [`Self::instant`] and [`Self::range`].
@@ -143,29 +210,46 @@ impl PromEngine {
         self.limits
     }
 
-    /// Evaluates `query` at `time_ms` (`/api/v1/query`).
+    /// Evaluates `query` at `time_ms`.
+    ///
+    /// # Errors
+    /// [`PromError`]: parse errors, unsupported constructs, limits; and,
+    /// in cluster mode, an answer that would lack a shard
+    /// ([`PromError::Unavailable`]): [`Self::instant_answer`] returns those
+    /// with their warnings.
+    pub fn instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
+        complete(self.instant_answer(query, time_ms)?)
+    }
+
+    /// Evaluates `query` at `time_ms` (`/api/v1/query`), with the warnings
+    /// of an incomplete answer.
     ///
     /// # Errors
     /// [`PromError`]: parse errors, unsupported constructs, limits.
-    pub fn instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
+    pub fn instant_answer(&self, query: &str, time_ms: i64) -> Result<Answer, PromError> {
         let started = std::time::Instant::now();
         let result = self.run_instant(query, time_ms);
         self.metrics.observe(started.elapsed(), result.is_ok());
         result
     }
 
-    fn run_instant(&self, query: &str, time_ms: i64) -> Result<PromValue, PromError> {
+    fn run_instant(&self, query: &str, time_ms: i64) -> Result<Answer, PromError> {
         check_time(time_ms)?;
         let expr = parse(query)?;
-        eval::Evaluator::new(self, time_ms, time_ms, 0)?.instant(&expr)
+        let ev = eval::Evaluator::new(self, time_ms, time_ms, 0)?;
+        let value = ev.instant(&expr)?;
+        Ok(Answer {
+            value,
+            warnings: ev.warnings(),
+        })
     }
 
-    /// Evaluates `query` at `start_ms`, `start_ms + step_ms`, ... `<= end_ms`
-    /// (`/api/v1/query_range`).
+    /// Evaluates `query` at `start_ms`, `start_ms + step_ms`, ... `<= end_ms`.
     ///
     /// # Errors
     /// [`PromError`]: a bad range or step, parse errors, unsupported
-    /// constructs, limits.
+    /// constructs, limits; in cluster mode, an incomplete answer, as
+    /// [`Self::instant`].
     pub fn range(
         &self,
         query: &str,
@@ -173,6 +257,22 @@ impl PromEngine {
         end_ms: i64,
         step_ms: i64,
     ) -> Result<PromValue, PromError> {
+        complete(self.range_answer(query, start_ms, end_ms, step_ms)?)
+    }
+
+    /// Evaluates `query` at `start_ms`, `start_ms + step_ms`, ... `<= end_ms`
+    /// (`/api/v1/query_range`), with the warnings of an incomplete answer.
+    ///
+    /// # Errors
+    /// [`PromError`]: a bad range or step, parse errors, unsupported
+    /// constructs, limits.
+    pub fn range_answer(
+        &self,
+        query: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step_ms: i64,
+    ) -> Result<Answer, PromError> {
         let started = std::time::Instant::now();
         let result = self.run_range(query, start_ms, end_ms, step_ms);
         self.metrics.observe(started.elapsed(), result.is_ok());
@@ -185,7 +285,7 @@ impl PromEngine {
         start_ms: i64,
         end_ms: i64,
         step_ms: i64,
-    ) -> Result<PromValue, PromError> {
+    ) -> Result<Answer, PromError> {
         check_time(start_ms)?;
         check_time(end_ms)?;
         if end_ms < start_ms {
@@ -204,7 +304,21 @@ impl PromEngine {
             ));
         }
         let expr = parse(query)?;
-        eval::Evaluator::new(self, start_ms, end_ms, step_ms)?.range(&expr)
+        let ev = eval::Evaluator::new(self, start_ms, end_ms, step_ms)?;
+        let value = ev.range(&expr)?;
+        Ok(Answer {
+            value,
+            warnings: ev.warnings(),
+        })
+    }
+}
+
+/// The value of a complete answer; an incomplete one is an error.
+fn complete(a: Answer) -> Result<PromValue, PromError> {
+    if a.warnings.is_empty() {
+        Ok(a.value)
+    } else {
+        Err(PromError::Unavailable(a.warnings.join("; ")))
     }
 }
 

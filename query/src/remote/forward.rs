@@ -27,15 +27,17 @@ pub const FORWARDED_HEADER: &str = "x-gpulse-forwarded";
 /// How long a forward to one owner may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shard of a label set: `rack`, else `Hostname`.
+/// The shard of a label set, as [`crate::cluster::shard_of`] reads a
+/// stored series: `rack`, else `Hostname`, else `hostname`.
 fn shard_key(labels: &[(String, String)]) -> ShardKey {
     let get = |name: &str| {
         labels
             .iter()
             .find(|(n, _)| n == name)
-            .map_or("", |(_, v)| v.as_str())
+            .map(|(_, v)| v.as_str())
     };
-    ShardKey::of(get("rack"), get("Hostname"))
+    let host = get("Hostname").or_else(|| get("hostname")).unwrap_or("");
+    ShardKey::of(get("rack").unwrap_or(""), host)
 }
 
 /// Stores a part another node forwarded here, noting its shards.

@@ -1,0 +1,493 @@
+//! Cluster-wide reads (issue #8): any node answers for the whole cluster.
+//!
+//! Each node serves its storage to its peers over Arrow Flight
+//! ([`serve_flight`], [`FlightNode`]; the ticket and schema are in
+//! `cluster/wire.rs`). A [`ClusterReader`] answers a select (label matchers
+//! and a time range) for the cluster: it plans one replica per shard and
+//! epoch of the range with [`ingest::cluster::ShardMap::plan_read`] (this
+//! node first, then by rendezvous rank, skipping peers the poller marks
+//! down), reads its own shards from storage and the others' over Flight in
+//! parallel, re-plans the shards of a node that fails onto the next replica,
+//! and merges: a series that two nodes return (two epochs' owners) becomes
+//! one, with each timestamp once.
+//!
+//! A shard that no replica could serve is not dropped silently: the answer
+//! carries a warning that names it and its owners, with why each was not
+//! read. The front ends show these warnings: `warnings` in Prometheus API
+//! answers, `X-Gpulse-Partial: true` and a `warnings` field over HTTP SQL, a
+//! NoticeResponse over PostgreSQL; a remote read fails instead (its protocol
+//! has no warnings). When a reachable peer runs with another cluster file,
+//! every cluster query is refused ([`ClusterError::Refused`]).
+//!
+//! Which shards exist comes from [`ClusterState::known_keys`]: the shards this
+//! node has seen and those its peers report. Series of this node whose shard
+//! is not known are read too (see [`local_shard_keys`] to seed the state at
+//! start). Series are assigned to shards by [`shard_of`].
+
+mod flight;
+mod reader;
+pub(crate) mod wire;
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+
+pub use flight::{FlightNode, serve_flight};
+pub use ingest::cluster::{ClusterState, ShardKey};
+pub use reader::{ClusterReader, ReaderConfig, RollupSelection};
+use storage::{Label, Matcher, SelectedSeries, SeriesKey, Storage};
+
+/// The shard of a stored series: its `rack` label when it has one (and it is
+/// not empty), else its host: the `Hostname` label, or `hostname` when there
+/// is no `Hostname` (as the `host` column and the rollup groups read it),
+/// empty when both are absent. Whatever routes writes (agents, remote-write
+/// forwarding) must place a series on the owners of this key.
+pub fn shard_of(key: &SeriesKey) -> ShardKey {
+    ShardKey::of(
+        key.get("rack").unwrap_or(""),
+        key.get("Hostname")
+            .or_else(|| key.get("hostname"))
+            .unwrap_or(""),
+    )
+}
+
+/// The shard of a rollup group at gpu or host level.
+pub(crate) fn shard_of_group(g: &storage::RollupGroup) -> ShardKey {
+    ShardKey::of(&g.rack, &g.host)
+}
+
+/// This node's rollup records of the shards `keep` accepts, at `req.level`,
+/// for windows starting in `[min_start, max_start]`: as stored at gpu and
+/// host level, merged from the host level above it (a host belongs to one
+/// shard; a rack, row or cluster group of this node may mix shards that
+/// other nodes also hold).
+pub(crate) fn shard_rollups(
+    storage: &Storage,
+    req: &wire::RollupRequest,
+    min_start: i64,
+    max_start: i64,
+    keep: impl Fn(&ShardKey) -> bool,
+) -> wire::RollupMap {
+    use storage::RollupLevel;
+    let read = req.level.min(RollupLevel::Host);
+    let mut out = wire::RollupMap::new();
+    if min_start > max_start {
+        return out;
+    }
+    for (g, records) in storage.select_rollups(req.tier, read, &req.filter, min_start, max_start) {
+        if !keep(&shard_of_group(&g)) {
+            continue;
+        }
+        let target = g.at_level(req.level);
+        for r in records
+            .iter()
+            .filter(|r| (min_start..=max_start).contains(&r.window_start_ms))
+        {
+            wire::merge_record(&mut out, &target, r);
+        }
+    }
+    out
+}
+
+/// The shards of every series in `storage`, for
+/// [`ClusterState::note_key`] at start: what this node held before it
+/// restarted is then known before its agents reconnect.
+pub fn local_shard_keys(storage: &Storage) -> BTreeSet<ShardKey> {
+    storage
+        .select(&[], i64::MIN, i64::MAX)
+        .iter()
+        .map(|s| shard_of(&s.key))
+        .collect()
+}
+
+/// Whether a series of shard `key` could match all of `matchers`: false
+/// only when a matcher on `rack` (or, for a host without a rack, on
+/// `Hostname`) rules out every series of the shard.
+pub(crate) fn shard_may_match(key: &ShardKey, matchers: &[Matcher]) -> bool {
+    let (labels, names): (Vec<Label>, &[&str]) = match key {
+        ShardKey::Rack(r) => (vec![Label::new("rack", r.as_str())], &["rack"]),
+        ShardKey::Host(h) => (
+            vec![Label::new("Hostname", h.as_str())],
+            &["rack", "Hostname"],
+        ),
+    };
+    let Ok(probe) = SeriesKey::new("probe", labels) else {
+        return true;
+    };
+    matchers
+        .iter()
+        .filter(|m| names.contains(&m.name()))
+        .all(|m| m.matches(&probe))
+}
+
+/// Why a cluster read gave no answer at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterError {
+    /// The cluster is not in a state to answer: a peer runs with another
+    /// cluster file (HTTP 503).
+    #[error("{0}")]
+    Refused(String),
+    /// Something on this node failed (HTTP 500).
+    #[error("{0}")]
+    Internal(String),
+    /// The select received more samples from peers than
+    /// [`ReaderConfig::max_peer_samples`] allows (HTTP 422).
+    #[error("{0}")]
+    TooLarge(crate::LimitExceeded),
+}
+
+/// One part of a series: from this node's storage (decoded when read) or
+/// fetched from a peer.
+#[derive(Debug, Clone)]
+enum Part {
+    Local(SelectedSeries),
+    Fetched(Arc<wire::FetchedSeries>),
+}
+
+impl Part {
+    fn read_into(
+        &self,
+        min_ts: i64,
+        max_ts: i64,
+        ts: &mut Vec<i64>,
+        values: &mut Vec<f64>,
+    ) -> storage::Result<()> {
+        match self {
+            Part::Local(s) => s.read_into(min_ts, max_ts, ts, values),
+            Part::Fetched(f) => {
+                let lo = f.ts.partition_point(|&t| t < min_ts);
+                let hi = f.ts.partition_point(|&t| t <= max_ts).max(lo);
+                ts.extend_from_slice(&f.ts[lo..hi]);
+                values.extend_from_slice(&f.values[lo..hi]);
+                Ok(())
+            }
+        }
+    }
+
+    fn max_samples(&self) -> usize {
+        match self {
+            Part::Local(s) => s.max_samples(),
+            Part::Fetched(f) => f.ts.len(),
+        }
+    }
+}
+
+/// One series of a select: from this node's storage, from peers, or both
+/// (merged when read).
+#[derive(Debug, Clone)]
+pub struct ClusterSeries {
+    pub key: Arc<SeriesKey>,
+    parts: Vec<Part>,
+}
+
+impl From<SelectedSeries> for ClusterSeries {
+    fn from(s: SelectedSeries) -> Self {
+        Self {
+            key: s.key.clone(),
+            parts: vec![Part::Local(s)],
+        }
+    }
+}
+
+impl ClusterSeries {
+    /// Appends the samples in `[min_ts, max_ts]` to `ts` and `values` in
+    /// time order, each timestamp once (where parts overlap, the first part
+    /// that has it wins: this node's own data, then the peers' in node order).
+    ///
+    /// # Errors
+    /// A local chunk that fails its checksum or does not decode.
+    pub fn read_into(
+        &self,
+        min_ts: i64,
+        max_ts: i64,
+        ts: &mut Vec<i64>,
+        values: &mut Vec<f64>,
+    ) -> storage::Result<()> {
+        if let [one] = self.parts.as_slice() {
+            return one.read_into(min_ts, max_ts, ts, values);
+        }
+        let (mut acc_t, mut acc_v) = (Vec::new(), Vec::new());
+        let (mut t, mut v) = (Vec::new(), Vec::new());
+        for p in &self.parts {
+            t.clear();
+            v.clear();
+            p.read_into(min_ts, max_ts, &mut t, &mut v)?;
+            (acc_t, acc_v) = merge_first_wins(&acc_t, &acc_v, &t, &v);
+        }
+        ts.extend_from_slice(&acc_t);
+        values.extend_from_slice(&acc_v);
+        Ok(())
+    }
+
+    /// Upper bound of the samples of the series (before de-duplication).
+    pub fn max_samples(&self) -> usize {
+        self.parts.iter().map(Part::max_samples).sum()
+    }
+}
+
+/// Merges two time-ordered sample lists; a timestamp in both keeps `a`'s value.
+fn merge_first_wins(at: &[i64], av: &[f64], bt: &[i64], bv: &[f64]) -> (Vec<i64>, Vec<f64>) {
+    let mut t = Vec::with_capacity(at.len() + bt.len());
+    let mut v = Vec::with_capacity(at.len() + bt.len());
+    let (mut i, mut j) = (0, 0);
+    while i < at.len() || j < bt.len() {
+        let take_a = j >= bt.len() || (i < at.len() && at[i] <= bt[j]);
+        if take_a {
+            if j < bt.len() && bt[j] == at[i] {
+                j += 1;
+            }
+            t.push(at[i]);
+            v.push(av[i]);
+            i += 1;
+        } else {
+            t.push(bt[j]);
+            v.push(bv[j]);
+            j += 1;
+        }
+    }
+    (t, v)
+}
+
+/// The answer of a select: series sorted by key, and what it lacks.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    pub series: Vec<ClusterSeries>,
+    /// Why the answer may be incomplete; empty when it is complete.
+    pub warnings: Vec<String>,
+}
+
+/// Where the query engines read series: this node's storage alone, or the
+/// whole cluster.
+#[derive(Debug, Clone)]
+pub(crate) enum Source {
+    Local(Arc<Storage>),
+    Cluster(ClusterReader),
+}
+
+impl Source {
+    /// Selects series. In local mode this is `Storage::select`, nothing more.
+    pub(crate) async fn select(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, ClusterError> {
+        match self {
+            Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
+            Source::Cluster(r) => r.select(matchers, min_ts, max_ts).await,
+        }
+    }
+
+    /// [`Self::select`] for code that runs on a blocking thread (never on an
+    /// async worker).
+    pub(crate) fn select_blocking(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, ClusterError> {
+        match self {
+            Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
+            Source::Cluster(r) => r.select_blocking(matchers, min_ts, max_ts, false),
+        }
+    }
+
+    /// [`Self::select_blocking`] for label sets only: the samples of the
+    /// series it returns must not be read (peers send none).
+    pub(crate) fn series_blocking(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, ClusterError> {
+        match self {
+            Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
+            Source::Cluster(r) => r.select_blocking(matchers, min_ts, max_ts, true),
+        }
+    }
+}
+
+fn local_selection(storage: &Storage, matchers: &[Matcher], min_ts: i64, max_ts: i64) -> Selection {
+    Selection {
+        series: storage
+            .select(matchers, min_ts, max_ts)
+            .into_iter()
+            .map(ClusterSeries::from)
+            .collect(),
+        warnings: Vec::new(),
+    }
+}
+
+/// Adds `new` to `all`, skipping repeats, keeping the order.
+pub(crate) fn add_warnings(all: &mut Vec<String>, new: impl IntoIterator<Item = String>) {
+    for w in new {
+        if !all.contains(&w) {
+            all.push(w);
+        }
+    }
+}
+
+tokio::task_local! {
+    /// The warnings of the SQL statement being planned in this task.
+    static SQL_WARNINGS: Arc<Mutex<Vec<String>>>;
+}
+
+/// Runs `f` (the planning and running of SQL) collecting the warnings that
+/// table scans report with [`report_sql_warnings`].
+pub(crate) async fn collect_sql_warnings<F: Future>(f: F) -> (F::Output, Vec<String>) {
+    let cell = Arc::new(Mutex::new(Vec::new()));
+    let out = SQL_WARNINGS.scope(cell.clone(), f).await;
+    let warnings = std::mem::take(&mut *cell.lock().unwrap_or_else(|e| e.into_inner()));
+    (out, warnings)
+}
+
+/// Hands a scan's warnings to the statement's collector.
+///
+/// # Errors
+/// No collector is in scope: the caller must fail the query rather than
+/// return a partial answer nobody would see.
+pub(crate) fn report_sql_warnings(warnings: Vec<String>) -> Result<(), Vec<String>> {
+    if warnings.is_empty() {
+        return Ok(());
+    }
+    match SQL_WARNINGS.try_with(|cell| {
+        let mut all = cell.lock().unwrap_or_else(|e| e.into_inner());
+        add_warnings(&mut all, warnings.iter().cloned());
+    }) {
+        Ok(()) => Ok(()),
+        Err(_) => Err(warnings),
+    }
+}
+
+/// For tables that read this node alone in cluster mode: reports that the
+/// result holds only this node's data.
+///
+/// # Errors
+/// As [`report_sql_warnings`], as a DataFusion error.
+pub(crate) fn warn_local_only(table: &str) -> datafusion::error::Result<()> {
+    report_sql_warnings(vec![format!(
+        "partial result: {table} holds only this node's data; it is not read cluster-wide"
+    )])
+    .map_err(refuse_unseen)
+}
+
+/// The error of a scan whose warnings no one would see.
+pub(crate) fn refuse_unseen(warnings: Vec<String>) -> datafusion::error::DataFusionError {
+    datafusion::error::DataFusionError::Execution(format!(
+        "refusing a partial result that could not be reported: {}",
+        warnings.join("; ")
+    ))
+}
+
+/// Counters of the cluster read path, for `/metrics`: the Flight server's
+/// (what peers asked of this node) and the reader's (what this node asked).
+#[derive(Debug, Default)]
+pub struct ClusterMetrics {
+    /// `DoGet` calls received.
+    pub flight_requests: AtomicU64,
+    /// `DoGet` calls refused for a ticket that does not parse.
+    pub flight_bad_tickets: AtomicU64,
+    /// `DoGet` calls that failed reading local storage.
+    pub flight_read_errors: AtomicU64,
+    pub flight_series_sent: AtomicU64,
+    pub flight_samples_sent: AtomicU64,
+    /// Cluster selects run by this node.
+    pub selects: AtomicU64,
+    /// Selects refused (a peer with another cluster file).
+    pub selects_refused: AtomicU64,
+    /// Selects answered with at least one shard missing.
+    pub selects_partial: AtomicU64,
+    /// Flight reads of peers.
+    pub peer_reads: AtomicU64,
+    /// Peer reads that failed (unreachable, error, timeout, bad answer);
+    /// their shards were re-planned onto other replicas.
+    pub peer_read_failures: AtomicU64,
+    /// Peer answers refused as malformed (counted in failures too).
+    pub peer_bad_answers: AtomicU64,
+    pub peer_series_received: AtomicU64,
+    pub peer_samples_received: AtomicU64,
+}
+
+impl ClusterMetrics {
+    /// Appends the counters in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        let counters: [(&str, &str, &AtomicU64); 13] = [
+            (
+                "gpulse_flight_requests_total",
+                "Flight DoGet calls received from peers.",
+                &self.flight_requests,
+            ),
+            (
+                "gpulse_flight_bad_tickets_total",
+                "Flight DoGet calls refused for a bad ticket.",
+                &self.flight_bad_tickets,
+            ),
+            (
+                "gpulse_flight_read_errors_total",
+                "Flight DoGet calls that failed reading local storage.",
+                &self.flight_read_errors,
+            ),
+            (
+                "gpulse_flight_series_sent_total",
+                "Series sent to peers over Flight.",
+                &self.flight_series_sent,
+            ),
+            (
+                "gpulse_flight_samples_sent_total",
+                "Samples sent to peers over Flight.",
+                &self.flight_samples_sent,
+            ),
+            (
+                "gpulse_cluster_selects_total",
+                "Cluster-wide selects run by this node.",
+                &self.selects,
+            ),
+            (
+                "gpulse_cluster_selects_refused_total",
+                "Cluster selects refused because a peer runs with another cluster file.",
+                &self.selects_refused,
+            ),
+            (
+                "gpulse_cluster_selects_partial_total",
+                "Cluster selects answered with a shard missing (and a warning).",
+                &self.selects_partial,
+            ),
+            (
+                "gpulse_cluster_peer_reads_total",
+                "Flight reads of peers.",
+                &self.peer_reads,
+            ),
+            (
+                "gpulse_cluster_peer_read_failures_total",
+                "Flight reads of peers that failed; their shards were re-planned.",
+                &self.peer_read_failures,
+            ),
+            (
+                "gpulse_cluster_peer_bad_answers_total",
+                "Flight answers of peers refused as malformed.",
+                &self.peer_bad_answers,
+            ),
+            (
+                "gpulse_cluster_peer_series_received_total",
+                "Series received from peers.",
+                &self.peer_series_received,
+            ),
+            (
+                "gpulse_cluster_peer_samples_received_total",
+                "Samples received from peers.",
+                &self.peer_samples_received,
+            ),
+        ];
+        for (name, help, v) in counters {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

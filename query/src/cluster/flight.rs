@@ -1,0 +1,245 @@
+//! The Arrow Flight service every node runs for its peers: `DoGet` with a
+//! select ticket ([`super::wire`]) streams the matching series of the listed
+//! shards from the local storage. Every other Flight call is `UNIMPLEMENTED`.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use arrow::array::RecordBatch;
+use arrow_flight::encode::FlightDataEncoderBuilder;
+use arrow_flight::error::FlightError;
+use arrow_flight::flight_service_server::{FlightService, FlightServiceServer};
+use arrow_flight::{
+    Action, ActionType, Criteria, Empty, FlightData, FlightDescriptor, FlightInfo,
+    HandshakeRequest, HandshakeResponse, PollInfo, PutResult, SchemaResult, Ticket,
+};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
+use storage::Storage;
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::{debug, warn};
+
+use super::wire::{self, BatchBuilder, ROW_SAMPLES};
+use super::{ClusterMetrics, shard_of, shard_rollups};
+
+/// The Flight service over one node's storage.
+#[derive(Debug, Clone)]
+pub struct FlightNode {
+    storage: Arc<Storage>,
+    metrics: Arc<ClusterMetrics>,
+}
+
+impl FlightNode {
+    pub fn new(storage: Arc<Storage>, metrics: Arc<ClusterMetrics>) -> Self {
+        Self { storage, metrics }
+    }
+
+    /// The tonic service, for a server of one's own.
+    pub fn into_server(self) -> FlightServiceServer<Self> {
+        FlightServiceServer::new(self)
+    }
+}
+
+/// Serves the node's Flight service on `listener` until `shutdown`
+/// resolves. Counters go to `metrics` (render them with
+/// [`ClusterMetrics::render`]).
+///
+/// # Errors
+/// Transport errors of the gRPC server.
+pub async fn serve_flight(
+    listener: TcpListener,
+    storage: Arc<Storage>,
+    metrics: Arc<ClusterMetrics>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    tonic::transport::Server::builder()
+        .add_service(FlightNode::new(storage, metrics).into_server())
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}
+
+fn unimplemented(call: &str) -> Status {
+    Status::unimplemented(format!(
+        "gpulse nodes answer only DoGet with a select ticket, not {call}"
+    ))
+}
+
+/// Reads the selected series of `req` into batches and sends them into
+/// `tx`; runs on a blocking thread. Stops when the receiver is gone.
+fn produce(
+    storage: &Storage,
+    req: &wire::SelectRequest,
+    metrics: &ClusterMetrics,
+    tx: &mpsc::Sender<Result<RecordBatch, FlightError>>,
+) {
+    if let Some(r) = &req.rollups {
+        let map = shard_rollups(storage, r, req.min_ts, req.max_ts, |k| {
+            req.shards.contains(k)
+        });
+        for b in wire::rollup_batches(&map) {
+            if tx.blocking_send(Ok(b)).is_err() {
+                return;
+            }
+        }
+        return;
+    }
+    let selected = storage.select(&req.matchers, req.min_ts, req.max_ts);
+    let mut b = BatchBuilder::new();
+    let (mut ts, mut values) = (Vec::new(), Vec::new());
+    let (mut series, mut samples) = (0u64, 0u64);
+    for s in selected {
+        if !req.shards.contains(&shard_of(&s.key)) {
+            continue;
+        }
+        ts.clear();
+        values.clear();
+        if req.labels_only {
+            series += 1;
+            b.push(&s.key, &[], &[]);
+            if b.full() && tx.blocking_send(Ok(b.finish())).is_err() {
+                return;
+            }
+            continue;
+        }
+        if let Err(e) = s.read_into(req.min_ts, req.max_ts, &mut ts, &mut values) {
+            metrics.flight_read_errors.fetch_add(1, Relaxed);
+            warn!(series = %s.key, error = %e, "a Flight select failed reading storage");
+            let _ = tx.blocking_send(Err(FlightError::Tonic(Box::new(Status::internal(
+                format!("reading {}: {e}", s.key),
+            )))));
+            return;
+        }
+        if ts.is_empty() {
+            continue;
+        }
+        series += 1;
+        samples += ts.len() as u64;
+        for (t, v) in ts.chunks(ROW_SAMPLES).zip(values.chunks(ROW_SAMPLES)) {
+            b.push(&s.key, t, v);
+            if b.full() && tx.blocking_send(Ok(b.finish())).is_err() {
+                return;
+            }
+        }
+    }
+    if b.rows() > 0 && tx.blocking_send(Ok(b.finish())).is_err() {
+        return;
+    }
+    metrics.flight_series_sent.fetch_add(series, Relaxed);
+    metrics.flight_samples_sent.fetch_add(samples, Relaxed);
+}
+
+#[tonic::async_trait]
+impl FlightService for FlightNode {
+    type HandshakeStream = BoxStream<'static, Result<HandshakeResponse, Status>>;
+    type ListFlightsStream = BoxStream<'static, Result<FlightInfo, Status>>;
+    type DoGetStream = BoxStream<'static, Result<FlightData, Status>>;
+    type DoPutStream = BoxStream<'static, Result<PutResult, Status>>;
+    type DoActionStream = BoxStream<'static, Result<arrow_flight::Result, Status>>;
+    type ListActionsStream = BoxStream<'static, Result<ActionType, Status>>;
+    type DoExchangeStream = BoxStream<'static, Result<FlightData, Status>>;
+
+    async fn do_get(
+        &self,
+        request: Request<Ticket>,
+    ) -> Result<Response<Self::DoGetStream>, Status> {
+        self.metrics.flight_requests.fetch_add(1, Relaxed);
+        let peer = request.remote_addr();
+        let req = match wire::decode_ticket(&request.into_inner().ticket) {
+            Ok(r) => r,
+            Err(e) => {
+                self.metrics.flight_bad_tickets.fetch_add(1, Relaxed);
+                warn!(?peer, error = %e, "refused a Flight ticket");
+                return Err(Status::invalid_argument(e));
+            }
+        };
+        debug!(
+            ?peer,
+            shards = req.shards.len(),
+            min = req.min_ts,
+            max = req.max_ts,
+            "flight select"
+        );
+        // Decoding blocks: a blocking thread fills a small queue of batches,
+        // so that a slow reader holds back the producer.
+        let schema = if req.rollups.is_some() {
+            wire::rollup_schema()
+        } else {
+            wire::schema()
+        };
+        let (tx, rx) = mpsc::channel(4);
+        let (storage, metrics) = (self.storage.clone(), self.metrics.clone());
+        tokio::task::spawn_blocking(move || produce(&storage, &req, &metrics, &tx));
+        let stream = FlightDataEncoderBuilder::new()
+            .with_schema(schema)
+            .build(ReceiverStream::new(rx))
+            .map_err(Status::from);
+        Ok(Response::new(stream.boxed()))
+    }
+
+    async fn handshake(
+        &self,
+        _: Request<Streaming<HandshakeRequest>>,
+    ) -> Result<Response<Self::HandshakeStream>, Status> {
+        Err(unimplemented("Handshake"))
+    }
+
+    async fn list_flights(
+        &self,
+        _: Request<Criteria>,
+    ) -> Result<Response<Self::ListFlightsStream>, Status> {
+        Err(unimplemented("ListFlights"))
+    }
+
+    async fn get_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<FlightInfo>, Status> {
+        Err(unimplemented("GetFlightInfo"))
+    }
+
+    async fn poll_flight_info(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<PollInfo>, Status> {
+        Err(unimplemented("PollFlightInfo"))
+    }
+
+    async fn get_schema(
+        &self,
+        _: Request<FlightDescriptor>,
+    ) -> Result<Response<SchemaResult>, Status> {
+        Err(unimplemented("GetSchema"))
+    }
+
+    async fn do_put(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoPutStream>, Status> {
+        Err(unimplemented("DoPut"))
+    }
+
+    async fn do_exchange(
+        &self,
+        _: Request<Streaming<FlightData>>,
+    ) -> Result<Response<Self::DoExchangeStream>, Status> {
+        Err(unimplemented("DoExchange"))
+    }
+
+    async fn do_action(
+        &self,
+        _: Request<Action>,
+    ) -> Result<Response<Self::DoActionStream>, Status> {
+        Err(unimplemented("DoAction"))
+    }
+
+    async fn list_actions(
+        &self,
+        _: Request<Empty>,
+    ) -> Result<Response<Self::ListActionsStream>, Status> {
+        Err(unimplemented("ListActions"))
+    }
+}

@@ -1,0 +1,626 @@
+//! [`ClusterReader`]: plans, fans out, fails over and merges one select.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arrow_flight::flight_service_client::FlightServiceClient;
+use arrow_flight::{FlightClient, Ticket};
+use futures::StreamExt;
+use ingest::cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
+use storage::{
+    Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
+};
+use tonic::transport::{Channel, Endpoint};
+use tracing::{debug, warn};
+
+use super::wire::{self, AnswerDecoder};
+use super::{
+    ClusterError, ClusterMetrics, ClusterSeries, Part, Selection, shard_may_match, shard_of,
+};
+
+/// Largest Flight message accepted from a peer (they send about 2 MiB).
+const MAX_MESSAGE_BYTES: usize = 64 << 20;
+
+/// Timeouts of peer reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReaderConfig {
+    /// To open a connection to a peer (default 2 s).
+    pub connect_timeout: Duration,
+    /// Longest wait for the next message of a peer's answer (default 30 s);
+    /// past it the peer counts as failed and its shards go to other replicas.
+    pub idle_timeout: Duration,
+    /// Most samples one select may receive from peers (default 50,000,000,
+    /// Prometheus's `query.max-samples`): peers' answers are held in memory
+    /// until the query has them all, so past this the select fails with
+    /// [`ClusterError::TooLarge`] instead of filling memory.
+    pub max_peer_samples: usize,
+}
+
+impl Default for ReaderConfig {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            idle_timeout: Duration::from_secs(30),
+            max_peer_samples: 50_000_000,
+        }
+    }
+}
+
+/// Why a peer's answer was not taken.
+#[derive(Debug)]
+enum FetchError {
+    /// The peer failed: try another replica.
+    Failed(String),
+    /// The select received more samples than it may: stop it.
+    TooLarge,
+}
+
+impl From<String> for FetchError {
+    fn from(e: String) -> Self {
+        Self::Failed(e)
+    }
+}
+
+/// Answers selects for the whole cluster. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ClusterReader {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    state: Arc<ClusterState>,
+    storage: Arc<Storage>,
+    config: ReaderConfig,
+    metrics: Arc<ClusterMetrics>,
+    /// Channels to peers, by Flight address (they reconnect by themselves).
+    channels: Mutex<HashMap<SocketAddr, Channel>>,
+    /// The runtime that runs the reads of [`ClusterReader::select_blocking`].
+    runtime: tokio::runtime::Handle,
+}
+
+/// The answer of a cluster rollup read: groups sorted, records in window
+/// order, and why it may be incomplete.
+#[derive(Debug, Clone, Default)]
+pub struct RollupSelection {
+    pub groups: Vec<(RollupGroup, Vec<RollupRecord>)>,
+    pub warnings: Vec<String>,
+}
+
+/// The answer of one node for some shards.
+type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
+
+impl ClusterReader {
+    /// A reader over `state` with this node's `storage`, counting into
+    /// `metrics` (the Flight server's too, usually).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime: the reader keeps a handle of the current one.
+    pub fn new(
+        state: Arc<ClusterState>,
+        storage: Arc<Storage>,
+        metrics: Arc<ClusterMetrics>,
+        config: ReaderConfig,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                state,
+                storage,
+                config,
+                metrics,
+                channels: Mutex::default(),
+                runtime: tokio::runtime::Handle::current(),
+            }),
+        }
+    }
+
+    pub fn state(&self) -> &Arc<ClusterState> {
+        &self.inner.state
+    }
+
+    pub fn storage(&self) -> &Arc<Storage> {
+        &self.inner.storage
+    }
+
+    pub fn metrics(&self) -> &Arc<ClusterMetrics> {
+        &self.inner.metrics
+    }
+
+    /// [`Self::select`] (or with `labels_only`, [`Self::series`]) from a
+    /// blocking thread: the reads run on the
+    /// reader's runtime while this thread waits. Never call it on an async
+    /// worker thread (it would hold the worker while it waits).
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub fn select_blocking(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+        labels_only: bool,
+    ) -> Result<Selection, ClusterError> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let (this, matchers) = (self.clone(), matchers.to_vec());
+        self.inner.runtime.spawn(async move {
+            let _ = tx.send(this.run(&matchers, min_ts, max_ts, labels_only).await);
+        });
+        rx.recv().unwrap_or_else(|_| {
+            Err(ClusterError::Internal(
+                "the cluster read task ended without an answer (is the runtime shutting down?)"
+                    .into(),
+            ))
+        })
+    }
+
+    /// Every series of the cluster that matches all `matchers`, with samples
+    /// in `[min_ts, max_ts]` (series are selected as [`Storage::select`]
+    /// does: by chunks overlapping the range), sorted by key, with a warning
+    /// for each shard that no replica could serve.
+    ///
+    /// # Errors
+    /// [`ClusterError::Refused`] when a reachable peer runs with another
+    /// cluster file.
+    pub async fn select(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, ClusterError> {
+        self.run(matchers, min_ts, max_ts, false).await
+    }
+
+    /// [`Self::select`] for the label sets only: peers send no samples, and
+    /// the series' samples must not be read (their parts from peers are
+    /// empty). For the `series`, `labels` and `label values` endpoints.
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub async fn series(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Selection, ClusterError> {
+        self.run(matchers, min_ts, max_ts, true).await
+    }
+
+    async fn run(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+        labels_only: bool,
+    ) -> Result<Selection, ClusterError> {
+        let inner = &self.inner;
+        inner.metrics.selects.fetch_add(1, Relaxed);
+        let mut warnings = inner.state.preflight().map_err(|e| {
+            inner.metrics.selects_refused.fetch_add(1, Relaxed);
+            ClusterError::Refused(e)
+        })?;
+        let map = inner.state.map();
+        let me = map
+            .node_index(inner.state.self_id())
+            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let known = inner.state.known_keys();
+        let keys: BTreeSet<ShardKey> = known
+            .iter()
+            .filter(|k| shard_may_match(k, matchers))
+            .cloned()
+            .collect();
+
+        // Node -> why it was not read (failed reads; peers marked down are
+        // described from the state when a warning needs it).
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        let mut merged: BTreeMap<Arc<SeriesKey>, Vec<Part>> = BTreeMap::new();
+        let mut plan = self.plan(&map, &keys, min_ts, max_ts, me, &failed);
+        let mut first_round = true;
+        let received = AtomicUsize::new(0);
+        loop {
+            for m in std::mem::take(&mut plan.missing) {
+                missing.entry(m.key).or_default().extend(m.owners);
+            }
+            let local_keys = plan.assignments.remove(&me);
+            let local = {
+                let storage = inner.storage.clone();
+                let matchers = matchers.to_vec();
+                // In the first round, also this node's series of shards no
+                // one reported: better read twice (merged) than never.
+                let unknown_too = first_round.then(|| known.clone());
+                async move {
+                    if local_keys.is_none() && unknown_too.is_none() {
+                        return Ok(Vec::new());
+                    }
+                    tokio::task::spawn_blocking(move || {
+                        read_local(&storage, &matchers, min_ts, max_ts, local_keys, unknown_too)
+                    })
+                    .await
+                }
+            };
+            let remote =
+                futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
+                    let addr = map.nodes()[node].flight;
+                    let ticket = wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
+                    let received = &received;
+                    async move { (node, self.fetch(addr, ticket, received).await) }
+                }));
+            let (local, remote) = futures::join!(local, remote);
+            let local = local.map_err(|e| {
+                ClusterError::Internal(format!("reading this node's storage failed: {e}"))
+            })?;
+            for (key, part) in local {
+                merged.entry(key).or_default().push(part);
+            }
+            let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
+            for (node, answer) in remote {
+                match answer {
+                    Ok(series) => {
+                        for (key, part) in series {
+                            merged.entry(key).or_default().push(part);
+                        }
+                    }
+                    Err(FetchError::TooLarge) => {
+                        return Err(ClusterError::TooLarge(crate::LimitExceeded::PeerSamples {
+                            limit: inner.config.max_peer_samples as u64,
+                        }));
+                    }
+                    Err(FetchError::Failed(e)) => {
+                        let id = &map.nodes()[node].id;
+                        warn!(peer = %id, error = %e, "cluster read of a peer failed; trying other replicas");
+                        inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
+                        replan.extend(plan.assignments[&node].iter().cloned());
+                        failed.insert(node, e);
+                    }
+                }
+            }
+            if replan.is_empty() {
+                break;
+            }
+            plan = self.plan(&map, &replan, min_ts, max_ts, me, &failed);
+            first_round = false;
+        }
+
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        debug!(
+            series = merged.len(),
+            warnings = warnings.len(),
+            "cluster select"
+        );
+        Ok(Selection {
+            series: merged
+                .into_iter()
+                .map(|(key, parts)| ClusterSeries { key, parts })
+                .collect(),
+            warnings,
+        })
+    }
+
+    /// A warning per shard in `missing`, naming its owners and why each was
+    /// not read.
+    fn missing_warnings(
+        &self,
+        map: &ShardMap,
+        missing: BTreeMap<ShardKey, BTreeSet<usize>>,
+        failed: &BTreeMap<usize, String>,
+        warnings: &mut Vec<String>,
+    ) {
+        if !missing.is_empty() {
+            self.inner.metrics.selects_partial.fetch_add(1, Relaxed);
+        }
+        for (key, owners) in missing {
+            let why: Vec<String> = owners
+                .iter()
+                .map(|&o| {
+                    let id = &map.nodes()[o].id;
+                    match failed.get(&o) {
+                        Some(e) => format!("{id}: read failed: {e}"),
+                        None => match self.inner.state.peer(id).last_error {
+                            Some(e) => format!("{id}: down ({e})"),
+                            None => format!("{id}: down"),
+                        },
+                    }
+                })
+                .collect();
+            warnings.push(format!(
+                "partial result: no replica of {key} could be read, its data is missing \
+                 (owners tried: {})",
+                why.join("; ")
+            ));
+        }
+    }
+
+    /// The cluster's rollup records at `level` of `tier` matching `filter`,
+    /// for windows that overlap `[min_ts, max_ts]` (as
+    /// [`Storage::select_rollups`] over all the cluster's data), groups
+    /// sorted and records in window order, with warnings as
+    /// [`Self::select`]'s.
+    ///
+    /// Each shard is read from one replica per epoch: gpu and host groups
+    /// as stored; rack, row and cluster groups as each node's aggregate of
+    /// the shards it was asked for, merged here (count and sum add, min and
+    /// max, first and last by timestamp). Each window is read from the
+    /// owners of the epoch its start lies in; a window that spans an epoch
+    /// change therefore lacks the samples after the change, and the answer
+    /// says so.
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub async fn rollups(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<RollupSelection, ClusterError> {
+        let inner = &self.inner;
+        inner.metrics.selects.fetch_add(1, Relaxed);
+        let mut warnings = inner.state.preflight().map_err(|e| {
+            inner.metrics.selects_refused.fetch_add(1, Relaxed);
+            ClusterError::Refused(e)
+        })?;
+        if min_ts > max_ts {
+            return Ok(RollupSelection::default());
+        }
+        let map = inner.state.map();
+        let me = map
+            .node_index(inner.state.self_id())
+            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let known = inner.state.known_keys();
+        let keys: BTreeSet<ShardKey> = known
+            .iter()
+            .filter(|k| match k {
+                ShardKey::Rack(r) => filter.rack.as_ref().is_none_or(|f| f == r),
+                ShardKey::Host(h) => {
+                    filter.rack.as_ref().is_none_or(String::is_empty)
+                        && filter.host.as_ref().is_none_or(|f| f == h)
+                }
+            })
+            .cloned()
+            .collect();
+        let req = wire::RollupRequest {
+            tier,
+            level,
+            filter: filter.clone(),
+        };
+        let first_start = tier.window_start(min_ts);
+        let epochs = map.epochs_overlapping(min_ts, max_ts);
+        let mut merged = wire::RollupMap::new();
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        for (i, &e) in epochs.iter().enumerate() {
+            let epoch_start = map.epochs()[e].start_ms;
+            // Windows starting in [lo, hi] are read from this epoch's owners.
+            let lo = if i == 0 { first_start } else { epoch_start };
+            let hi = match epochs.get(i + 1) {
+                Some(&next) => map.epochs()[next].start_ms - 1,
+                None => max_ts,
+            };
+            if i > 0 && epoch_start.rem_euclid(tier.window_ms()) != 0 {
+                warnings.push(format!(
+                    "partial result: the {} window that holds the membership change at {} \
+                     counts only the samples before the change",
+                    crate::rollups::tier_label(tier),
+                    crate::pushdown::format_ms(epoch_start)
+                ));
+            }
+            // Plan within this epoch alone.
+            let (plan_lo, plan_hi) = (lo.max(epoch_start), hi.max(lo.max(epoch_start)));
+            let mut plan = self.plan(&map, &keys, plan_lo, plan_hi, me, &failed);
+            let mut first_round = true;
+            loop {
+                for m in std::mem::take(&mut plan.missing) {
+                    missing.entry(m.key).or_default().extend(m.owners);
+                }
+                let local_keys = plan.assignments.remove(&me);
+                let unknown_too = first_round.then(|| known.clone());
+                let local = {
+                    let (storage, req) = (inner.storage.clone(), req.clone());
+                    async move {
+                        if local_keys.is_none() && unknown_too.is_none() {
+                            return Ok(wire::RollupMap::new());
+                        }
+                        tokio::task::spawn_blocking(move || {
+                            crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
+                                local_keys.as_ref().is_some_and(|a| a.contains(k))
+                                    || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
+                            })
+                        })
+                        .await
+                    }
+                };
+                let remote =
+                    futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
+                        let addr = map.nodes()[node].flight;
+                        let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
+                        async move { (node, self.fetch_rollups(addr, ticket).await) }
+                    }));
+                let (local, remote) = futures::join!(local, remote);
+                let local = local.map_err(|e| {
+                    ClusterError::Internal(format!("reading this node's rollups failed: {e}"))
+                })?;
+                for (g, windows) in &local {
+                    for r in windows.values() {
+                        wire::merge_record(&mut merged, g, r);
+                    }
+                }
+                let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
+                for (node, answer) in remote {
+                    match answer {
+                        Ok(part) => {
+                            for (g, windows) in &part {
+                                for r in windows.values() {
+                                    wire::merge_record(&mut merged, g, r);
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            let id = &map.nodes()[node].id;
+                            warn!(peer = %id, error = %e, "cluster rollup read of a peer failed; trying other replicas");
+                            inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
+                            replan.extend(plan.assignments[&node].iter().cloned());
+                            failed.insert(node, e);
+                        }
+                    }
+                }
+                if replan.is_empty() {
+                    break;
+                }
+                plan = self.plan(&map, &replan, plan_lo, plan_hi, me, &failed);
+                first_round = false;
+            }
+        }
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        Ok(RollupSelection {
+            groups: merged
+                .into_iter()
+                .map(|(g, w)| (g, w.into_values().collect()))
+                .collect(),
+            warnings,
+        })
+    }
+
+    /// Reads one peer's rollup answer, all of it or nothing.
+    async fn fetch_rollups(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+    ) -> Result<wire::RollupMap, String> {
+        let metrics = &self.inner.metrics;
+        metrics.peer_reads.fetch_add(1, Relaxed);
+        let idle = self.inner.config.idle_timeout;
+        let client = FlightServiceClient::new(self.channel(addr))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let mut client = FlightClient::new_from_inner(client);
+        let mut stream = tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
+            .await
+            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
+            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
+        let mut out = wire::RollupMap::new();
+        loop {
+            match tokio::time::timeout(idle, stream.next()).await {
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
+                Ok(None) => return Ok(out),
+                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}")),
+                Ok(Some(Ok(batch))) => wire::merge_rollup_batch(&mut out, &batch).map_err(|e| {
+                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                    format!("{addr} sent a malformed answer: {e}")
+                })?,
+            }
+        }
+    }
+
+    fn plan(
+        &self,
+        map: &ShardMap,
+        keys: &BTreeSet<ShardKey>,
+        min_ts: i64,
+        max_ts: i64,
+        me: usize,
+        failed: &BTreeMap<usize, String>,
+    ) -> ReadPlan {
+        let usable = |i: usize| {
+            if i == me {
+                return true;
+            }
+            if failed.contains_key(&i) {
+                return false;
+            }
+            // Up, or never asked yet (just started): worth a try.
+            let view = self.inner.state.peer(&map.nodes()[i].id);
+            view.up || (view.status.is_none() && view.last_error.is_none())
+        };
+        map.plan_read(keys, min_ts, max_ts, usable, Some(me))
+    }
+
+    fn channel(&self, addr: SocketAddr) -> Channel {
+        let mut channels = self
+            .inner
+            .channels
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        channels
+            .entry(addr)
+            .or_insert_with(|| {
+                Endpoint::from_shared(format!("http://{addr}"))
+                    .expect("BUG: a socket address makes a valid URI")
+                    .connect_timeout(self.inner.config.connect_timeout)
+                    .connect_lazy()
+            })
+            .clone()
+    }
+
+    /// Reads one peer's answer for a ticket, all of it or nothing, adding
+    /// its samples to `received` (the select's, against the limit).
+    async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>, received: &AtomicUsize) -> NodeAnswer {
+        let metrics = &self.inner.metrics;
+        metrics.peer_reads.fetch_add(1, Relaxed);
+        let idle = self.inner.config.idle_timeout;
+        let client = FlightServiceClient::new(self.channel(addr))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let mut client = FlightClient::new_from_inner(client);
+        let mut stream = tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
+            .await
+            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
+            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
+        let mut decoder = AnswerDecoder::default();
+        loop {
+            match tokio::time::timeout(idle, stream.next()).await {
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
+                Ok(Some(Ok(batch))) => {
+                    let before = decoder.samples();
+                    decoder.push(&batch).map_err(|e| {
+                        metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                        format!("{addr} sent a malformed answer: {e}")
+                    })?;
+                    let added = decoder.samples() - before;
+                    if received.fetch_add(added, Relaxed) + added
+                        > self.inner.config.max_peer_samples
+                    {
+                        return Err(FetchError::TooLarge);
+                    }
+                }
+            }
+        }
+        metrics
+            .peer_samples_received
+            .fetch_add(decoder.samples() as u64, Relaxed);
+        let series = decoder.finish();
+        metrics
+            .peer_series_received
+            .fetch_add(series.len() as u64, Relaxed);
+        Ok(series
+            .into_iter()
+            .map(|(k, s)| (Arc::new(k), Part::Fetched(Arc::new(s))))
+            .collect())
+    }
+}
+
+/// This node's series of `assigned` shards, and with `unknown_too` those of
+/// shards not in it.
+fn read_local(
+    storage: &Storage,
+    matchers: &[Matcher],
+    min_ts: i64,
+    max_ts: i64,
+    assigned: Option<BTreeSet<ShardKey>>,
+    unknown_too: Option<BTreeSet<ShardKey>>,
+) -> Vec<(Arc<SeriesKey>, Part)> {
+    storage
+        .select(matchers, min_ts, max_ts)
+        .into_iter()
+        .filter(|s| {
+            let shard = shard_of(&s.key);
+            assigned.as_ref().is_some_and(|a| a.contains(&shard))
+                || unknown_too.as_ref().is_some_and(|k| !k.contains(&shard))
+        })
+        .map(|s| (s.key.clone(), Part::Local(s)))
+        .collect()
+}
