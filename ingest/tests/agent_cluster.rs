@@ -715,3 +715,55 @@ async fn a_restarted_agent_delivers_what_it_spooled_for_a_former_owner() {
         "{acked} {spooled} {duplicate}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_sharded_the_agent_streams_to_its_one_node_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut single = Node {
+        id: "single".into(),
+        addr: listener.local_addr().unwrap(),
+        dir: dir.path().join("node-single"),
+        map: None,
+        running: None,
+        accepted_before: 0,
+        streams_before: 0,
+    };
+    single.start(listener);
+    let host = "gpu-host-6";
+    let mut config = agent_config(dir.path(), &single.seed(), host, "rack-1");
+    config.sharded = false;
+    config.max_polls = Some(100);
+    let metrics = Arc::new(AgentMetrics::default());
+    let agent = spawn_agent(config, metrics.clone(), None);
+    wait_for("5 acked batches", || {
+        metrics.batches_acked.load(Relaxed) >= 5
+    })
+    .await;
+    single.stop().await;
+    wait_for("10 batches held", || {
+        metrics.buffer_batches.load(Relaxed) + metrics.spool_batches.load(Relaxed) >= 10
+    })
+    .await;
+    single.restart().await;
+    let report = agent.await.unwrap().unwrap();
+    assert_eq!(report.shipper.batches_unacked, 0);
+    let expected = recorded(&dir.path().join("record.csv"));
+    assert!(single.samples(host) == expected);
+    assert_eq!(single.accepted(), expected.len() as u64);
+    // One spool, in the spool directory itself; metrics without owners.
+    let spool = dir.path().join("spool");
+    assert!(spool.join("agent.state").exists());
+    let subdirs = std::fs::read_dir(&spool)
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().path().is_dir())
+        .count();
+    assert_eq!(subdirs, 0);
+    assert!(metrics.owners().is_empty());
+    let text = metrics.render();
+    assert!(text.contains(&format!(
+        "\ngpulse_agent_batches_acked_total {}\n",
+        report.shipper.batches_acked
+    )));
+    assert!(!text.contains("owner"), "{text}");
+}
