@@ -6,6 +6,8 @@
 //!
 //! ```toml
 //! ingest = "grpc://ingest-1:7400"
+//! # cluster mode: ingest lists seed nodes, comma-separated
+//! # sharded = true
 //! interval = "1s"
 //! cluster = "c1"
 //! topology_file = "/etc/gpulse/topology.csv"
@@ -38,6 +40,7 @@ use crate::cli::{AgentArgs, parse_duration, parse_size};
 #[serde(deny_unknown_fields)]
 pub(crate) struct AgentFile {
     ingest: Option<String>,
+    sharded: Option<bool>,
     agent_id: Option<String>,
     host: Option<String>,
     cluster: Option<String>,
@@ -88,6 +91,7 @@ pub(crate) fn apply_file(
         };
     }
     take!(ingest);
+    take!(sharded);
     take!(agent_id);
     take!(host);
     take!(cluster);
@@ -150,6 +154,7 @@ pub(crate) fn topology_for(path: &Path, host: &str) -> anyhow::Result<Option<Top
 /// The agent's configuration from its (merged) arguments.
 pub(crate) fn agent_config(args: &AgentArgs) -> anyhow::Result<AgentConfig> {
     let mut config = AgentConfig::new(&args.ingest);
+    config.sharded = args.sharded;
     if let Some(h) = &args.host {
         config.host = h.clone();
     }
@@ -446,6 +451,32 @@ mod tests {
         assert_eq!(args.spool_max_bytes, 2 << 20);
         assert_eq!(args.buffer_samples, 10);
         assert_eq!(args.ingest, "grpc://127.0.0.1:7400");
+    }
+
+    #[test]
+    fn cluster_mode_takes_seed_nodes() {
+        let args = parse(
+            &[
+                "gpulse",
+                "agent",
+                "--sharded",
+                "--ingest",
+                "grpc://n1:7400,grpc://n2:7400",
+            ],
+            "",
+        )
+        .unwrap();
+        let c = agent_config(&args).unwrap();
+        assert!(c.sharded);
+        assert_eq!(c.ingest_url, "grpc://n1:7400,grpc://n2:7400");
+        // Off by default; the file can turn it on.
+        assert!(
+            !agent_config(&parse(&["gpulse", "agent"], "").unwrap())
+                .unwrap()
+                .sharded
+        );
+        let file = parse(&["gpulse", "agent"], "sharded = true").unwrap();
+        assert!(agent_config(&file).unwrap().sharded);
     }
 
     #[test]

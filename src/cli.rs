@@ -229,13 +229,20 @@ pub(crate) struct ServeArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct AgentArgs {
-    /// Ingest endpoint.
+    /// Ingest endpoint. With --sharded: seed nodes of the cluster,
+    /// comma-separated.
     #[arg(
         long,
         env = "GPULSE_INGEST_URL",
         default_value = "grpc://127.0.0.1:7400"
     )]
     pub(crate) ingest: String,
+    /// Cluster mode: ask a node of --ingest (each in turn) which nodes own
+    /// this host's shard (its rack), and deliver every batch to each of them,
+    /// with a memory buffer and a spool (a subdirectory of --spool-dir) per
+    /// owner. The owners are asked again as the nodes direct.
+    #[arg(long, env = "GPULSE_SHARDED")]
+    pub(crate) sharded: bool,
     /// Use the simulated GPU source even if NVML is available.
     #[arg(long)]
     pub(crate) simulate: bool,

@@ -6,8 +6,13 @@
 //! them into the outbox (memory, then a disk spool) and streams them over
 //! gRPC (`gpulse.v1.Ingest/Stream`), keeping each batch until ingest acks it.
 //! See `shipper.rs` for the delivery guarantees and [`spool`] for the spool.
+//!
+//! In cluster mode ([`AgentConfig::sharded`], `gpulse agent --sharded`) the
+//! agent asks a node which nodes own its shard and runs one shipper per
+//! owner, each with its own outbox and spool: see `cluster.rs`.
 
 pub mod catalog;
+mod cluster;
 pub mod metrics;
 pub mod nvml;
 mod outbox;
@@ -26,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, watch};
 use tracing::{info, warn};
 
-pub use metrics::AgentMetrics;
+pub use metrics::{AgentMetrics, OwnerMetrics};
 pub use outbox::BufferConfig;
 pub use shipper::ShipperStats;
 pub use source::{GpuInfo, GpuSource, Reading, SourceError};
@@ -42,8 +47,14 @@ pub struct Topology {
 /// Configuration of one agent.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
-    /// Ingest endpoint: `grpc://host:port` or `http://host:port`.
+    /// Ingest endpoint: `grpc://host:port` or `http://host:port`. In cluster
+    /// mode, one or more seed nodes, comma-separated.
     pub ingest_url: String,
+    /// Cluster mode: ask a seed node (`Owners`) which nodes own this host's
+    /// shard, and deliver every batch to each of them, with one outbox and
+    /// spool (`<spool_dir>/<node id>/`) per owner. Default off: everything
+    /// goes to `ingest_url`.
+    pub sharded: bool,
     /// Stable agent identity. Default: the host name.
     pub agent_id: String,
     /// Host name, stored as the `Hostname` label. Default: the OS host name.
@@ -77,6 +88,7 @@ impl AgentConfig {
         let host = gethostname::gethostname().to_string_lossy().into_owned();
         Self {
             ingest_url: ingest_url.into(),
+            sharded: false,
             agent_id: host.clone(),
             host,
             topology: Topology::default(),
@@ -105,6 +117,8 @@ pub struct Poll {
 pub enum AgentError {
     #[error("invalid ingest URL {url:?}: {reason}")]
     InvalidUrl { url: String, reason: String },
+    #[error("cluster mode needs at least one seed node URL (comma-separated), got {0:?}")]
+    NoSeeds(String),
     #[error("the sampling thread panicked")]
     SamplerPanicked,
     #[error("spool: {0}")]
@@ -182,10 +196,24 @@ pub(crate) async fn drive<T: Send + 'static>(
         Arc<AgentMetrics>,
     ) -> std::io::Result<std::thread::JoinHandle<T>>,
 ) -> Result<(AgentReport, T), AgentError> {
-    shipper::endpoint(&config.ingest_url)?;
     // Opens the spool first: a spool in use fails the start, not later.
-    let shipper = shipper::Shipper::new(config.clone(), inventory.clone(), name, metrics.clone())?;
-    info!(source = name, gpus = inventory.len(), host = %config.host, interval_ms = config.interval.as_millis() as u64, url = %config.ingest_url, "agent starting");
+    let delivery = if config.sharded {
+        Delivery::Sharded(cluster::Coordinator::new(
+            config.clone(),
+            inventory.clone(),
+            name,
+            metrics.clone(),
+        )?)
+    } else {
+        shipper::endpoint(&config.ingest_url)?;
+        Delivery::Single(shipper::Shipper::new(
+            config.clone(),
+            inventory.clone(),
+            name,
+            metrics.clone(),
+        )?)
+    };
+    info!(source = name, gpus = inventory.len(), host = %config.host, interval_ms = config.interval.as_millis() as u64, url = %config.ingest_url, sharded = config.sharded, "agent starting");
 
     let (tx, rx) = mpsc::channel::<Poll>(config.queue_polls.max(1));
     let stop = Arc::new(AtomicBool::new(false));
@@ -193,7 +221,12 @@ pub(crate) async fn drive<T: Send + 'static>(
         spawn(tx, stop.clone(), metrics.clone()).expect("BUG: cannot spawn the sampling thread");
 
     let (stop_tx, stop_rx) = watch::channel(false);
-    let ship = shipper.run(rx, stop_rx);
+    let ship = async move {
+        match delivery {
+            Delivery::Single(shipper) => shipper.run(rx, stop_rx).await,
+            Delivery::Sharded(coordinator) => coordinator.run(rx, stop_rx).await,
+        }
+    };
     tokio::pin!(ship);
     tokio::pin!(shutdown);
     let stats = tokio::select! {
@@ -217,6 +250,12 @@ pub(crate) async fn drive<T: Send + 'static>(
     };
     info!(?report, "agent stopped");
     Ok((report, out))
+}
+
+/// Where the polls go: one ingest, or every owner of the host's shard.
+enum Delivery {
+    Single(shipper::Shipper),
+    Sharded(cluster::Coordinator),
 }
 
 /// Polls `source` on a fixed schedule (`start + k * interval`), never

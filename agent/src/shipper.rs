@@ -25,11 +25,11 @@ use std::time::Duration;
 
 use gpulse_proto::v1::ingest_client::IngestClient;
 use gpulse_proto::v1::{
-    AgentMessage, Batch, GpuInfo as WireGpu, Hello, Label, MigInstance as WireMig, SeriesDef,
-    Topology as WireTopology, agent_message, ingest_reply,
+    AgentMessage, Backlog, Batch, GpuInfo as WireGpu, Hello, Label, MigInstance as WireMig,
+    OwnerBacklog, SeriesDef, Topology as WireTopology, agent_message, ingest_reply,
 };
 use rand::Rng;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, error, info, warn};
@@ -62,7 +62,7 @@ pub struct ShipperStats {
 }
 
 impl ShipperStats {
-    fn from_metrics(m: &AgentMetrics, unacked: usize) -> Self {
+    pub(crate) fn from_metrics(m: &AgentMetrics, unacked: usize) -> Self {
         let g = |a: &std::sync::atomic::AtomicU64| a.load(Relaxed);
         Self {
             batches_sent: g(&m.batches_sent),
@@ -75,6 +75,22 @@ impl ShipperStats {
             reconnects: g(&m.reconnects),
             samples_dropped: g(&m.samples_dropped),
             batches_unacked: unacked as u64,
+        }
+    }
+
+    /// The sum of two runs' counters (cluster mode: one shipper per owner).
+    pub(crate) fn plus(self, o: Self) -> Self {
+        Self {
+            batches_sent: self.batches_sent + o.batches_sent,
+            batches_resent: self.batches_resent + o.batches_resent,
+            batches_acked: self.batches_acked + o.batches_acked,
+            batches_rejected: self.batches_rejected + o.batches_rejected,
+            batches_duplicate: self.batches_duplicate + o.batches_duplicate,
+            samples_acked: self.samples_acked + o.samples_acked,
+            samples_dropped_by_ingest: self.samples_dropped_by_ingest + o.samples_dropped_by_ingest,
+            reconnects: self.reconnects + o.reconnects,
+            samples_dropped: self.samples_dropped + o.samples_dropped,
+            batches_unacked: self.batches_unacked + o.batches_unacked,
         }
     }
 }
@@ -108,11 +124,15 @@ fn def_key(metric: &str, labels: &[Label]) -> String {
 }
 
 impl SeriesTable {
-    fn new(inventory: Vec<GpuInfo>) -> Self {
+    pub(crate) fn new(inventory: Vec<GpuInfo>) -> Self {
         Self {
             inventory,
             ..Default::default()
         }
+    }
+
+    pub(crate) fn defs(&self) -> &[SeriesDef] {
+        &self.defs
     }
 
     /// The id of a series definition, adding it if new.
@@ -131,7 +151,7 @@ impl SeriesTable {
         id
     }
 
-    fn id(&mut self, gpu: u32, metric: Metric, extra: Option<SeriesLabel>) -> u32 {
+    pub(crate) fn id(&mut self, gpu: u32, metric: Metric, extra: Option<SeriesLabel>) -> u32 {
         if let Some(&id) = self.ids.get(&(gpu, metric, extra)) {
             return id;
         }
@@ -174,8 +194,22 @@ impl SeriesTable {
     }
 }
 
+/// Cluster mode: what the agent's coordinator tells one owner's shipper
+/// while it runs (`crate::cluster`).
+#[derive(Debug, Clone)]
+pub(crate) struct Control {
+    /// The owner's ingest URL, taken at each connect: a node that moved is
+    /// found at its new address after the stream to the old one breaks.
+    pub(crate) url: String,
+    /// Batches the agent holds per owner node, sent on the stream whenever a
+    /// new list is published (the coordinator publishes at most once a second).
+    pub(crate) backlog: Arc<Vec<OwnerBacklog>>,
+}
+
 pub(crate) struct Shipper {
     config: AgentConfig,
+    /// Cluster mode only.
+    control: Option<watch::Receiver<Control>>,
     source_name: &'static str,
     series: SeriesTable,
     outbox: Outbox,
@@ -211,6 +245,7 @@ impl Shipper {
         };
         Ok(Self {
             config,
+            control: None,
             source_name,
             series,
             outbox,
@@ -221,6 +256,19 @@ impl Shipper {
         })
     }
 
+    /// Nothing to deliver: no batch held in memory or in the spool.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.outbox.is_empty()
+    }
+
+    /// Cluster mode: follows `control` (the owner's address, the backlog
+    /// report to send).
+    pub(crate) fn with_control(mut self, control: watch::Receiver<Control>) -> Self {
+        self.config.ingest_url = control.borrow().url.clone();
+        self.control = Some(control);
+        self
+    }
+
     /// Ships polls until `polls` closes and everything is acked, or until
     /// `stop` fires and the drain deadline passes; then spools what is left.
     pub(crate) async fn run(
@@ -228,7 +276,7 @@ impl Shipper {
         mut polls: mpsc::Receiver<Poll>,
         mut stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<ShipperStats, AgentError> {
-        let endpoint = endpoint(&self.config.ingest_url)?;
+        let mut control = self.control.take();
         let mut backoff = self.config.reconnect_min;
         let mut deadline: Option<tokio::time::Instant> = None;
         info!(
@@ -241,12 +289,14 @@ impl Shipper {
                 break;
             }
             // Connect, taking polls meanwhile.
+            let endpoint = endpoint(&self.config.ingest_url)?;
             let connect = endpoint.connect();
             tokio::pin!(connect);
             let connected = loop {
                 tokio::select! {
                     c = &mut connect => break c,
                     poll = polls.recv(), if !self.input_closed => self.take(poll, &mut polls),
+                    () = control_changed(&mut control) => self.follow(&mut control),
                     _ = stop.changed(), if deadline.is_none() => deadline = Some(self.drain_deadline()),
                     _ = sleep_until(deadline), if deadline.is_some() => break 'run,
                 }
@@ -257,7 +307,7 @@ impl Shipper {
             let end = match connected {
                 Ok(channel) => {
                     backoff = self.config.reconnect_min;
-                    self.stream(channel, &mut polls, &mut stop, &mut deadline)
+                    self.stream(channel, &mut polls, &mut stop, &mut deadline, &mut control)
                         .await
                 }
                 Err(e) => StreamEnd::Broken(format!("connect: {e}")),
@@ -282,12 +332,15 @@ impl Shipper {
                 tokio::select! {
                     _ = &mut sleep => break,
                     poll = polls.recv(), if !self.input_closed => self.take(poll, &mut polls),
+                    () = control_changed(&mut control) => self.follow(&mut control),
                     _ = stop.changed(), if deadline.is_none() => deadline = Some(self.drain_deadline()),
                     _ = sleep_until(deadline), if deadline.is_some() => break 'run,
                 }
             }
         }
-        // Whatever the sampler queued last still counts.
+        // Whatever the sampler queued last still counts. Closing first makes
+        // a later send fail (and keep its poll) instead of landing here.
+        polls.close();
         while let Ok(poll) = polls.try_recv() {
             self.take(Some(poll), &mut polls);
         }
@@ -306,6 +359,13 @@ impl Shipper {
         Ok(ShipperStats::from_metrics(&self.metrics, unacked.max(lost)))
     }
 
+    /// Takes the coordinator's latest address (cluster mode).
+    fn follow(&mut self, control: &mut Option<watch::Receiver<Control>>) {
+        if let Some(c) = control {
+            self.config.ingest_url = c.borrow_and_update().url.clone();
+        }
+    }
+
     fn drain_deadline(&self) -> tokio::time::Instant {
         tokio::time::Instant::now() + self.config.drain_timeout
     }
@@ -321,10 +381,12 @@ impl Shipper {
         polls: &mut mpsc::Receiver<Poll>,
         stop: &mut tokio::sync::watch::Receiver<bool>,
         deadline: &mut Option<tokio::time::Instant>,
+        control: &mut Option<watch::Receiver<Control>>,
     ) -> StreamEnd {
         let mut client = IngestClient::new(channel);
-        // Room for every batch in flight plus the hello: sends never wait.
-        let (tx, rx) = mpsc::channel::<AgentMessage>(self.config.max_in_flight + 2);
+        // Room for every batch in flight plus the hello (and a backlog
+        // report): batch sends never wait.
+        let (tx, rx) = mpsc::channel::<AgentMessage>(self.config.max_in_flight + 3);
         let hello = AgentMessage {
             msg: Some(agent_message::Msg::Hello(self.hello())),
         };
@@ -336,6 +398,12 @@ impl Shipper {
             Err(status) => return StreamEnd::Broken(format!("open stream: {status}")),
         };
         info!(url = %self.config.ingest_url, source = self.source_name, unacked = self.outbox.len(), "streaming to ingest");
+        // Cluster mode: the backlog report to send (the node learns it from
+        // each new stream), and the one last sent on this stream.
+        let mut backlog = control
+            .as_mut()
+            .map(|c| c.borrow_and_update().backlog.clone());
+        let mut reported: Option<Arc<Vec<OwnerBacklog>>> = None;
 
         // Series defined on this stream so far; a new stream starts empty.
         let mut defined: HashSet<u32> = HashSet::new();
@@ -344,6 +412,12 @@ impl Shipper {
         loop {
             if self.input_closed && self.outbox.is_empty() {
                 return StreamEnd::Done;
+            }
+            let room = self.config.max_in_flight.saturating_sub(in_flight.len());
+            if let Some(b) = &backlog
+                && let Err(end) = report_backlog(&tx, b, &mut reported, room)
+            {
+                return end;
             }
             while in_flight.len() < self.config.max_in_flight {
                 let Some(seq) = self.outbox.next_from(cursor) else {
@@ -371,6 +445,13 @@ impl Shipper {
                     Ok(None) => return StreamEnd::Broken("ingest closed the stream".into()),
                     Err(status) => return StreamEnd::Broken(status.to_string()),
                 },
+                () = control_changed(control) => {
+                    if let Some(c) = control {
+                        let latest = c.borrow_and_update().clone();
+                        self.config.ingest_url = latest.url;
+                        backlog = Some(latest.backlog);
+                    }
+                }
                 _ = stop.changed(), if deadline.is_none() => *deadline = Some(self.drain_deadline()),
                 _ = sleep_until(*deadline), if deadline.is_some() => {
                     warn!(unacked = self.outbox.len(), "shutdown deadline passed with batches unacked");
@@ -512,7 +593,7 @@ impl Shipper {
 
 /// Appends rows in the long CSV format of `gpulse import`
 /// (`metric=NAME;label=value;...,timestamp_ms,value`).
-fn record_rows(
+pub(crate) fn record_rows(
     w: &mut BufWriter<File>,
     defs: &[SeriesDef],
     ids: &[u32],
@@ -530,6 +611,51 @@ fn record_rows(
     // A batch is recorded whole or not at all as far as a reader after a
     // crash can tell (the last line may be cut, never a middle one).
     w.flush()
+}
+
+/// Resolves when the coordinator publishes a new [`Control`]; never without
+/// one (outside cluster mode, or once the coordinator is gone).
+async fn control_changed(control: &mut Option<watch::Receiver<Control>>) {
+    let Some(c) = control else {
+        return std::future::pending().await;
+    };
+    if c.changed().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Sends `backlog` on the stream unless it is the list already sent there (or
+/// empty on a new stream). The request queue keeps room for `batch_room`
+/// more batches (batch sends never wait); without more room than that, the
+/// report waits for the stream's next event.
+fn report_backlog(
+    tx: &mpsc::Sender<AgentMessage>,
+    backlog: &Arc<Vec<OwnerBacklog>>,
+    reported: &mut Option<Arc<Vec<OwnerBacklog>>>,
+    batch_room: usize,
+) -> Result<(), StreamEnd> {
+    let same = match reported {
+        Some(r) => Arc::ptr_eq(r, backlog) || **r == **backlog,
+        None => backlog.is_empty(),
+    };
+    if same || tx.capacity() <= batch_room {
+        return Ok(());
+    }
+    let msg = AgentMessage {
+        msg: Some(agent_message::Msg::Backlog(Backlog {
+            owners: backlog.to_vec(),
+        })),
+    };
+    match tx.try_send(msg) {
+        Ok(()) => {
+            *reported = Some(backlog.clone());
+            Ok(())
+        }
+        Err(mpsc::error::TrySendError::Full(_)) => Ok(()),
+        Err(mpsc::error::TrySendError::Closed(_)) => {
+            Err(StreamEnd::Broken("request stream closed".into()))
+        }
+    }
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

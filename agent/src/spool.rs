@@ -144,24 +144,7 @@ impl Spool {
         file_bytes: u64,
         mut intern: impl FnMut(&SeriesDef) -> u32,
     ) -> io::Result<Opened> {
-        fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
-        let lock_path = dir.join("LOCK");
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&lock_path)
-            .map_err(|e| io_err(&lock_path, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(io::Error::new(
-                    io::ErrorKind::WouldBlock,
-                    format!("spool {} is in use by another agent", dir.display()),
-                ));
-            }
-            Err(fs::TryLockError::Error(e)) => return Err(io_err(&lock_path, e)),
-        }
+        let lock = lock_dir(dir)?;
         let state = read_state(&dir.join(STATE_FILE));
         let mut spool = Spool {
             dir: dir.to_path_buf(),
@@ -532,6 +515,30 @@ impl Spool {
 
     pub(crate) fn bytes(&self) -> u64 {
         self.bytes
+    }
+}
+
+/// Creates `dir` if needed and takes its `LOCK` (`flock`), held until the
+/// returned file is dropped.
+///
+/// # Errors
+/// I/O errors, and a directory already locked by another agent.
+pub(crate) fn lock_dir(dir: &Path) -> io::Result<File> {
+    fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+    let lock_path = dir.join("LOCK");
+    let lock = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| io_err(&lock_path, e))?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(fs::TryLockError::WouldBlock) => Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("spool {} is in use by another agent", dir.display()),
+        )),
+        Err(fs::TryLockError::Error(e)) => Err(io_err(&lock_path, e)),
     }
 }
 
