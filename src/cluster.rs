@@ -60,9 +60,12 @@ pub(crate) fn configure(
     };
     let spec = map.nodes()[i].clone();
     let pick = |flag: &str, given: Option<SocketAddr>, file_addr: SocketAddr| match given {
+        // Every interface on the file's port: a node behind the routable
+        // address the file names.
+        Some(a) if a.ip().is_unspecified() && a.port() == file_addr.port() => Ok(a),
         Some(a) if a != file_addr => bail!(
-            "--{flag} {a} differs from node {node_id}'s address {file_addr} in {}; \
-                 drop the flag or change the file",
+            "--{flag} {a} differs from node {node_id}'s address {file_addr} in {} (only that \
+             address, or 0.0.0.0 with its port, may be given); drop the flag or change the file",
             file.display()
         ),
         _ => Ok(file_addr),
@@ -336,6 +339,11 @@ flight = "127.0.0.1:7503"
         // The same address given as a flag is fine; another is refused.
         let args = node_args(&["--grpc-listen", "127.0.0.1:7500"]);
         assert!(configure(base(&args), &args, &file, "a").is_ok());
+        let args = node_args(&["--grpc-listen", "0.0.0.0:7500"]);
+        let c = configure(base(&args), &args, &file, "a").unwrap();
+        assert_eq!(c.grpc_listen, "0.0.0.0:7500".parse().unwrap());
+        let args = node_args(&["--grpc-listen", "0.0.0.0:7600"]);
+        assert!(configure(base(&args), &args, &file, "a").is_err());
         let args = node_args(&["--http-listen", "127.0.0.1:9999"]);
         let e = configure(base(&args), &args, &file, "a")
             .unwrap_err()
