@@ -10,7 +10,9 @@
 # temporary data directory:
 #   1. installs Debian's victoria-metrics and prometheus (and curl, python3,
 #      fonts-dejavu-core) if they are missing;
-#   2. builds gpulse (`--profile perf`; the debug build for --quick), unless
+#   2. builds gpulse (`--profile peers`: gpulse's own crates and the ingest and
+#      PromQL paths' dependencies optimised, DataFusion and the rest not, so
+#      that a cold build fits the budget; the debug build for --quick), unless
 #      GPULSE_BIN names a binary;
 #   3. loads the simulated fleet, then (into a fresh instance) the real DCGM
 #      recordings of ../shared/data/real, with `gpulse bench ingest`: the
@@ -75,9 +77,9 @@ elif ((QUICK)); then
   (cd "$ROOT" && cargo build --bin gpulse)
   BIN=$ROOT/target/debug/gpulse
 else
-  say "building gpulse (--profile perf)"
-  (cd "$ROOT" && cargo build --profile perf --bin gpulse)
-  BIN=$ROOT/target/perf/gpulse
+  say "building gpulse (--profile peers)"
+  (cd "$ROOT" && cargo build --profile peers --bin gpulse)
+  BIN=$ROOT/target/peers/gpulse
 fi
 
 if ((QUICK)); then
