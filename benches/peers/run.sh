@@ -212,7 +212,8 @@ $(( $(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576 )) GiB; gpulse $
 (commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION} and ${PROM_VERSION} (Debian packages). \
 Data: simulated fleet of $GPUS GPUs, $SPAN at $INTERVAL (53 DCGM fields per GPU), and the real DCGM recordings. \
 Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and server share the machine's cores; \
-per-core figures divide by the server's own CPU time."
+per-core figures divide by the server's own CPU time. Unless GPULSE_BIN named another binary, gpulse is built with \
+\`--profile peers\`: DataFusion is unoptimised there, so the gpulse sql columns are slower than in an optimised build."
 if ((QUICK)); then
   "$BIN" bench report "$RESULTS" --markdown "$OUT/report.md" --charts "$OUT/charts" --note "$NOTE"
 else
