@@ -147,7 +147,7 @@ fn write_fleet(grpc_url: &str) {
 
 /// `psql -At` against the node, one `-c` per command, verbose errors (with
 /// the SQLSTATE).
-fn psql(node: &Node, commands: &[&str]) -> Output {
+pub(crate) fn psql(node: &Node, commands: &[&str]) -> Output {
     let url = format!(
         "{}/gpulse",
         node.pg_url.replace("postgres://", "postgresql://")

@@ -379,7 +379,7 @@ mod poll;
 mod state;
 
 pub use plan::{MissingShard, ReadPlan};
-pub use poll::poll_peers;
+pub use poll::{PeerClients, poll_peers, refresh_peers};
 pub use state::{ClusterState, PeerView};
 
 #[cfg(test)]

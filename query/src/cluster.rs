@@ -36,6 +36,35 @@ use std::sync::{Arc, Mutex};
 pub use flight::{FlightNode, serve_flight};
 pub use ingest::cluster::{ClusterState, ShardKey};
 pub use reader::{ClusterReader, ReaderConfig, RollupSelection};
+
+/// Entry points for the fuzz targets (`fuzz/fuzz_targets/flight_*.rs`): the
+/// decoders of what a Flight client or a peer sends. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    /// Decodes a `DoGet` ticket; true if it is accepted.
+    pub fn ticket(bytes: &[u8]) -> bool {
+        super::wire::decode_ticket(bytes).is_ok()
+    }
+
+    /// Reads `bytes` as an Arrow IPC stream of a peer's select answer, as
+    /// the reader takes Flight data; true if every batch is accepted.
+    pub fn answer(bytes: &[u8]) -> bool {
+        let Ok(reader) =
+            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+        else {
+            return false;
+        };
+        let mut decoder = super::wire::AnswerDecoder::default();
+        for batch in reader {
+            match batch {
+                Ok(b) if decoder.push(&b).is_ok() => {}
+                _ => return false,
+            }
+        }
+        let _ = decoder.finish();
+        true
+    }
+}
 use storage::{Label, Matcher, SelectedSeries, SeriesKey, Storage};
 
 /// The shard of a stored series: its `rack` label when it has one (and it is

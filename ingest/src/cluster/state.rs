@@ -73,8 +73,13 @@ impl ClusterState {
                 self.self_id
             ));
         }
+        // What peers still in the map said stays: it names the shards they
+        // hold until their next answer.
+        self.peers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|id, _| map.node_index(id).is_some());
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
-        self.peers.lock().unwrap_or_else(|e| e.into_inner()).clear();
         Ok(())
     }
 

@@ -364,3 +364,96 @@ mod plan {
         assert!(both > 0);
     }
 }
+
+mod state {
+    use std::collections::BTreeMap;
+
+    use gpulse_proto::v1::NodeStatusReply;
+
+    use super::*;
+
+    fn status(id: &str, hash: &str, racks: &[&str]) -> NodeStatusReply {
+        NodeStatusReply {
+            node_id: id.into(),
+            map_hash: hash.into(),
+            racks: racks.iter().map(|r| (*r).to_owned()).collect(),
+            ..NodeStatusReply::default()
+        }
+    }
+
+    #[test]
+    fn backlogs_are_summed_per_node_and_an_empty_report_clears_one() {
+        let s = ClusterState::new(parse(THREE).unwrap(), "a");
+        s.set_backlog(
+            "agent-1",
+            BTreeMap::from([("b".into(), 3), ("c".into(), 0)]),
+        );
+        s.set_backlog(
+            "agent-2",
+            BTreeMap::from([("b".into(), 4), ("c".into(), 2)]),
+        );
+        assert_eq!(
+            s.backlog_by_node(),
+            BTreeMap::from([("b".into(), 7), ("c".into(), 2)])
+        );
+        s.set_backlog("agent-2", BTreeMap::from([("b".into(), 0)]));
+        assert_eq!(
+            s.backlog_by_node(),
+            BTreeMap::from([("b".into(), 3), ("c".into(), 0)])
+        );
+    }
+
+    #[test]
+    fn shards_known_anywhere_stay_known_while_their_holder_is_down() {
+        let map = parse(THREE).unwrap();
+        let hash = map.hash().to_owned();
+        let s = ClusterState::new(map, "a");
+        s.note_key(ShardKey::Rack("r1".into()));
+        s.update_peer("b", Ok(status("b", &hash, &["r2"])));
+        s.update_peer("c", Err("connection refused".into()));
+        assert!(s.is_up(0) && s.is_up(1) && !s.is_up(2));
+        let known: Vec<ShardKey> = s.known_keys().into_iter().collect();
+        assert_eq!(
+            known,
+            [ShardKey::Rack("r1".into()), ShardKey::Rack("r2".into())]
+        );
+        // c never answered: whatever only it holds is unknown, and said so.
+        let warnings = s.preflight().unwrap();
+        assert_eq!(warnings.len(), 1);
+        assert!(
+            warnings[0].contains("node c is down and has not reported"),
+            "{warnings:?}"
+        );
+        // b goes down: its shards stay known.
+        s.update_peer("b", Err("timeout".into()));
+        assert!(!s.is_up(1));
+        assert!(s.known_keys().contains(&ShardKey::Rack("r2".into())));
+    }
+
+    #[test]
+    fn a_peer_with_another_file_makes_cluster_queries_refused() {
+        let s = ClusterState::new(parse(THREE).unwrap(), "a");
+        s.update_peer("b", Ok(status("b", "0123456789abcdef", &[])));
+        let e = s.preflight().unwrap_err();
+        assert!(
+            e.contains("node b runs with cluster file hash 0123456789abcdef"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_reload_keeps_what_remaining_peers_said_and_refuses_a_map_without_this_node() {
+        let s = ClusterState::new(parse(THREE).unwrap(), "a");
+        s.update_peer("b", Ok(status("b", "x", &["r2"])));
+        s.update_peer("c", Ok(status("c", "x", &["r3"])));
+        let without_c = THREE.replace("id = \"c\"", "id = \"d\"");
+        s.reload(parse(&without_c).unwrap()).unwrap();
+        assert!(s.known_keys().contains(&ShardKey::Rack("r2".into())));
+        assert!(!s.known_keys().contains(&ShardKey::Rack("r3".into())));
+        assert_eq!(s.map().node_index("d"), Some(2));
+        let without_a = THREE.replace("id = \"a\"", "id = \"e\"");
+        let e = s.reload(parse(&without_a).unwrap()).unwrap_err();
+        assert!(e.contains("\"a\" is not in the new cluster file"), "{e}");
+        assert_eq!(s.map().node_index("d"), Some(2), "the old map stays");
+    }
+}

@@ -38,6 +38,12 @@ pub struct ReaderConfig {
     /// until the query has them all, so past this the select fails with
     /// [`ClusterError::TooLarge`] instead of filling memory.
     pub max_peer_samples: usize,
+    /// Before planning, ask every peer for its status (each call bounded by
+    /// this), so that the shards live peers hold are known as of now and not
+    /// as of the last poll: a rack written a moment ago to two nodes, one of
+    /// which then fails, is still read from the other. `None` relies on the
+    /// peer poller alone (tests that set the peers' state by hand).
+    pub refresh_timeout: Option<Duration>,
 }
 
 impl Default for ReaderConfig {
@@ -46,6 +52,7 @@ impl Default for ReaderConfig {
             connect_timeout: Duration::from_secs(2),
             idle_timeout: Duration::from_secs(30),
             max_peer_samples: 50_000_000,
+            refresh_timeout: Some(Duration::from_secs(1)),
         }
     }
 }
@@ -81,6 +88,8 @@ struct Inner {
     channels: Mutex<HashMap<SocketAddr, Channel>>,
     /// The runtime that runs the reads of [`ClusterReader::select_blocking`].
     runtime: tokio::runtime::Handle,
+    /// Status calls of the refresh before planning.
+    peers: Option<ingest::cluster::PeerClients>,
 }
 
 /// The answer of a cluster rollup read: groups sorted, records in window
@@ -110,10 +119,13 @@ impl ClusterReader {
             inner: Arc::new(Inner {
                 state,
                 storage,
-                config,
                 metrics,
                 channels: Mutex::default(),
                 runtime: tokio::runtime::Handle::current(),
+                peers: config
+                    .refresh_timeout
+                    .map(ingest::cluster::PeerClients::new),
+                config,
             }),
         }
     }
@@ -198,6 +210,9 @@ impl ClusterReader {
     ) -> Result<Selection, ClusterError> {
         let inner = &self.inner;
         inner.metrics.selects.fetch_add(1, Relaxed);
+        if let Some(peers) = &inner.peers {
+            ingest::cluster::refresh_peers(&inner.state, peers).await;
+        }
         let mut warnings = inner.state.preflight().map_err(|e| {
             inner.metrics.selects_refused.fetch_add(1, Relaxed);
             ClusterError::Refused(e)
@@ -360,6 +375,9 @@ impl ClusterReader {
     ) -> Result<RollupSelection, ClusterError> {
         let inner = &self.inner;
         inner.metrics.selects.fetch_add(1, Relaxed);
+        if let Some(peers) = &inner.peers {
+            ingest::cluster::refresh_peers(&inner.state, peers).await;
+        }
         let mut warnings = inner.state.preflight().map_err(|e| {
             inner.metrics.selects_refused.fetch_add(1, Relaxed);
             ClusterError::Refused(e)

@@ -279,7 +279,12 @@ impl Fixture {
             state.clone(),
             nodes[0].storage.clone(),
             nodes[0].metrics.clone(),
-            ReaderConfig::default(),
+            // The tests set the peers' state by hand; there is no gRPC
+            // status service to refresh it from.
+            ReaderConfig {
+                refresh_timeout: None,
+                ..ReaderConfig::default()
+            },
         );
         Self {
             map,
@@ -1205,6 +1210,7 @@ async fn too_many_samples_from_peers_fail_the_query() {
         f.nodes[0].metrics.clone(),
         ReaderConfig {
             max_peer_samples: 10,
+            refresh_timeout: None,
             ..ReaderConfig::default()
         },
     );
