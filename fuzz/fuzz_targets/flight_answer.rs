@@ -1,0 +1,10 @@
+//! A peer's select answer (Arrow IPC over Flight) is checked before it is
+//! merged: schema, nulls, list lengths, series keys, time order. Whatever a
+//! broken or hostile peer sends must be an error, never a panic.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let _ = query::cluster::fuzzing::answer(data);
+});
