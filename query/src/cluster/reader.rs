@@ -201,6 +201,22 @@ impl ClusterReader {
         self.run(matchers, min_ts, max_ts, true).await
     }
 
+    /// What every cluster read does first: counts it, asks the peers for
+    /// their status (so that their shards are known as of now), and refuses
+    /// while a reachable peer runs another cluster file. Returns the
+    /// warnings to start the answer with.
+    async fn preflight(&self) -> Result<Vec<String>, ClusterError> {
+        let inner = &self.inner;
+        inner.metrics.selects.fetch_add(1, Relaxed);
+        if let Some(peers) = &inner.peers {
+            ingest::cluster::refresh_peers(&inner.state, peers).await;
+        }
+        inner.state.preflight().map_err(|e| {
+            inner.metrics.selects_refused.fetch_add(1, Relaxed);
+            ClusterError::Refused(e)
+        })
+    }
+
     async fn run(
         &self,
         matchers: &[Matcher],
@@ -209,14 +225,7 @@ impl ClusterReader {
         labels_only: bool,
     ) -> Result<Selection, ClusterError> {
         let inner = &self.inner;
-        inner.metrics.selects.fetch_add(1, Relaxed);
-        if let Some(peers) = &inner.peers {
-            ingest::cluster::refresh_peers(&inner.state, peers).await;
-        }
-        let mut warnings = inner.state.preflight().map_err(|e| {
-            inner.metrics.selects_refused.fetch_add(1, Relaxed);
-            ClusterError::Refused(e)
-        })?;
+        let mut warnings = self.preflight().await?;
         let map = inner.state.map();
         let me = map
             .node_index(inner.state.self_id())
@@ -374,14 +383,7 @@ impl ClusterReader {
         max_ts: i64,
     ) -> Result<RollupSelection, ClusterError> {
         let inner = &self.inner;
-        inner.metrics.selects.fetch_add(1, Relaxed);
-        if let Some(peers) = &inner.peers {
-            ingest::cluster::refresh_peers(&inner.state, peers).await;
-        }
-        let mut warnings = inner.state.preflight().map_err(|e| {
-            inner.metrics.selects_refused.fetch_add(1, Relaxed);
-            ClusterError::Refused(e)
-        })?;
+        let mut warnings = self.preflight().await?;
         if min_ts > max_ts {
             return Ok(RollupSelection::default());
         }
