@@ -442,7 +442,6 @@ fn prom_counts(node: &Node, metric: &str, at_ms: i64) -> (BTreeMap<String, u64>,
 fn agents_stream_through_a_node_kill_and_every_node_answers_every_sample_once() {
     let mut c = Cluster::start(3, 2);
     // 32 hosts in 8 racks, 4 polls a second for 40 s.
-    let started = std::time::Instant::now();
     let mut agents = Vec::new();
     for rack in 0..8 {
         for h in 0..4 {
@@ -453,36 +452,8 @@ fn agents_stream_through_a_node_kill_and_every_node_answers_every_sample_once() 
     c.kill(1);
     std::thread::sleep(std::time::Duration::from_secs(30));
     c.restart(1);
-    // The agents stop after their 160 polls once every owner has acked them.
-    // Known bug: after an owner's outage, some `--sharded` agents deliver
-    // everything but do not exit by themselves; they are then stopped with
-    // SIGTERM, which drains (and would spool) what is left.
-    let polls_done = started + std::time::Duration::from_secs(60);
-    let mut termed = false;
-    loop {
-        let running = agents
-            .iter_mut()
-            .map(|a| a.child.try_wait().unwrap().is_none())
-            .filter(|&r| r)
-            .count();
-        if running == 0 {
-            break;
-        }
-        if !termed && std::time::Instant::now() > polls_done {
-            for a in agents.iter_mut() {
-                if a.child.try_wait().unwrap().is_none() {
-                    let pid = a.child.id().to_string();
-                    Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-                }
-            }
-            termed = true;
-        }
-        assert!(
-            std::time::Instant::now() < polls_done + std::time::Duration::from_secs(60),
-            "{running} agents did not stop"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    // The agents stop by themselves after their 160 polls, once every owner
+    // has acked them (the restarted one included).
     for a in &mut agents {
         let status = a.child.wait().unwrap();
         assert!(

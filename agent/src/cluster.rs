@@ -431,7 +431,10 @@ impl Coordinator {
                         }
                     }
                 },
-                Some(a) = answers.recv(), if !self.stopping => {
+                // Once the input is closed no poll is left to route: an
+                // answer then would only restart shippers that are ending
+                // (with a queue nobody closes, so the agent never ends).
+                Some(a) = answers.recv(), if !self.stopping && !self.input_closed => {
                     known = true;
                     self.apply(a).await;
                 }
