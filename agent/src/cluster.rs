@@ -24,7 +24,7 @@
 //! report it as replica lag.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -354,13 +354,7 @@ impl Coordinator {
         let record = match &config.record {
             Some(path) => Some((
                 SeriesTable::new(inventory.clone()),
-                BufWriter::new(
-                    OpenOptions::new()
-                        .create(true)
-                        .append(true)
-                        .open(path)
-                        .map_err(|e| AgentError::Record(path.clone(), e))?,
-                ),
+                shipper::open_record(path)?,
             )),
             None => None,
         };

@@ -233,16 +233,7 @@ impl Shipper {
             series.intern_def(&d.metric, d.labels.clone())
         })
         .map_err(AgentError::Spool)?;
-        let record = match &config.record {
-            Some(path) => Some(BufWriter::new(
-                OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| AgentError::Record(path.clone(), e))?,
-            )),
-            None => None,
-        };
+        let record = config.record.as_deref().map(open_record).transpose()?;
         Ok(Self {
             config,
             control: None,
@@ -593,6 +584,16 @@ impl Shipper {
 
 /// Appends rows in the long CSV format of `gpulse import`
 /// (`metric=NAME;label=value;...,timestamp_ms,value`).
+/// Opens the `--record` file for appending.
+pub(crate) fn open_record(path: &std::path::Path) -> Result<BufWriter<File>, AgentError> {
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map(BufWriter::new)
+        .map_err(|e| AgentError::Record(path.to_owned(), e))
+}
+
 pub(crate) fn record_rows(
     w: &mut BufWriter<File>,
     defs: &[SeriesDef],
