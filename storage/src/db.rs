@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 use std::time::Instant;
 
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR, ROLLUPS_DIR, SEGMENTS_DIR, TMP_EXT};
@@ -143,6 +143,20 @@ pub struct StorageMetrics {
     pub rollup_read_errors: AtomicU64,
     /// Rollup files written by merges (compaction and downsampling).
     pub rollup_compactions: AtomicU64,
+    /// Flushes that failed: I/O (the data stays in memory and the next
+    /// flush retries it), or data a writer refused (set aside, see
+    /// `samples_set_aside`). Each failure is counted; the log says it once
+    /// per cause.
+    pub flush_failures: AtomicU64,
+    /// Samples refused because their timestamp is outside
+    /// [`crate::MIN_TS_MS`]..=[`crate::MAX_TS_MS`]: by an append (the batch
+    /// is refused whole) or by WAL replay (the sample is set aside).
+    pub samples_out_of_range: AtomicU64,
+    /// Samples that a flush or WAL replay could not store and wrote to a
+    /// `quarantine/set-aside-*.txt` file instead.
+    pub samples_set_aside: AtomicU64,
+    /// Rollup records that a flush could not write, set aside likewise.
+    pub rollup_records_set_aside: AtomicU64,
 }
 
 /// Who sent a batch, for de-duplication of re-sends: a producer (an agent's
@@ -269,7 +283,19 @@ pub struct Storage {
     config: StorageConfig,
     state: RwLock<State>,
     head: RwLock<Head>,
+    /// The upkeep lock: flushes, compactions, retention and rollup imports
+    /// run one at a time ([`Storage::upkeep`] holds it for all three).
     flush_lock: Mutex<()>,
+    /// The cause of the last failed flush, so that a failure repeated by
+    /// every retry is logged once; `None` after a success.
+    flush_error: Mutex<Option<String>>,
+    /// A rollup file id whose file could be neither used nor moved away after
+    /// its rename: the next rollup write reuses it, replacing that file.
+    retry_rollup_id: Mutex<Option<u64>>,
+    /// Numbers the set-aside files of this process.
+    set_aside_seq: AtomicU64,
+    #[cfg(test)]
+    faults: Faults,
     /// Shared by appends from WAL write to head append; exclusive for a freeze + cut.
     gate: RwLock<()>,
     wal: Wal,
@@ -380,6 +406,11 @@ impl Storage {
             }),
             head: RwLock::new(head),
             flush_lock: Mutex::new(()),
+            flush_error: Mutex::new(None),
+            retry_rollup_id: Mutex::new(None),
+            set_aside_seq: AtomicU64::new(0),
+            #[cfg(test)]
+            faults: Faults::default(),
             gate: RwLock::new(()),
             wal,
             next_segment: AtomicU64::new(max_id + 1),
@@ -487,8 +518,10 @@ impl Storage {
     /// queries. All-or-nothing on errors. Blocks for the WAL write.
     ///
     /// # Errors
-    /// [`Error::BadBatch`] if the columns differ in length or a ref is unknown;
-    /// [`Error::Io`] if the WAL write failed (nothing was stored).
+    /// [`Error::BadBatch`] if the columns differ in length, a ref is unknown,
+    /// or a timestamp is outside [`crate::MIN_TS_MS`]..=[`crate::MAX_TS_MS`]
+    /// (counted in `samples_out_of_range`); [`Error::Io`] if the WAL write
+    /// failed (nothing was stored).
     pub fn append(
         &self,
         refs: &[SeriesRef],
@@ -530,6 +563,15 @@ impl Storage {
         if refs.len() != ts_ms.len() || refs.len() != values.len() {
             return Err(Error::BadBatch {
                 reason: "columns differ in length",
+            });
+        }
+        let out_of_range = ts_ms.iter().filter(|&&t| !crate::ts_storable(t)).count();
+        if out_of_range > 0 {
+            self.metrics
+                .samples_out_of_range
+                .fetch_add(out_of_range as u64, Relaxed);
+            return Err(Error::BadBatch {
+                reason: OUT_OF_RANGE,
             });
         }
         // Series are never removed, so the largest ref decides; one lock, not one per sample.
@@ -596,10 +638,43 @@ impl Storage {
     /// while it writes.
     ///
     /// # Errors
-    /// I/O errors. The frozen data then goes back to queries' view and is
-    /// retried by the next flush.
+    /// I/O errors: the frozen data then stays visible to queries and the next
+    /// flush retries it. Data that a writer refuses ([`Error::Unwritable`],
+    /// or a file that fails to open right after it was written) is set aside
+    /// instead: the offending samples or rollup records (all of the frozen
+    /// ones if they cannot be told apart) go to a `quarantine/set-aside-*.txt`
+    /// file, the rest stays for the next flush, and the error is returned.
+    /// Every failure is counted (`flush_failures`) and logged once per cause.
     pub fn flush(&self) -> Result<Option<SegmentSummary>> {
-        let _one_at_a_time = lock!(self.flush_lock.lock());
+        let _upkeep = lock!(self.flush_lock.lock());
+        self.flush_locked()
+    }
+
+    /// [`Self::flush`], for a caller that holds the upkeep lock.
+    fn flush_locked(&self) -> Result<Option<SegmentSummary>> {
+        let result = self.flush_inner();
+        let mut last = lock!(self.flush_error.lock());
+        match &result {
+            Ok(_) => {
+                if let Some(cause) = last.take() {
+                    info!(previous_error = %cause, "flush succeeded after failing");
+                }
+            }
+            Err(e) => {
+                self.metrics.flush_failures.fetch_add(1, Relaxed);
+                let cause = failure_cause(e);
+                if last.as_deref() == Some(cause.as_str()) {
+                    debug!(error = %e, "flush failed again, as before");
+                } else {
+                    error!(error = %e, "flush failed; the next flush retries (I/O) or the data was set aside in quarantine/ (data that cannot be written); counted in flush_failures");
+                    *last = Some(cause);
+                }
+            }
+        }
+        result
+    }
+
+    fn flush_inner(&self) -> Result<Option<SegmentSummary>> {
         let (frozen, cut) = {
             let _gate = lock!(self.gate.write());
             let mut state = lock!(self.state.write());
@@ -620,11 +695,6 @@ impl Storage {
             } else if !fresh.is_empty() {
                 merge_frozen(&mut carried, &mut fresh);
             }
-            if carried.is_empty() {
-                return Ok(None);
-            }
-            let frozen = Arc::new(carried);
-            state.frozen = Some(frozen.clone());
             let mut rollup = state
                 .frozen_rollup
                 .take()
@@ -632,6 +702,13 @@ impl Storage {
                 .unwrap_or_default();
             rollup.extend(fresh_rollup);
             state.frozen_rollup = (!rollup.is_empty()).then(|| Arc::new(rollup));
+            if carried.is_empty() {
+                // Only rollups left over from a flush whose segment was set
+                // aside: nothing for a segment, the next flush writes them.
+                return Ok(None);
+            }
+            let frozen = Arc::new(carried);
+            state.frozen = Some(frozen.clone());
             // Samples from here on go to WAL segments at or after `cut`.
             let cut = self
                 .wal
@@ -646,15 +723,23 @@ impl Storage {
         // WAL below this file's cut is counted in it).
         let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
         if let Some(delta) = frozen_rollup {
-            let file = self.write_rollups(cut, &crate::rollup::delta_tables(&delta), None);
-            match file {
+            match self.write_rollups(cut, &crate::rollup::delta_tables(&delta), None) {
                 Ok(file) => {
                     let mut state = lock!(self.state.write());
                     state.rollups.push(Arc::new(file));
                     state.frozen_rollup = None;
                 }
+                Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
-                    error!(error = %e, "flush failed writing rollups; the data stays in memory and is retried by the next flush");
+                    self.set_aside_rollups(&delta, &e)?;
+                    // The raw samples behind refused records would fail the
+                    // segment next: set aside those a segment cannot hold now,
+                    // so that the next flush writes the rest.
+                    if self.set_aside_samples(&frozen, &e, false)?
+                        && lock!(self.state.read()).frozen_rollup.is_none()
+                    {
+                        self.truncate_wal(cut);
+                    }
                     return Err(e);
                 }
             }
@@ -662,13 +747,19 @@ impl Storage {
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
-        let written = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen)
-            .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
+        let written = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen).and_then(|s| {
+            let opened = self.open_written_segment(&dst, id);
+            Ok((s, opened?))
+        });
         let (summary, segment) = match written {
             Ok(w) => w,
             Err(e) => {
                 let _ = fs::remove_file(&tmp);
-                error!(error = %e, "flush failed; the data stays in memory and is retried by the next flush");
+                if !e.is_retryable() && self.set_aside_samples(&frozen, &e, true)? {
+                    // Nothing of this flush is left to write: the WAL before
+                    // the cut is in segments, rollup files or quarantine/.
+                    self.truncate_wal(cut);
+                }
                 return Err(e);
             }
         };
@@ -677,9 +768,7 @@ impl Storage {
         state.frozen = None;
         drop(state);
         // The segment is durable: the WAL before the cut is no longer needed.
-        if let Err(e) = self.wal.truncate(cut) {
-            warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
-        }
+        self.truncate_wal(cut);
         self.metrics.flushes.fetch_add(1, Relaxed);
         info!(
             segment = %dst.display(),
@@ -690,6 +779,120 @@ impl Storage {
             "flushed head to segment"
         );
         Ok(Some(summary))
+    }
+
+    fn truncate_wal(&self, cut: u64) {
+        if let Err(e) = self.wal.truncate(cut) {
+            warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
+        }
+    }
+
+    /// Opens a segment just renamed into place; if that fails, takes the file
+    /// out of `segments/` again (see [`Self::withdraw`]).
+    fn open_written_segment(&self, dst: &Path, id: SegmentId) -> Result<Segment> {
+        #[cfg(test)]
+        if self.faults.take(&self.faults.segment_open) {
+            let e = Error::io(dst, std::io::Error::other("injected fault: segment open"));
+            self.withdraw(dst, &files::segment_file_name(id), &e);
+            return Err(e);
+        }
+        Segment::open(dst, id).inspect_err(|e| {
+            self.withdraw(dst, &files::segment_file_name(id), e);
+        })
+    }
+
+    /// Moves a file that was renamed into place but could not be opened to
+    /// `quarantine/` with a note of why (`<name>.why`), or deletes it: left
+    /// in place, the next start would count its data a second time, next to
+    /// the file that the retry writes. Returns whether the file is gone.
+    fn withdraw(&self, path: &Path, name: &str, why: &Error) -> bool {
+        let q = self.config.data_dir.join(QUARANTINE_DIR);
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let moved = fs::create_dir_all(&q)
+            .and_then(|()| fs::rename(path, q.join(name)))
+            .map_err(|e| Error::io(path, e))
+            .and_then(|()| crate::segment::writer::sync_dir(dir));
+        match moved {
+            Ok(()) => {
+                let note = format!(
+                    "{name} failed to open right after it was written: {why}\n\
+                     Its data stayed in memory and was written again by a later flush or merge.\n"
+                );
+                let _ = fs::write(files::quarantine_note_path(&q, name), note);
+                error!(file = %path.display(), error = %why, "a file failed to open right after it was written; moved to quarantine/, its data is retried");
+                true
+            }
+            Err(e) => match fs::remove_file(path) {
+                Ok(()) => crate::segment::writer::sync_dir(dir).is_ok(),
+                Err(r) if r.kind() == std::io::ErrorKind::NotFound => true,
+                Err(r) => {
+                    error!(file = %path.display(), error = %why, move_error = %e, remove_error = %r, "a file failed to open after it was written and cannot be moved or deleted");
+                    false
+                }
+            },
+        }
+    }
+
+    /// Sets aside the samples of `frozen` that a segment cannot hold (all of
+    /// them if none is found at fault and `or_all`), in a `quarantine/` file
+    /// that says why; the rest stays frozen for the next flush. Returns
+    /// whether nothing is left.
+    ///
+    /// # Errors
+    /// I/O errors writing the file; the data then stays as it was.
+    fn set_aside_samples(
+        &self,
+        frozen: &Arc<Vec<FrozenSeries>>,
+        why: &Error,
+        or_all: bool,
+    ) -> Result<bool> {
+        let (mut keep, mut lines, mut n) = split_frozen(frozen);
+        if n == 0 {
+            if !or_all {
+                return Ok(false);
+            }
+            keep = Vec::new();
+            (lines, n) = describe_frozen(frozen);
+        }
+        let path = self.write_set_aside("flush: raw samples", why, &lines)?;
+        self.metrics.samples_set_aside.fetch_add(n, Relaxed);
+        error!(file = %path.display(), samples = n, error = %why, "set aside samples that a segment cannot hold");
+        let empty = keep.is_empty();
+        lock!(self.state.write()).frozen = (!empty).then(|| Arc::new(keep));
+        Ok(empty)
+    }
+
+    /// As [`Self::set_aside_samples`], for the frozen rollup records: those
+    /// that no rollup file may hold, or all of them.
+    fn set_aside_rollups(&self, delta: &Arc<RollupDelta>, why: &Error) -> Result<()> {
+        let (mut keep, mut lines) = (Vec::new(), Vec::new());
+        for (g, minutes) in delta.iter() {
+            let (good, bad): (Vec<RollupRecord>, Vec<RollupRecord>) = minutes
+                .iter()
+                .partition(|r| rollup_file::record_problem(RollupTier::Minute, r).is_none());
+            lines.extend(bad.iter().map(|r| rollup_line(g, r)));
+            if !good.is_empty() {
+                keep.push((g.clone(), good));
+            }
+        }
+        if lines.is_empty() {
+            keep.clear();
+            for (g, minutes) in delta.iter() {
+                lines.extend(minutes.iter().map(|r| rollup_line(g, r)));
+            }
+        }
+        let path = self.write_set_aside("flush: 1-minute rollup records", why, &lines)?;
+        self.metrics
+            .rollup_records_set_aside
+            .fetch_add(lines.len() as u64, Relaxed);
+        error!(file = %path.display(), records = lines.len(), error = %why, "set aside rollup records that a rollup file cannot hold");
+        lock!(self.state.write()).frozen_rollup = (!keep.is_empty()).then(|| Arc::new(keep));
+        Ok(())
+    }
+
+    fn write_set_aside(&self, what: &str, why: &Error, lines: &[String]) -> Result<PathBuf> {
+        let n = self.set_aside_seq.fetch_add(1, Relaxed);
+        write_set_aside(&self.config.data_dir, n, what, &why.to_string(), lines)
     }
 
     /// Every series matching all `matchers` with at least one chunk that
@@ -749,15 +952,20 @@ impl Storage {
             .collect()
     }
 
-    /// Writes a rollup file covering `covers` (a new id of its own when
-    /// `None`) and opens it.
+    /// Writes a rollup file covering `covers` (plus its own new id) and
+    /// opens it. A file that fails to open after its rename is withdrawn
+    /// ([`Self::withdraw`]) before the error returns, so that the retry of its
+    /// records cannot count them twice after a restart; if it cannot be
+    /// withdrawn, the next write reuses its id and so replaces it.
     fn write_rollups(
         &self,
         wal_cut: u64,
         tables: &crate::rollup::Tables,
         covers: Option<Vec<(u64, u64)>>,
     ) -> Result<RollupFile> {
-        let id = self.next_rollup.fetch_add(1, Relaxed);
+        let id = lock!(self.retry_rollup_id.lock())
+            .take()
+            .unwrap_or_else(|| self.next_rollup.fetch_add(1, Relaxed));
         let covers = rollup_file::union_covers(
             covers
                 .unwrap_or_default()
@@ -767,12 +975,26 @@ impl Storage {
         );
         let tmp = files::rollup_tmp_path(&self.config.data_dir, id);
         let dst = files::rollup_path(&self.config.data_dir, id);
-        let done = rollup_file::write(&tmp, &dst, wal_cut, &covers, tables)
-            .and_then(|()| RollupFile::open(&dst, id));
-        if done.is_err() {
+        if let Err(e) = rollup_file::write(&tmp, &dst, wal_cut, &covers, tables) {
             let _ = fs::remove_file(&tmp);
+            return Err(e);
         }
-        done
+        #[cfg(test)]
+        let opened = if self.faults.take(&self.faults.rollup_open) {
+            Err(Error::io(
+                &dst,
+                std::io::Error::other("injected fault: rollup file open"),
+            ))
+        } else {
+            RollupFile::open(&dst, id)
+        };
+        #[cfg(not(test))]
+        let opened = RollupFile::open(&dst, id);
+        opened.inspect_err(|e| {
+            if !self.withdraw(&dst, &files::rollup_file_name(id), e) {
+                *lock!(self.retry_rollup_id.lock()) = Some(id);
+            }
+        })
     }
 
     /// Groups matching `filter` with their records whose window overlaps
@@ -914,7 +1136,12 @@ impl Storage {
     /// I/O errors, or a source chunk that fails its checksum; the sources
     /// then stay as they are.
     pub fn compact(&self) -> Result<Option<SegmentSummary>> {
-        let _one_at_a_time = lock!(self.flush_lock.lock());
+        let _upkeep = lock!(self.flush_lock.lock());
+        self.compact_locked()
+    }
+
+    /// [`Self::compact`], for a caller that holds the upkeep lock.
+    fn compact_locked(&self) -> Result<Option<SegmentSummary>> {
         // Rollup files first: one merge per call, like segments.
         if let Err(e) = self.compact_rollups() {
             error!(error = %e, "rollup compaction failed; the files stay as they are");
@@ -968,7 +1195,10 @@ impl Storage {
             normalize(ts, vals, 0);
             Ok(())
         })
-        .and_then(|s| Ok((s, Segment::open(&dst, id)?)));
+        .and_then(|s| {
+            let opened = self.open_written_segment(&dst, id);
+            Ok((s, opened?))
+        });
         let (summary, merged) = match written {
             Ok(w) => w,
             Err(e) => {
@@ -976,12 +1206,32 @@ impl Storage {
                 return Err(e);
             }
         };
+        #[cfg(test)]
+        if let Some(tx) = lock!(self.faults.before_compaction_swap.lock()).take() {
+            let _ = tx.send(());
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
         let mut state = lock!(self.state.write());
+        // Compaction and retention, the only removers of segments, both hold
+        // the upkeep lock, so the group is still in place; checked anyway,
+        // since a wrong splice would drop other segments from view.
         let at = state
             .segments
             .iter()
             .position(|s| Arc::ptr_eq(s, &group[0]))
-            .expect("BUG: only compaction removes segments, and it holds the flush lock");
+            .filter(|&at| {
+                state.segments.len() >= at + group.len()
+                    && group
+                        .iter()
+                        .zip(&state.segments[at..])
+                        .all(|(g, s)| Arc::ptr_eq(g, s))
+            });
+        let Some(at) = at else {
+            drop(state);
+            error!(segment = %dst.display(), "compaction sources changed while they were merged; discarding the merged segment");
+            merged.delete_when_unused();
+            return Ok(None);
+        };
         state
             .segments
             .splice(at..at + group.len(), [Arc::new(merged)]);
@@ -1014,6 +1264,41 @@ impl Storage {
     /// records. So raw data and 1-minute records expire while the 1 h and 1 d
     /// records stay. Errors there are logged; the files stay as they were.
     pub fn enforce_retention(&self, now_ms: i64) -> usize {
+        let _upkeep = lock!(self.flush_lock.lock());
+        self.retention_locked(now_ms)
+    }
+
+    /// One round of upkeep under one lock, so that no two of them interleave
+    /// (a flush on request and the periodic one, compaction and retention):
+    /// a flush, then at most `max_compactions` compactions (a backlog does
+    /// not stall the next flush), then retention. Compaction and retention
+    /// run even when the flush failed: retention is what frees the disk.
+    pub fn upkeep(&self, now_ms: i64, max_compactions: usize) -> UpkeepReport {
+        let _upkeep = lock!(self.flush_lock.lock());
+        let flush = self.flush_locked();
+        let (mut compactions, mut compaction_error) = (0, None);
+        while compactions < max_compactions {
+            match self.compact_locked() {
+                Ok(Some(_)) => compactions += 1,
+                Ok(None) => break,
+                Err(e) => {
+                    error!(error = %e, "compaction failed; the segments stay as they are");
+                    compaction_error = Some(e);
+                    break;
+                }
+            }
+        }
+        let segments_expired = self.retention_locked(now_ms);
+        UpkeepReport {
+            flush,
+            compactions,
+            compaction_error,
+            segments_expired,
+        }
+    }
+
+    /// [`Self::enforce_retention`], for a caller that holds the upkeep lock.
+    fn retention_locked(&self, now_ms: i64) -> usize {
         self.enforce_rollup_retention(now_ms);
         let Some(keep) = self.config.retention else {
             return 0;
@@ -1036,8 +1321,8 @@ impl Storage {
         expired.len()
     }
 
+    /// Caller holds the upkeep lock.
     fn enforce_rollup_retention(&self, now_ms: i64) {
-        let _one_at_a_time = lock!(self.flush_lock.lock());
         let cutoff = |tier: RollupTier| {
             self.config
                 .rollup_retention(tier)
@@ -1084,6 +1369,198 @@ impl Storage {
             producers: self.producers.len() as u64,
         }
     }
+}
+
+/// The reason of [`Error::BadBatch`] for a timestamp storage cannot hold.
+const OUT_OF_RANGE: &str =
+    "sample timestamp outside the range storage holds (0001-01-01 to 9999-12-31 UTC)";
+
+/// What one [`Storage::upkeep`] did.
+#[derive(Debug)]
+pub struct UpkeepReport {
+    /// The flush's result (already counted and logged by storage).
+    pub flush: Result<Option<SegmentSummary>>,
+    /// Compactions done.
+    pub compactions: usize,
+    /// The compaction that failed, if one did (logged); later ones were not tried.
+    pub compaction_error: Option<Error>,
+    /// Segments dropped by retention.
+    pub segments_expired: usize,
+}
+
+/// Faults that tests inject: each counter is how many more times the
+/// operation fails.
+#[cfg(test)]
+#[derive(Debug, Default)]
+pub(crate) struct Faults {
+    /// Opening a rollup file right after its rename.
+    pub(crate) rollup_open: std::sync::atomic::AtomicU32,
+    /// Opening a segment right after its rename.
+    pub(crate) segment_open: std::sync::atomic::AtomicU32,
+    /// Compaction signals here, then waits 300 ms, between writing the
+    /// merged segment and swapping it in for its sources.
+    pub(crate) before_compaction_swap: Mutex<Option<std::sync::mpsc::Sender<()>>>,
+}
+
+#[cfg(test)]
+impl Faults {
+    pub(crate) fn take(&self, n: &std::sync::atomic::AtomicU32) -> bool {
+        n.fetch_update(Relaxed, Relaxed, |v| v.checked_sub(1))
+            .is_ok()
+    }
+}
+
+/// What makes two flush failures "the same" for the log: the kind of I/O
+/// error (paths change with every retry's file id), or the writer's reason.
+fn failure_cause(e: &Error) -> String {
+    match e {
+        Error::Io { source, .. } => format!("I/O: {:?}", source.kind()),
+        Error::Unwritable { what, .. } => format!("unwritable: {what}"),
+        Error::Corrupt { kind, .. } => format!("corrupt: {kind}"),
+        e => e.to_string(),
+    }
+}
+
+/// One set-aside sample: `sample <key> <ts_ms> <value> <value bits>`,
+/// tab-separated (the bits keep NaN payloads).
+fn sample_line(key: &SeriesKey, ts_ms: i64, v: f64) -> String {
+    format!("sample\t{key}\t{ts_ms}\t{v}\t{:#018x}", v.to_bits())
+}
+
+/// One set-aside 1-minute rollup record, tab-separated.
+fn rollup_line(g: &RollupGroup, r: &RollupRecord) -> String {
+    format!(
+        "rollup_1m\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+        g.metric,
+        g.cluster,
+        g.row,
+        g.rack,
+        g.host,
+        g.gpu,
+        r.window_start_ms,
+        r.count,
+        r.sum,
+        r.min,
+        r.max,
+        r.first,
+        r.first_ts_ms,
+        r.last,
+        r.last_ts_ms
+    )
+}
+
+/// Splits frozen chunks into what a segment can hold and the samples it
+/// cannot (a timestamp outside the storable range), as set-aside lines.
+/// Chunks without such samples are kept as they are; the others are
+/// re-encoded without them. Returns the kept series, the lines and their count.
+fn split_frozen(frozen: &[FrozenSeries]) -> (Vec<FrozenSeries>, Vec<String>, u64) {
+    let (mut keep, mut lines) = (Vec::with_capacity(frozen.len()), Vec::new());
+    for (key, chunks) in frozen {
+        let mut kept: Vec<MemChunk> = Vec::with_capacity(chunks.len());
+        for c in chunks {
+            let samples: Vec<(i64, f64)> = GorillaDecoder::new(&c.bytes, c.count)
+                .map_while(|s| s.ok())
+                .collect();
+            if samples.len() == c.count as usize
+                && crate::ts_storable(c.min_ts)
+                && crate::ts_storable(c.max_ts)
+                && samples.iter().all(|&(t, _)| crate::ts_storable(t))
+            {
+                kept.push(c.clone());
+                continue;
+            }
+            let mut enc = crate::gorilla::GorillaEncoder::new();
+            let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+            for &(t, v) in &samples {
+                if crate::ts_storable(t) {
+                    enc.append(t, v);
+                    (lo, hi) = (lo.min(t), hi.max(t));
+                } else {
+                    lines.push(sample_line(key, t, v));
+                }
+            }
+            if samples.len() < c.count as usize {
+                lines.push(format!(
+                    "undecodable_chunk\t{key}\t{}\t{}\t{}",
+                    c.count - samples.len() as u32,
+                    c.min_ts,
+                    c.max_ts
+                ));
+            }
+            if enc.count() > 0 {
+                kept.push(MemChunk {
+                    min_ts: lo,
+                    max_ts: hi,
+                    count: enc.count(),
+                    bytes: Arc::from(enc.bytes()),
+                });
+            }
+        }
+        if !kept.is_empty() {
+            keep.push((key.clone(), kept));
+        }
+    }
+    let n = lines.len() as u64;
+    (keep, lines, n)
+}
+
+/// Every sample of `frozen` as set-aside lines, and their count.
+fn describe_frozen(frozen: &[FrozenSeries]) -> (Vec<String>, u64) {
+    let mut lines = Vec::new();
+    for (key, chunks) in frozen {
+        for c in chunks {
+            let mut n = 0;
+            for (t, v) in GorillaDecoder::new(&c.bytes, c.count).map_while(|s| s.ok()) {
+                lines.push(sample_line(key, t, v));
+                n += 1;
+            }
+            if n < c.count {
+                lines.push(format!(
+                    "undecodable_chunk\t{key}\t{}\t{}\t{}",
+                    c.count - n,
+                    c.min_ts,
+                    c.max_ts
+                ));
+            }
+        }
+    }
+    let n = lines.len() as u64;
+    (lines, n)
+}
+
+/// Writes (and fsyncs) `quarantine/set-aside-<unix ms>-<n>.txt`: what was
+/// set aside, why, then one tab-separated line per sample or record.
+fn write_set_aside(
+    data_dir: &Path,
+    n: u64,
+    what: &str,
+    why: &str,
+    lines: &[String],
+) -> Result<PathBuf> {
+    use std::io::Write as _;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let q = data_dir.join(QUARANTINE_DIR);
+    fs::create_dir_all(&q).map_err(|e| Error::io(&q, e))?;
+    let path = files::set_aside_path(data_dir, now_ms, n);
+    let mut text = format!(
+        "# gpulse set aside data it could not store ({what}).\n\
+         # why: {why}\n\
+         # when: {now_ms} ms since the Unix epoch\n\
+         # lines: sample<TAB>series<TAB>ts_ms<TAB>value<TAB>value bits, or\n\
+         # rollup_1m<TAB>metric<TAB>cluster<TAB>row<TAB>rack<TAB>host<TAB>gpu<TAB>window_start_ms<TAB>count<TAB>sum<TAB>min<TAB>max<TAB>first<TAB>first_ts_ms<TAB>last<TAB>last_ts_ms\n"
+    );
+    for l in lines {
+        text.push_str(l);
+        text.push('\n');
+    }
+    let io = |e| Error::io(&path, e);
+    let mut f = fs::File::create(&path).map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)?;
+    f.sync_all().map_err(io)?;
+    crate::segment::writer::sync_dir(&q)?;
+    Ok(path)
 }
 
 /// Appends `fresh` (newer) chunks to `carried` (older, from a failed flush),
@@ -1148,6 +1625,9 @@ fn replay_wal(
     let skip_below = segments.iter().map(|s| s.wal_cut()).max().unwrap_or(0);
     let mut refs: HashMap<u32, SeriesRef> = HashMap::new();
     let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
+    // Samples storage cannot hold, written by a version that let them in:
+    // set aside rather than replayed, so that they cannot wedge every flush.
+    let mut unstorable: Vec<String> = Vec::new();
     // WAL segments at or after `skip_below` but below `rollup_cut` are
     // counted in a rollup file already (a crash between a flush's rollup
     // file and its segment): they refill the head but not the rollups.
@@ -1172,6 +1652,9 @@ fn replay_wal(
         } => {
             for ((wr, t), v) in rs.iter().zip(ts_ms).zip(values) {
                 match refs.get(wr) {
+                    Some(&r) if !crate::ts_storable(t) => {
+                        unstorable.push(sample_line(head.key(r), t, v));
+                    }
                     Some(&r) => {
                         let seen = |key: &SeriesKey, ts| segments_have_sample(segments, key, ts);
                         let stored = matches!(
@@ -1210,6 +1693,19 @@ fn replay_wal(
             refused_series = refused,
             "WAL samples without a usable series definition were not replayed"
         );
+    }
+    if !unstorable.is_empty() {
+        let n = unstorable.len() as u64;
+        metrics.samples_out_of_range.fetch_add(n, Relaxed);
+        match write_set_aside(data_dir, u64::MAX, "WAL replay", OUT_OF_RANGE, &unstorable) {
+            Ok(path) => {
+                metrics.samples_set_aside.fetch_add(n, Relaxed);
+                error!(file = %path.display(), samples = n, "WAL samples outside the storable range were set aside, not replayed");
+            }
+            Err(e) => {
+                error!(error = %e, samples = n, "WAL samples outside the storable range were dropped: they could not be set aside");
+            }
+        }
     }
     metrics.wal_replayed_samples.fetch_add(replayed, Relaxed);
     metrics.wal_orphan_samples.fetch_add(orphans, Relaxed);
@@ -1451,3 +1947,5 @@ pub use import::RollupImportSummary;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod upkeep_tests;

@@ -3,7 +3,8 @@
 //! Three kinds are kept apart: bad input ([`Error::InvalidSeries`],
 //! [`Error::SeriesLimit`]), corruption ([`Error::Corrupt`],
 //! [`Error::ChunkDecode`]: located, drives quarantine), and environment
-//! ([`Error::Io`]).
+//! ([`Error::Io`]). [`Error::Unwritable`] is the writer's side of
+//! corruption: data that a reader would refuse, caught before it is written.
 
 use std::path::PathBuf;
 
@@ -93,6 +94,17 @@ pub enum Error {
     BadBatch { reason: &'static str },
     #[error("series limit reached: the head holds {limit} series")]
     SeriesLimit { limit: usize },
+    /// A writer refused data that its reader would reject (a sample or
+    /// record outside what the format holds); nothing was written. Not
+    /// retryable: the same data fails the same way, so a flush sets it aside
+    /// (`quarantine/`) instead of retrying it.
+    #[error("refusing to write {path}: {what} ({item})")]
+    Unwritable {
+        path: PathBuf,
+        /// The series or rollup group at fault.
+        item: String,
+        what: &'static str,
+    },
 }
 
 impl Error {

@@ -9,6 +9,9 @@
 //!   rollups/<id:016x>.groll        rollup records of one flush or merge (docs/format/rollup.md)
 //!   rollups/<id:016x>.groll.tmp    rollup file being written; deleted on open
 //!   quarantine/<id:016x>.groll     rollup file that failed validation
+//!   quarantine/<name>.why          why a file just written was moved there
+//!   quarantine/set-aside-<ms>-<n>.txt  samples or rollup records a flush or
+//!                                  WAL replay could not store, and why
 //!   LOCK                           locked while a process has the directory open
 //! ```
 
@@ -51,6 +54,19 @@ pub fn parse_rollup_file_name(name: &str) -> Option<u64> {
     (stem.len() == 16)
         .then(|| u64::from_str_radix(stem, 16).ok())
         .flatten()
+}
+
+/// `quarantine/<name>.why`: a note on why the file `name` was moved to `q_dir`.
+pub fn quarantine_note_path(q_dir: &Path, name: &str) -> PathBuf {
+    q_dir.join(format!("{name}.why"))
+}
+
+/// `quarantine/set-aside-<unix_ms:013>-<n:016x>.txt`: data a flush (or WAL
+/// replay) could not store, one line per sample or record, with the reason.
+pub fn set_aside_path(data_dir: &Path, unix_ms: u64, n: u64) -> PathBuf {
+    data_dir
+        .join(QUARANTINE_DIR)
+        .join(format!("set-aside-{unix_ms:013}-{n:016x}.txt"))
 }
 
 pub fn wal_segment_path_in(wal_dir: &Path, n: u64) -> PathBuf {

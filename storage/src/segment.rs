@@ -505,9 +505,23 @@ fn parse_index(
                     },
                 ));
             }
+            // The writer refuses samples outside the storable range, so a
+            // chunk outside it is corrupt (and its span cannot overflow).
+            let max_ts = i64::try_from(span)
+                .ok()
+                .and_then(|s| min_ts.checked_add(s))
+                .filter(|&m| crate::ts_storable(min_ts) && crate::ts_storable(m));
+            let Some(max_ts) = max_ts else {
+                return Err((
+                    at,
+                    Corruption::OutOfBounds {
+                        what: "chunk time range",
+                    },
+                ));
+            };
             chunks.push(ChunkRef {
                 min_ts,
-                max_ts: min_ts.wrapping_add(span as i64),
+                max_ts,
                 count,
                 ts,
                 values,

@@ -32,10 +32,6 @@ use super::{Result, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage}
 use crate::error::Error;
 use crate::rollup::{Table, Tables, empty_tables};
 
-/// Window starts of imported records lie within ±2^61 ms (73 million years
-/// around 1970), so that every delta the file encodes fits an `i64`.
-const TS_BOUND: i64 = 1 << 61;
-
 /// Most windows one tier of one import may span, so that no group's records
 /// outgrow a rollup file block (2^24 windows: 31 years of minutes).
 const MAX_WINDOWS: i64 = 1 << 24;
@@ -57,25 +53,13 @@ fn bad(reason: &'static str) -> Error {
     Error::BadBatch { reason }
 }
 
-/// Checks one record of `tier` (see the format's validation rules).
+/// Checks one record of `tier`: the rule every rollup file reader and
+/// writer applies (`rollup::file::record_problem`).
 fn check(tier: RollupTier, r: &RollupRecord) -> Result<()> {
-    let ws = r.window_start_ms;
-    if !(-TS_BOUND..=TS_BOUND).contains(&ws) {
-        return Err(bad("rollup import: window start out of range (±2^61 ms)"));
+    match crate::rollup::file::record_problem(tier, r) {
+        Some(reason) => Err(bad(reason)),
+        None => Ok(()),
     }
-    if tier.window_start(ws) != ws {
-        return Err(bad("rollup import: window start not aligned to its tier"));
-    }
-    if r.count == 0 {
-        return Err(bad("rollup import: record with count 0"));
-    }
-    let end = ws + tier.window_ms();
-    if r.first_ts_ms < ws || r.last_ts_ms >= end || r.first_ts_ms > r.last_ts_ms {
-        return Err(bad(
-            "rollup import: first/last timestamps outside the window or out of order",
-        ));
-    }
-    Ok(())
 }
 
 /// Merges `r` into `windows` (same rules as every rollup merge).
@@ -128,7 +112,8 @@ impl Storage {
     ///
     /// # Errors
     /// [`Error::BadBatch`] for a record that is not a valid rollup record of
-    /// its tier (window start not aligned or beyond ±2^61 ms, count 0, first
+    /// its tier (window start not aligned or outside [`crate::MIN_TS_MS`]..=
+    /// [`crate::MAX_TS_MS`], count 0, first
     /// or last timestamp outside the window or first after last), or a tier
     /// spanning more than 2^24 windows; nothing is written then. I/O errors
     /// writing the file (nothing is kept).

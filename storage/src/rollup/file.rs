@@ -135,6 +135,56 @@ fn payload<'a>(stored: &'a [u8], b: &BlockInfo) -> ReadResult<std::borrow::Cow<'
     Ok(std::borrow::Cow::Owned(raw))
 }
 
+/// What is wrong with `r` as a record of `tier`, if anything: the one rule
+/// that the reader ([`decode_payload`]), the writer ([`check_tables`]) and
+/// [`crate::Storage::import_rollups`] share. A record's window is aligned to
+/// its tier and starts within [`crate::MIN_TS_MS`]..=[`crate::MAX_TS_MS`]
+/// (a range whose ends are whole days, so the window ends inside it too), its
+/// count is at least 1, and its first and last timestamps lie in the window,
+/// first not after last.
+pub(crate) fn record_problem(tier: RollupTier, r: &RollupRecord) -> Option<&'static str> {
+    let ws = r.window_start_ms;
+    if !crate::ts_storable(ws) {
+        return Some("window start outside the storable range (years 1 to 9999)");
+    }
+    if ws.rem_euclid(tier.window_ms()) != 0 {
+        return Some("window start not aligned to its tier");
+    }
+    if r.count == 0 {
+        return Some("record with count 0");
+    }
+    let end = ws + tier.window_ms(); // no overflow: ws <= MAX_TS_MS
+    if r.first_ts_ms < ws || r.last_ts_ms >= end || r.first_ts_ms > r.last_ts_ms {
+        return Some("first/last timestamps outside the window or out of order");
+    }
+    None
+}
+
+/// Checks `tables` against everything [`RollupFile::open`] checks of a
+/// record, so that no rollup file is written that its reader would refuse.
+/// Returns the first offending group and the problem.
+pub(crate) fn check_tables(tables: &Tables) -> std::result::Result<(), (String, &'static str)> {
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            for (g, windows) in &tables[tier.index()][level.index()] {
+                let name = || format!("{g:?} ({tier:?}, {level:?})");
+                if *g != g.at_level(level) {
+                    return Err((name(), "group field below its level"));
+                }
+                for (&ws, r) in windows {
+                    if ws != r.window_start_ms {
+                        return Err((name(), "record filed under another window"));
+                    }
+                    if let Some(what) = record_problem(tier, r) {
+                        return Err((name(), what));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Parses one block's payload, calling `f` per record of the groups that
 /// `keep` accepts (asked once per group). Checks that windows are aligned,
 /// ascending per group and inside the block's range, that sample timestamps
@@ -176,7 +226,7 @@ fn decode_payload(
                 Some(_) => return oob(&r, "window order"),
             };
             prev = Some(ws);
-            if ws.rem_euclid(w) != 0 || ws < b.min_ws || ws > b.max_ws {
+            if ws < b.min_ws || ws > b.max_ws {
                 return oob(&r, "window start");
             }
             let count = r.uvarint("count")?;
@@ -187,26 +237,30 @@ fn decode_payload(
             let first_off = r.uvarint("first_ts")?;
             let last = f64_of(&mut r, "last")?;
             let last_off = r.uvarint("last_ts")?;
-            if count == 0 || first_off > last_off || last_off >= w as u64 {
+            // Offsets past the window are refused before they are added, so
+            // that the sums below cannot overflow.
+            if first_off >= w as u64 || last_off >= w as u64 {
                 return oob(&r, "record");
+            }
+            let rec = RollupRecord {
+                window_start_ms: ws,
+                count,
+                sum,
+                min,
+                max,
+                first,
+                first_ts_ms: ws.saturating_add(first_off as i64),
+                last,
+                last_ts_ms: ws.saturating_add(last_off as i64),
+            };
+            // The writer refuses exactly what this refuses (`check_tables`).
+            if let Some(what) = record_problem(b.tier, &rec) {
+                return oob(&r, what);
             }
             if !kept {
                 continue;
             }
-            f(
-                &g,
-                RollupRecord {
-                    window_start_ms: ws,
-                    count,
-                    sum,
-                    min,
-                    max,
-                    first,
-                    first_ts_ms: ws + first_off as i64,
-                    last,
-                    last_ts_ms: ws + last_off as i64,
-                },
-            );
+            f(&g, rec);
         }
     }
     if !r.is_empty() {
@@ -664,7 +718,9 @@ pub(crate) fn encode(wal_cut: u64, covers: &[(u64, u64)], tables: &Tables) -> Ve
 /// directory. When this returns `Ok`, the file is durable.
 ///
 /// # Errors
-/// I/O errors; `tmp` may then be left behind (the caller removes it).
+/// [`Error::Unwritable`] (nothing written) for a record that
+/// [`RollupFile::open`] would refuse; I/O errors, after which `tmp` may be
+/// left behind (the caller removes it).
 pub(crate) fn write(
     tmp: &Path,
     dst: &Path,
@@ -672,6 +728,13 @@ pub(crate) fn write(
     covers: &[(u64, u64)],
     tables: &Tables,
 ) -> Result<()> {
+    if let Err((group, what)) = check_tables(tables) {
+        return Err(Error::Unwritable {
+            path: dst.to_path_buf(),
+            item: group,
+            what,
+        });
+    }
     let bytes = encode(wal_cut, covers, tables);
     let io = |e| Error::io(tmp, e);
     let file = File::create(tmp).map_err(io)?;

@@ -23,7 +23,7 @@ fn topo(i: usize) -> [String; 8] {
     ]
 }
 
-fn key_of(i: usize) -> SeriesKey {
+pub(crate) fn key_of(i: usize) -> SeriesKey {
     let t = topo(i);
     SeriesKey::new(
         t[0].clone(),
@@ -95,7 +95,7 @@ impl Naive {
     }
 }
 
-type Model = HashMap<(usize, i64), f64>;
+pub(crate) type Model = HashMap<(usize, i64), f64>;
 
 fn naive(
     stored: &Model,
@@ -115,7 +115,7 @@ fn naive(
     out
 }
 
-fn check(st: &Storage, stored: &Model) -> Result<(), TestCaseError> {
+pub(crate) fn check(st: &Storage, stored: &Model) -> Result<(), TestCaseError> {
     for tier in RollupTier::ALL {
         for level in RollupLevel::ALL {
             let want = naive(stored, tier, level);
@@ -179,7 +179,7 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-fn config(dir: &std::path::Path) -> StorageConfig {
+pub(crate) fn config(dir: &std::path::Path) -> StorageConfig {
     let mut cfg = StorageConfig::new(dir);
     cfg.max_chunk_samples = 7;
     // Wider than the whole test range: nothing is too old, so what is stored
@@ -191,7 +191,7 @@ fn config(dir: &std::path::Path) -> StorageConfig {
 }
 
 /// A slot spreads over ~3.5 days, so minute, hour and day windows all vary.
-fn slot_ts(slot: i64) -> i64 {
+pub(crate) fn slot_ts(slot: i64) -> i64 {
     slot * 997_000 + (slot % 7) * 13_000
 }
 

@@ -71,6 +71,16 @@ pub(crate) fn write_segment(
         *offset += bytes.len() as u64;
         Ok(r)
     };
+    // What the reader relies on, checked before anything depends on it: keys
+    // strictly ascending (lookups binary-search them).
+    let unwritable = |key: &SeriesKey, what| Error::Unwritable {
+        path: dst.to_path_buf(),
+        item: key.to_string(),
+        what,
+    };
+    if let Some(w) = keys.windows(2).find(|w| w[0] >= w[1]) {
+        return Err(unwritable(&w[1], "series keys not strictly ascending"));
+    }
     put_uvarint(&mut index, keys.len() as u64);
     for (i, key) in keys.iter().enumerate() {
         let ordinal = i as u32;
@@ -91,6 +101,23 @@ pub(crate) fn write_segment(
         ts.clear();
         vals.clear();
         load(i, &mut ts, &mut vals)?;
+        // The reader refuses chunks outside the storable range; timestamps
+        // must ascend strictly (one sample per timestamp, in time order).
+        if ts.len() != vals.len() {
+            return Err(unwritable(
+                key,
+                "timestamp and value columns differ in length",
+            ));
+        }
+        if !ts.iter().all(|&t| crate::ts_storable(t)) {
+            return Err(unwritable(
+                key,
+                "sample timestamp outside the storable range (years 1 to 9999)",
+            ));
+        }
+        if ts.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(unwritable(key, "sample timestamps not strictly ascending"));
+        }
         let n_chunks = ts.len().div_ceil(MAX_CHUNK_SAMPLES);
         put_uvarint(&mut index, n_chunks as u64);
         for (t, v) in ts
