@@ -101,7 +101,27 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     );
 
     let s = m.storage.metrics();
-    let counters: [(&str, &str, &AtomicU64); 13] = [
+    let counters: [(&str, &str, &AtomicU64); 17] = [
+        (
+            "gpulse_storage_flush_failures_total",
+            "Flushes that failed (I/O: retried by the next flush; data a writer refused: set aside in quarantine/).",
+            &s.flush_failures,
+        ),
+        (
+            "gpulse_storage_samples_out_of_range_total",
+            "Samples refused by storage: timestamp outside 0001-01-01..9999-12-31 UTC (append: batch refused; WAL replay: set aside).",
+            &s.samples_out_of_range,
+        ),
+        (
+            "gpulse_storage_samples_set_aside_total",
+            "Samples a flush or WAL replay could not store, written to quarantine/set-aside-*.txt.",
+            &s.samples_set_aside,
+        ),
+        (
+            "gpulse_storage_rollup_records_set_aside_total",
+            "1-minute rollup records a flush could not write, written to quarantine/set-aside-*.txt.",
+            &s.rollup_records_set_aside,
+        ),
         (
             "gpulse_storage_samples_appended_total",
             "Samples stored (WAL and head).",

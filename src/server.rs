@@ -40,28 +40,21 @@ pub(crate) struct ServeConfig {
 
 /// One round of upkeep: flush the head, merge finished compaction windows
 /// (at most a few per round, so that a backlog does not stall the next
-/// flush), and drop segments past the retention.
+/// flush), and drop segments past the retention, all under storage's one
+/// upkeep lock ([`Storage::upkeep`]), so that the periodic round and one
+/// asked for over HTTP never interleave. Compaction and retention run even
+/// when the flush fails; the flush's error is returned (storage has counted
+/// and logged it).
 fn maintain(st: &Storage) -> storage::Result<()> {
-    st.flush()?;
-    for _ in 0..4 {
-        match st.compact() {
-            Ok(Some(_)) => {}
-            Ok(None) => break,
-            Err(e) => {
-                error!(error = %e, "compaction failed; the segments stay as they are");
-                break;
-            }
-        }
-    }
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0);
-    st.enforce_retention(now_ms);
+    let report = st.upkeep(now_ms, 4);
     if let Err(e) = st.inventory().persist() {
         error!(error = %e, "could not write the GPU inventory; retried at the next upkeep");
     }
-    Ok(())
+    report.flush.map(|_| ())
 }
 
 /// `POST /api/v1/admin/flush`: one round of upkeep now (flush the head to a
@@ -272,7 +265,8 @@ impl Server {
                         _ = tick.tick() => {
                             let st = st.clone();
                             match tokio::task::spawn_blocking(move || maintain(&st)).await {
-                                Ok(Err(e)) => error!(error = %e, "periodic flush failed"),
+                                // Storage logs a failure once per cause and counts each one.
+                                Ok(Err(e)) => tracing::debug!(error = %e, "periodic flush failed"),
                                 Err(e) => error!(error = %e, "flush task panicked"),
                                 Ok(Ok(())) => {}
                             }
