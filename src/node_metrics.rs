@@ -227,6 +227,13 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     ] {
         metric(&mut out, name, "gauge", help, v);
     }
+    metric(
+        &mut out,
+        "gpulse_storage_wal_write_errors_total",
+        "counter",
+        "WAL writes refused because they could not be written (disk full, I/O error); cut back, nothing acked.",
+        st.wal_write_errors,
+    );
     m.query.render(&mut out, "sql");
     m.promql.render(&mut out, "promql");
     m.remote.render(&mut out);

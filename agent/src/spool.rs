@@ -18,6 +18,15 @@
 //!
 //! The spool is bounded: when a write would pass `max_bytes`, the oldest file
 //! is deleted and its batches counted as dropped.
+//!
+//! A failed write (a full disk cuts a record short, then `ENOSPC`) is cut
+//! back: the file is truncated to the end of its last whole record, so the
+//! next record lands right after it and everything the spool reported stored
+//! reads back, now and after a restart. If even the cut-back fails, the file
+//! is closed and the next batch starts a new one.
+
+#[cfg(test)]
+pub(crate) mod fault;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
@@ -42,6 +51,32 @@ const FRAME_LEN: usize = 8;
 const MAX_RECORD_BYTES: usize = 64 << 20;
 /// Sequence numbers reserved per state write.
 const SEQ_BLOCK: u64 = 100_000;
+
+/// The spool's file writes: plain `std::fs` calls, which tests route through
+/// a [`fault::Fault`] that cuts writes short with `ENOSPC`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FileIo {
+    #[cfg(test)]
+    pub(crate) fault: Option<std::sync::Arc<fault::Fault>>,
+}
+
+impl FileIo {
+    fn write_all(&self, f: &mut File, bytes: &[u8]) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(fault) = &self.fault {
+            return fault.write_all(f, bytes);
+        }
+        f.write_all(bytes)
+    }
+
+    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(fault) = &self.fault {
+            fault.check_set_len()?;
+        }
+        f.set_len(len)
+    }
+}
 
 /// A batch the agent holds until ingest acks it. `ids` index the shipper's
 /// series table.
@@ -108,6 +143,10 @@ pub(crate) struct Spool {
     file_bytes: u64,
     epoch: u64,
     reserved_until: u64,
+    /// Highest file number used or tried: a file whose creation failed half
+    /// way is never tried again under the same name.
+    last_no: u64,
+    pub(crate) io: FileIo,
     /// Records found damaged at open.
     pub(crate) damaged: u64,
 }
@@ -157,6 +196,8 @@ impl Spool {
             file_bytes,
             epoch: 0,
             reserved_until: 0,
+            last_no: 0,
+            io: FileIo::default(),
             damaged: 0,
         };
         let mut numbers = Vec::new();
@@ -173,6 +214,7 @@ impl Spool {
         }
         numbers.sort_unstable();
         let newest = numbers.last().copied();
+        spool.last_no = newest.unwrap_or(0);
         let mut max_seq = 0u64;
         let mut epochs = HashSet::new();
         for no in numbers {
@@ -363,9 +405,15 @@ impl Spool {
             .get_mut(&cur.no)
             .expect("BUG: current file listed");
         let offset = f.bytes;
-        cur.file
-            .write_all(&record)
-            .map_err(|e| io_err(&f.path, e))?;
+        if let Err(e) = self.io.write_all(&mut cur.file, &record) {
+            // The file is opened for appending: once cut back to `offset`,
+            // the next record lands there, right after the last whole one.
+            if let Err(e2) = self.io.set_len(&cur.file, offset) {
+                error!(file = %f.path.display(), offset, error = %e2, "cannot cut a failed spool write back; the next batch starts a new file");
+                self.current = None;
+            }
+            return Err(io_err(&f.path, e));
+        }
         cur.defined.extend(p.ids.iter().copied());
         f.bytes += len;
         f.live += 1;
@@ -389,14 +437,26 @@ impl Spool {
                 self.delete_file(old.no);
             }
         }
-        let no = self.files.keys().next_back().map_or(1, |n| n + 1);
+        let no = self
+            .files
+            .keys()
+            .next_back()
+            .map_or(1, |n| n + 1)
+            .max(self.last_no + 1);
+        self.last_no = no;
         let path = self.dir.join(file_name(no));
         let mut file = OpenOptions::new()
             .create_new(true)
             .append(true)
             .open(&path)
             .map_err(|e| io_err(&path, e))?;
-        file.write_all(&header()).map_err(|e| io_err(&path, e))?;
+        if let Err(e) = self.io.write_all(&mut file, &header()) {
+            drop(file);
+            if let Err(e2) = fs::remove_file(&path) {
+                warn!(file = %path.display(), error = %e2, "cannot remove a spool file whose header failed to write");
+            }
+            return Err(io_err(&path, e));
+        }
         self.bytes += HEADER_LEN;
         self.files.insert(
             no,

@@ -239,6 +239,9 @@ pub struct StorageStats {
     pub segment_bytes: u64,
     /// Producers (agent id and epoch) whose batches are de-duplicated.
     pub producers: u64,
+    /// WAL writes refused because they could not be written (disk full, I/O
+    /// error); a counter since open.
+    pub wal_write_errors: u64,
 }
 
 #[derive(Debug, Default)]
@@ -1367,6 +1370,7 @@ impl Storage {
             segment_samples: state.segments.iter().map(|s| s.num_samples()).sum(),
             segment_bytes: state.segments.iter().map(|s| s.size_bytes()).sum(),
             producers: self.producers.len() as u64,
+            wal_write_errors: self.wal.write_errors(),
         }
     }
 }

@@ -19,11 +19,15 @@
 //! replay on their own; once the flushed segment file is durable, every WAL
 //! segment before the cut is deleted.
 
+#[cfg(test)]
+pub(crate) mod fault;
 pub mod record;
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
@@ -70,10 +74,43 @@ enum Request {
 pub(crate) struct Wal {
     tx: Option<Sender<Request>>,
     thread: Option<JoinHandle<()>>,
+    /// Writes that failed (disk full, I/O error) and were refused.
+    write_errors: Arc<AtomicU64>,
 }
 
+/// The file operations of the writer thread: plain `std::fs` calls, which
+/// tests route through a [`fault::Fault`] that cuts writes short with `ENOSPC`.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct FileIo {
+    #[cfg(test)]
+    pub(crate) fault: Option<Arc<fault::Fault>>,
+}
+
+impl FileIo {
+    fn write_all(&self, f: &mut File, bytes: &[u8]) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(fault) = &self.fault {
+            return fault.write_all(f, bytes);
+        }
+        f.write_all(bytes)
+    }
+
+    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
+        #[cfg(test)]
+        if let Some(fault) = &self.fault {
+            fault.check_set_len()?;
+        }
+        f.set_len(len)
+    }
+}
+
+/// A copy of `e` for each waiting writer; an OS error keeps its code
+/// (`ENOSPC` stays recognisable).
 fn clone_err(e: &io::Error) -> io::Error {
-    io::Error::new(e.kind(), e.to_string())
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
 }
 
 impl Wal {
@@ -85,8 +122,28 @@ impl Wal {
         policy: SyncPolicy,
         max_segment_bytes: u64,
     ) -> Result<Self> {
+        Self::start_with(
+            data_dir,
+            first,
+            checkpoint,
+            policy,
+            max_segment_bytes,
+            FileIo::default(),
+        )
+    }
+
+    /// [`Self::start`] with the file operations given (tests inject faults).
+    pub(crate) fn start_with(
+        data_dir: &Path,
+        first: u64,
+        checkpoint: &[u8],
+        policy: SyncPolicy,
+        max_segment_bytes: u64,
+        io: FileIo,
+    ) -> Result<Self> {
         let dir = data_dir.join(WAL_DIR);
         fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        let write_errors = Arc::new(AtomicU64::new(0));
         let mut w = Writer {
             dir,
             file: None,
@@ -94,9 +151,11 @@ impl Wal {
             size: 0,
             policy,
             max_segment_bytes,
+            broken: false,
+            io,
+            write_errors: write_errors.clone(),
         };
-        w.open_segment(first)
-            .and_then(|_| w.write_all(checkpoint))
+        w.cut(first, checkpoint)
             .map_err(|e| Error::io(w.path(), e))?;
         let (tx, rx) = unbounded();
         let thread = std::thread::Builder::new()
@@ -106,7 +165,14 @@ impl Wal {
         Ok(Self {
             tx: Some(tx),
             thread: Some(thread),
+            write_errors,
         })
+    }
+
+    /// Writes refused so far because the bytes could not be written (disk
+    /// full, I/O error).
+    pub(crate) fn write_errors(&self) -> u64 {
+        self.write_errors.load(Relaxed)
     }
 
     fn call<T>(&self, make: impl FnOnce(Sender<io::Result<T>>) -> Request) -> io::Result<T> {
@@ -147,9 +213,17 @@ struct Writer {
     dir: PathBuf,
     file: Option<File>,
     seg: u64,
+    /// Bytes of the open segment that are fully written: the offset of the
+    /// next record. The file's length and offset are kept equal to it.
     size: u64,
     policy: SyncPolicy,
     max_segment_bytes: u64,
+    /// A failed write could not be cut back (or a sync failed, after which
+    /// the file's unsynced pages are in doubt): the next write starts a new
+    /// segment instead of appending behind a torn record.
+    broken: bool,
+    io: FileIo,
+    write_errors: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -157,9 +231,11 @@ impl Writer {
         files::wal_segment_path_in(&self.dir, self.seg)
     }
 
-    fn open_segment(&mut self, n: u64) -> io::Result<()> {
-        self.seg = n;
-        let path = self.path();
+    /// Creates segment `n` with its header, fsynced, without touching the
+    /// open one. On failure the new file is removed again, so that a retry
+    /// can create it and no headerless file sits between segments.
+    fn create(&self, n: u64) -> io::Result<File> {
+        let path = files::wal_segment_path_in(&self.dir, n);
         let mut f = OpenOptions::new()
             .create_new(true)
             .write(true)
@@ -168,29 +244,69 @@ impl Writer {
         header.extend_from_slice(MAGIC);
         header.extend_from_slice(&VERSION.to_le_bytes());
         header.extend_from_slice(&crc32c::crc32c(&header).to_le_bytes());
-        f.write_all(&header)?;
-        f.sync_all()?;
-        File::open(&self.dir)?.sync_all()?;
+        let r = self
+            .io
+            .write_all(&mut f, &header)
+            .and_then(|_| f.sync_all())
+            .and_then(|_| File::open(&self.dir)?.sync_all());
+        if let Err(e) = r {
+            drop(f);
+            if let Err(e2) = fs::remove_file(&path) {
+                error!(file = %path.display(), error = %e2, "cannot remove a WAL segment whose header failed to write");
+            }
+            return Err(e);
+        }
+        Ok(f)
+    }
+
+    /// Opens segment `n` and writes `checkpoint` at its start. All or
+    /// nothing: on failure the new file is removed and the open segment stays
+    /// the one written to.
+    fn cut(&mut self, n: u64, checkpoint: &[u8]) -> io::Result<()> {
+        let mut f = self.create(n)?;
+        let r = self
+            .io
+            .write_all(&mut f, checkpoint)
+            .and_then(|_| match self.policy {
+                SyncPolicy::Os => Ok(()),
+                SyncPolicy::Fsync => f.sync_data(),
+            });
+        if let Err(e) = r {
+            drop(f);
+            let path = files::wal_segment_path_in(&self.dir, n);
+            if let Err(e2) = fs::remove_file(&path) {
+                error!(file = %path.display(), error = %e2, "cannot remove a WAL segment whose checkpoint failed to write");
+            }
+            return Err(e);
+        }
         self.file = Some(f);
-        self.size = HEADER_LEN as u64;
+        self.seg = n;
+        self.size = (HEADER_LEN + checkpoint.len()) as u64;
+        self.broken = false;
         Ok(())
     }
 
     /// Writes `bytes` to the open segment and syncs under the policy. On
-    /// failure the segment is cut back to its last good length, so a partial
-    /// write never sits in front of later records.
+    /// failure (a short write, `ENOSPC`, `EIO`) the segment is cut back to its
+    /// last fully written record and the file offset moved back there, so a
+    /// partial record never sits in front of later ones: the next write lands
+    /// exactly where the failed one began. If the cut-back fails, the next
+    /// write starts a new segment instead.
     fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         if bytes.is_empty() {
             return Ok(());
         }
-        if self.size + bytes.len() as u64 > self.max_segment_bytes && self.size > HEADER_LEN as u64
+        if self.broken
+            || (self.size + bytes.len() as u64 > self.max_segment_bytes
+                && self.size > HEADER_LEN as u64)
         {
-            self.open_segment(self.seg + 1)?;
+            self.cut(self.seg + 1, &[])?;
         }
         let f = self.file.as_mut().expect("BUG: WAL segment open");
-        let r = f.write_all(bytes).and_then(|_| match self.policy {
+        let mut synced = true;
+        let r = self.io.write_all(f, bytes).and_then(|_| match self.policy {
             SyncPolicy::Os => Ok(()),
-            SyncPolicy::Fsync => f.sync_data(),
+            SyncPolicy::Fsync => f.sync_data().inspect_err(|_| synced = false),
         });
         match r {
             Ok(()) => {
@@ -198,8 +314,15 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                if let Err(e2) = f.set_len(self.size) {
-                    error!(file = %self.path().display(), error = %e2, "cannot cut a failed WAL write back");
+                let back = self
+                    .io
+                    .set_len(f, self.size)
+                    .and_then(|_| f.seek(SeekFrom::Start(self.size)).map(|_| ()));
+                if let Err(e2) = back {
+                    error!(file = %self.path().display(), offset = self.size, error = %e2, "cannot cut a failed WAL write back; the next write starts a new segment");
+                    self.broken = true;
+                } else if !synced {
+                    self.broken = true;
                 }
                 Err(e)
             }
@@ -219,10 +342,10 @@ impl Writer {
                     Request::Cut { checkpoint, done } => {
                         self.commit(&mut buf, &mut waiting);
                         let next = self.seg + 1;
-                        let r = self
-                            .open_segment(next)
-                            .and_then(|_| self.write_all(&checkpoint))
-                            .map(|_| next);
+                        let r = self.cut(next, &checkpoint).map(|_| next);
+                        if let Err(e) = &r {
+                            error!(file = %self.path().display(), error = %e, "WAL cut failed; writes go on in the open segment");
+                        }
                         let _ = done.send(r);
                     }
                     Request::Truncate { before, done } => {
@@ -243,6 +366,7 @@ impl Writer {
     fn commit(&mut self, buf: &mut Vec<u8>, waiting: &mut Vec<Sender<io::Result<()>>>) {
         let r = self.write_all(buf);
         if let Err(e) = &r {
+            self.write_errors.fetch_add(1, Relaxed);
             error!(file = %self.path().display(), error = %e, "WAL write failed; the writes are refused");
         }
         for w in waiting.drain(..) {

@@ -199,3 +199,130 @@ fn a_spool_is_used_by_one_agent_at_a_time() {
     let err = Spool::open(dir.path(), 1 << 20, 1 << 20, shifted).unwrap_err();
     assert!(err.to_string().contains("in use"), "{err}");
 }
+
+/// Issue #14: a disk that runs full in the middle of a record (a short
+/// write, then `ENOSPC`) must not leave a torn record in front of later
+/// ones. For every budget from 0 bytes to past a whole file (header and
+/// record), with one file for everything and with a file per batch (so the
+/// header write fails too), the disk fills during batches 4 and 7 and frees
+/// again; then the agent "dies" (no sync, no close) and a new run opens the
+/// spool. Every batch the spool said it stored reads back, in this run and
+/// the next, and no other.
+#[test]
+fn issue_14_enospc_mid_record_loses_no_stored_batch() {
+    let one = encode_record(&Batch {
+        seq: 4,
+        new_series: defs(),
+        series_ids: vec![0, 1, 2, 3],
+        timestamps_ms: vec![4000; 4],
+        values: vec![4.0, 4.25, 4.5, 4.75],
+        epoch: 42,
+    })
+    .len() as u64;
+    let one_plain = encode_record(&Batch {
+        seq: 4,
+        new_series: Vec::new(),
+        series_ids: vec![0, 1, 2, 3],
+        timestamps_ms: vec![4000; 4],
+        values: vec![4.0, 4.25, 4.5, 4.75],
+        epoch: 42,
+    })
+    .len() as u64;
+    for file_bytes in [1 << 20, 1] {
+        for budget in 0..one + HEADER_LEN + 2 {
+            let ctx = format!("file_bytes {file_bytes}, budget {budget}");
+            let dir = tempfile::tempdir().unwrap();
+            let fault = std::sync::Arc::new(fault::Fault::default());
+            let mut s = open(dir.path(), 1 << 20, file_bytes).spool;
+            s.io.fault = Some(fault.clone());
+            let mut stored = Vec::new();
+            for seq in 1..=9 {
+                if seq == 4 || seq == 7 {
+                    fault.fill_after(budget);
+                }
+                match s.append(seq, &batch(seq), &defs()) {
+                    Ok(d) => {
+                        assert_eq!(d, Dropped::default(), "{ctx}");
+                        stored.push(seq);
+                    }
+                    Err(e) => assert_eq!(e.kind(), io::ErrorKind::StorageFull, "{ctx}: {e}"),
+                }
+                // Space comes back (an operator deleted something).
+                fault.free();
+            }
+            // A batch of a new file defines its series; later ones in the same file do not.
+            let whole = if file_bytes == 1 {
+                one + HEADER_LEN
+            } else {
+                one_plain
+            };
+            let want: Vec<u64> = if budget >= whole {
+                (1..=9).collect()
+            } else {
+                vec![1, 2, 3, 5, 6, 8, 9]
+            };
+            assert_eq!(stored, want, "{ctx}");
+            for &seq in &stored {
+                assert_eq!(
+                    s.read(seq).unwrap().unwrap(),
+                    batch(seq),
+                    "{ctx}: seq {seq}"
+                );
+            }
+            drop(s);
+
+            let s = open(dir.path(), 1 << 20, file_bytes).spool;
+            assert_eq!(s.damaged, 0, "{ctx}");
+            assert_eq!(s.batches(), stored.len(), "{ctx}");
+            for seq in 1..=9 {
+                assert_eq!(s.contains(seq), stored.contains(&seq), "{ctx}: seq {seq}");
+            }
+            for &seq in &stored {
+                let mut w = batch(seq);
+                w.ids = vec![10, 11, 12, 13];
+                assert_eq!(
+                    s.read(seq).unwrap().unwrap(),
+                    w,
+                    "{ctx}: seq {seq} after reopen"
+                );
+            }
+        }
+    }
+}
+
+/// When the cut-back of a failed write fails too, the spool leaves that file
+/// and starts a new one with the next batch: the stored batches still read
+/// back, now and after a restart (the abandoned file's torn tail is then
+/// counted as damage, behind every batch it stored).
+#[test]
+fn issue_14_failed_cut_back_starts_a_new_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let fault = std::sync::Arc::new(fault::Fault::default());
+    let mut s = open(dir.path(), 1 << 20, 1 << 20).spool;
+    s.io.fault = Some(fault.clone());
+    for seq in 1..=2 {
+        s.append(seq, &batch(seq), &defs()).unwrap();
+    }
+    fault.fill_after(7);
+    fault.set_len_fails(true);
+    assert!(s.append(3, &batch(3), &defs()).is_err());
+    fault.free();
+    fault.set_len_fails(false);
+    for seq in 4..=5 {
+        s.append(seq, &batch(seq), &defs()).unwrap();
+    }
+    for seq in [1, 2, 4, 5] {
+        assert_eq!(s.read(seq).unwrap().unwrap(), batch(seq));
+    }
+    assert!(dir.path().join(file_name(2)).exists());
+    drop(s);
+    let s = open(dir.path(), 1 << 20, 1 << 20).spool;
+    assert_eq!(s.batches(), 4);
+    assert_eq!(s.damaged, 1, "the torn tail of the abandoned file");
+    assert!(!s.contains(3));
+    for seq in [1, 2, 4, 5] {
+        let mut w = batch(seq);
+        w.ids = vec![10, 11, 12, 13];
+        assert_eq!(s.read(seq).unwrap().unwrap(), w);
+    }
+}
