@@ -398,6 +398,7 @@ async fn replay(
             crate::cli::ReplayTimestampsArg::Shift => ReplayTimestamps::Shift,
             crate::cli::ReplayTimestampsArg::Recorded => ReplayTimestamps::Recorded,
         },
+        max_future: agent::replay::DEFAULT_MAX_FUTURE,
     };
     let report =
         agent::replay::run(config, source, options, metrics, crate::shutdown_signal()).await?;

@@ -232,6 +232,63 @@ pub(crate) struct AgentArgs {
     /// Ingest endpoint. With --sharded: seed nodes of the cluster,
     /// comma-separated.
     #[arg(
+    /// Refuse samples more than this far ahead of the node's clock (gRPC,
+    /// remote write): a future-dated sample would pin its segment against
+    /// retention. Samples older than --retention are refused too. Default
+    /// 10m, as Grafana Mimir's create grace period.
+    #[arg(long, env = "GPULSE_MAX_FUTURE", default_value = "10m", value_parser = duration)]
+    pub(crate) max_future: Duration,
+    /// Most labels of one series (topology labels included, metric name
+    /// not), for gRPC ingest and remote write alike.
+    #[arg(long, env = "GPULSE_MAX_LABELS", default_value = "32", value_parser = positive_count)]
+    pub(crate) max_labels: u64,
+    /// Most bytes of one label name or value, metric name, host, topology
+    /// label or agent id, for gRPC ingest and remote write alike.
+    #[arg(long, env = "GPULSE_MAX_LABEL_BYTES", default_value = "512", value_parser = parse_size)]
+    pub(crate) max_label_bytes: u64,
+    /// Largest remote-write or remote-read request body, compressed and
+    /// decompressed (the snappy header is checked before decompressing).
+    #[arg(long, env = "GPULSE_REMOTE_MAX_REQUEST_BYTES", default_value = "32MiB", value_parser = parse_size)]
+    pub(crate) remote_max_request_bytes: u64,
+    /// HTTP: close a connection whose request headers are not complete
+    /// within this long of connecting or of the previous response (slow
+    /// clients, and idle keep-alive connections).
+    #[arg(long, env = "GPULSE_HTTP_HEADER_TIMEOUT", default_value = "30s", value_parser = duration)]
+    pub(crate) http_header_timeout: Duration,
+    /// gRPC: close an agent stream (DEADLINE_EXCEEDED) that has not sent
+    /// its hello within this long.
+    #[arg(long, env = "GPULSE_GRPC_HELLO_TIMEOUT", default_value = "10s", value_parser = duration)]
+    pub(crate) grpc_hello_timeout: Duration,
+    /// gRPC: most concurrent streams on one HTTP/2 connection (an agent
+    /// opens one); the client waits for a free one.
+    #[arg(long, env = "GPULSE_GRPC_MAX_STREAMS_PER_CONNECTION", default_value = "16", value_parser = positive_count)]
+    pub(crate) grpc_max_streams_per_connection: u64,
+    /// gRPC: most agent streams open on the node; one more is refused with
+    /// RESOURCE_EXHAUSTED (the agent retries with backoff).
+    #[arg(long, env = "GPULSE_GRPC_MAX_STREAMS", default_value = "10000", value_parser = positive_count)]
+    pub(crate) grpc_max_streams: u64,
+}
+
+impl NodeArgs {
+    /// The admission and network-edge limits of these flags (issue #14).
+    pub(crate) fn edge_limits(&self) -> crate::server::EdgeLimits {
+        let usize_of = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        crate::server::EdgeLimits {
+            max_future: self.max_future,
+            labels: storage::admission::LabelLimits {
+                max_labels: usize_of(self.max_labels),
+                max_label_bytes: usize_of(self.max_label_bytes),
+            },
+            remote_max_request_bytes: usize_of(self.remote_max_request_bytes),
+            http: query::http::HttpConfig {
+                header_timeout: self.http_header_timeout,
+            },
+            grpc_hello_timeout: self.grpc_hello_timeout,
+            grpc_max_streams_per_connection: u32::try_from(self.grpc_max_streams_per_connection)
+                .unwrap_or(u32::MAX),
+            grpc_max_streams: self.grpc_max_streams,
+        }
+    }
         long,
         env = "GPULSE_INGEST_URL",
         default_value = "grpc://127.0.0.1:7400"

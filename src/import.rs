@@ -51,6 +51,10 @@ pub(crate) struct ImportReport {
 
 fn parse_labels(field: &str) -> Result<SeriesKey, String> {
     let l = long_csv::parse_labels(field).map_err(|e| e.to_string())?;
+    // The label limits every entry shares (storage::admission), at their defaults.
+    storage::admission::LabelLimits::default()
+        .check_series(l.metric, l.pairs.iter().copied())
+        .map_err(|e| e.to_string())?;
     let labels = l.pairs.iter().map(|(k, v)| Label::new(*k, *v)).collect();
     SeriesKey::new(l.metric, labels).map_err(|e| e.to_string())
 }
@@ -84,6 +88,10 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
     let mut refs_by_labels: HashMap<String, SeriesRef> = HashMap::new();
     let (mut refs, mut ts, mut vals) = (Vec::new(), Vec::new(), Vec::new());
     let mut record = csv::StringRecord::new();
+    // The admission window (storage::admission): no sample before 1970 or
+    // more than 10 min ahead of the clock. No retention bound: an import
+    // loads history into a directory, whose node applies its own retention.
+    let window = storage::admission::SampleWindow::default();
     let flush_batch = |refs: &mut Vec<SeriesRef>,
                        ts: &mut Vec<i64>,
                        vals: &mut Vec<f64>,
@@ -111,6 +119,10 @@ pub(crate) fn import(input: &str, data_dir: PathBuf) -> anyhow::Result<ImportRep
         report.rows += 1;
         let parsed = (|| -> Result<(SeriesRef, i64, f64), String> {
             let row = long_csv::parse_row(&record).map_err(|e| e.to_string())?;
+            window
+                .bounds_now()
+                .check(row.ts_ms)
+                .map_err(|e| e.to_string())?;
             let r = match refs_by_labels.get(row.labels) {
                 Some(r) => *r,
                 None => {
@@ -196,5 +208,28 @@ mod tests {
                 .unwrap_err()
                 .contains("key=value")
         );
+    }
+
+    /// Issue #14: import applies the admission policy, row by row.
+    #[test]
+    fn rows_outside_the_window_or_the_label_limits_are_skipped() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = storage::admission::now_ms();
+        let long = "x".repeat(513);
+        let csv = format!(
+            "labels,timestamp_ms,value\n\
+             metric=m;host=a,{now},1\n\
+             metric=m;host=a,-9223372036854775808,2\n\
+             metric=m;host=a,{},3\n\
+             metric=m;host={long},{now},4\n\
+             metric=m;host=b,0,5\n",
+            now + 3_600_000
+        );
+        let input = dir.path().join("in.csv");
+        std::fs::write(&input, csv).unwrap();
+        let report = import(input.to_str().unwrap(), dir.path().join("data")).unwrap();
+        assert_eq!(report.rows, 5);
+        assert_eq!(report.bad_rows, 3);
+        assert_eq!(report.imported, 2);
     }
 }

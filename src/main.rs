@@ -144,6 +144,7 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
         },
     }
 }
+        edges: node.edge_limits(),
 
 fn print_endpoints(s: &Server, node: &NodeArgs) {
     println!("gpulse {} serving", env!("CARGO_PKG_VERSION"));

@@ -23,6 +23,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) query: Arc<QueryMetrics>,
     pub(crate) promql: Arc<QueryMetrics>,
     pub(crate) remote: Arc<RemoteMetrics>,
+    /// The HTTP listener's edges (timeouts, refused admin requests).
+    pub(crate) http: Arc<query::http::EdgeMetrics>,
     /// Cluster mode: Flight and cluster-read counters.
     pub(crate) cluster: Option<Arc<query::cluster::ClusterMetrics>>,
 }
@@ -241,4 +243,6 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
         c.render(&mut out);
     }
     out
+    m.ingest.render_limits(&mut out);
+    m.http.render(&mut out);
 }

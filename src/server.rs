@@ -36,10 +36,103 @@ pub(crate) struct ServeConfig {
     pub(crate) ooo_window: Duration,
     /// Cluster mode (`--cluster`, `--node-id`).
     pub(crate) cluster: Option<crate::cluster::NodeConfig>,
+    /// Admission and network-edge limits (issue #14).
+    pub(crate) edges: EdgeLimits,
 }
 
 /// One round of upkeep: flush the head, merge finished compaction windows
 /// (at most a few per round, so that a backlog does not stall the next
+/// What is admitted at the door, and the network edges' limits: the flags
+/// of [`crate::cli::NodeArgs::edge_limits`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EdgeLimits {
+    /// Samples more than this ahead of the clock are refused (`--max-future`).
+    pub(crate) max_future: Duration,
+    /// Labels of a series, for gRPC and remote write alike.
+    pub(crate) labels: storage::admission::LabelLimits,
+    pub(crate) remote_max_request_bytes: usize,
+    pub(crate) http: query::http::HttpConfig,
+    pub(crate) grpc_hello_timeout: Duration,
+    pub(crate) grpc_max_streams_per_connection: u32,
+    pub(crate) grpc_max_streams: u64,
+}
+
+impl EdgeLimits {
+    /// The window of sample timestamps: not older than the raw retention
+    /// (none without one: then only not before 1970), not more than
+    /// `max_future` ahead.
+    fn window(&self, retention: Option<Duration>) -> storage::admission::SampleWindow {
+        storage::admission::SampleWindow {
+            max_age: retention,
+            max_future: self.max_future,
+        }
+    }
+}
+
+/// Refuses what a web page in a browser could send to an admin route
+/// without the user's knowing (CSRF): a request whose `Origin` (or
+/// `Sec-Fetch-Site`) says another site sent it gets 403, and a body of a
+/// type an HTML form can send (`application/x-www-form-urlencoded`,
+/// `multipart/form-data`, `text/plain`) gets 415. `curl -X POST` and the
+/// benchmark scripts send neither. Counted in `gpulse_http_admin_refused_total`.
+async fn same_origin_only(
+    axum::extract::State(metrics): axum::extract::State<Arc<query::http::EdgeMetrics>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::{StatusCode, header};
+    use axum::response::IntoResponse;
+    let h = request.headers();
+    let text = |name: header::HeaderName| {
+        h.get(name)
+            .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase())
+    };
+    let host = text(header::HOST).unwrap_or_default();
+    let cross_origin = text(header::ORIGIN).is_some_and(|o| {
+        let authority = o
+            .strip_prefix("http://")
+            .or_else(|| o.strip_prefix("https://"))
+            .unwrap_or("?");
+        authority != host
+    }) || text(header::HeaderName::from_static("sec-fetch-site"))
+        .is_some_and(|s| s == "cross-site" || s == "same-site");
+    let media = text(header::CONTENT_TYPE)
+        .map(|c| c.split(';').next().unwrap_or("").trim().to_string())
+        .unwrap_or_default();
+    let simple = matches!(
+        media.as_str(),
+        "application/x-www-form-urlencoded" | "multipart/form-data" | "text/plain"
+    );
+    let refusal = if cross_origin {
+        Some((
+            StatusCode::FORBIDDEN,
+            "cross-origin request refused: admin routes take requests from the node's own origin or from clients without a browser's Origin header",
+        ))
+    } else if simple {
+        Some((
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "admin routes take no form or text body: send no body, or Content-Type: application/json",
+        ))
+    } else {
+        None
+    };
+    if let Some((code, message)) = refusal {
+        metrics
+            .admin_refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        warn!(status = %code, path = %request.uri().path(), "admin request refused");
+        let body =
+            serde_json::json!({"status": "error", "errorType": "forbidden", "error": message});
+        return (
+            code,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
+    next.run(request).await
+}
+
 /// flush), and drop segments past the retention, all under storage's one
 /// upkeep lock ([`Storage::upkeep`]), so that the periodic round and one
 /// asked for over HTTP never interleave. Compaction and retention run even
@@ -140,7 +233,19 @@ impl Server {
         };
 
         let mut tasks = Vec::new();
-        let mut service = ingest::service(storage.clone(), ingest::IngestConfig::default());
+        let edges = &config.edges;
+        let window = edges.window(config.retention);
+        let mut service = ingest::service(
+            storage.clone(),
+            ingest::IngestConfig {
+                labels: edges.labels,
+                window,
+                hello_timeout: edges.grpc_hello_timeout,
+                max_streams_per_connection: edges.grpc_max_streams_per_connection,
+                max_streams: edges.grpc_max_streams,
+                ..ingest::IngestConfig::default()
+            },
+        );
         let cluster = match &config.cluster {
             Some(node) => {
                 let state =
@@ -162,7 +267,13 @@ impl Server {
         ));
 
         let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
-        let remote_limits = query::remote::RemoteLimits::default();
+        let remote_limits = query::remote::RemoteLimits {
+            max_request_bytes: edges.remote_max_request_bytes,
+            labels: edges.labels,
+            window,
+            ..query::remote::RemoteLimits::default()
+        };
+        let edge_metrics = Arc::new(query::http::EdgeMetrics::default());
         // Cluster mode: reads of every kind answer for the whole cluster,
         // fetching other nodes' shards over Arrow Flight.
         let mut flight_addr = None;
@@ -233,14 +344,20 @@ impl Server {
                     cluster: cluster_metrics,
                 },
             ))
-            .merge(admin_router(storage.clone()));
-        let fut = query::http::serve(http, router, stopped(&stop));
+            .merge(
+                admin_router(storage.clone()).layer(axum::middleware::from_fn_with_state(
+                    edge_metrics.clone(),
+                    same_origin_only,
+                )),
+            );
+        let fut = query::http::serve_with(http, router, edges.http, edge_metrics, stopped(&stop));
         tasks.push((
             "http",
             tokio::spawn(async move {
                 if let Err(e) = fut.await {
                     error!(error = %e, "HTTP server failed");
                 }
+                    http: edge_metrics.clone(),
             }),
         ));
         if let Some(pg) = pg {

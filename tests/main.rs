@@ -6,6 +6,7 @@ mod bench;
 mod cluster;
 mod crash;
 mod delivery;
+mod edges;
 mod ingest_protocol;
 mod inventory;
 mod pg;

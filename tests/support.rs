@@ -61,7 +61,12 @@ impl Node {
             // Some scenarios write timestamps near the epoch (1970); the default
             // retentions (raw 7 d, rollups 30 d to 5 y) would delete them at
             // the first upkeep.
-            .args(["--retention", "36500d", "--retention-1m", "36500d"])
+            .args(if extra.contains(&"--retention") {
+                &[][..]
+            } else {
+                &["--retention", "36500d"][..]
+            })
+            .args(["--retention-1m", "36500d"])
             .args(["--retention-1h", "36500d", "--retention-1d", "36500d"])
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())

@@ -170,6 +170,13 @@ pub struct ReplayStats {
     pub other_host: u64,
     /// Rows skipped: unparsable (bad field count, timestamp, value or labels).
     pub bad_rows: u64,
+    /// Readings skipped: their (shifted) timestamp is before 1970, which
+    /// every gpulse node refuses (`storage::admission`).
+    pub too_old: u64,
+    /// Readings skipped (recorded timestamps only): more than
+    /// [`ReplayOptions::max_future`] ahead of the clock when due. Shifted
+    /// timestamps are never skipped: the replay waits instead.
+    pub too_far_in_future: u64,
 }
 
 impl ReplayStats {
@@ -518,7 +525,16 @@ impl GpuSource for ReplaySource {
 pub struct ReplayOptions {
     pub speed: ReplaySpeed,
     pub timestamps: ReplayTimestamps,
+    /// The admission window's future bound of the nodes (`serve
+    /// --max-future`, default [`DEFAULT_MAX_FUTURE`]). A shifted poll is
+    /// never sent further ahead of the clock than this (at `max` speed the
+    /// replay waits); a recorded one that is is skipped and counted, as is
+    /// any poll stamped before 1970: the node would reject its batch.
+    pub max_future: Duration,
 }
+
+/// The nodes' default `--max-future`: 10 minutes.
+pub const DEFAULT_MAX_FUTURE: Duration = Duration::from_secs(600);
 
 /// What a replay run did.
 #[derive(Debug, Clone, Default)]
@@ -570,6 +586,20 @@ pub async fn run(
     Ok(report)
 }
 
+/// Logs the first skipped poll, then every 1000th.
+fn warn_skipped(ts_ms: i64, readings: usize) {
+    static SKIPPED: AtomicU64 = AtomicU64::new(0);
+    let n = SKIPPED.fetch_add(1, Relaxed);
+    if n % 1000 == 0 {
+        warn!(
+            ts_ms,
+            readings,
+            skipped_polls = n + 1,
+            "replay: poll outside the nodes' time window (before 1970, or past --max-future) skipped"
+        );
+    }
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -618,13 +648,38 @@ fn replay_loop(
                 break;
             }
         }
+        let stamped = ts.saturating_add(shift);
+        let ahead_ms = i64::try_from(options.max_future.as_millis()).unwrap_or(i64::MAX);
+        if options.timestamps == ReplayTimestamps::Shift {
+            // At `max` speed shifted stamps run ahead of the clock: wait
+            // until the node's window admits this one.
+            while !stop.load(Relaxed) && stamped.saturating_sub(ahead_ms) > now_ms() {
+                let wait = (stamped.saturating_sub(ahead_ms) - now_ms()).clamp(1, 100);
+                std::thread::sleep(Duration::from_millis(wait as u64));
+            }
+            if stop.load(Relaxed) {
+                break;
+            }
+        }
         let mut readings = Vec::with_capacity(source.inventory().len() * Metric::ALL.len());
         source
             .sample(&mut readings)
             .expect("BUG: the replay source does not fail");
+        let skipped = if stamped < 0 {
+            Some(&mut source.stats.too_old)
+        } else if stamped.saturating_sub(ahead_ms) > now_ms() {
+            Some(&mut source.stats.too_far_in_future)
+        } else {
+            None
+        };
+        if let Some(count) = skipped {
+            *count += readings.len() as u64;
+            warn_skipped(stamped, readings.len());
+            continue;
+        }
         polls.fetch_add(1, Relaxed);
         let poll = Poll {
-            ts_ms: ts + shift,
+            ts_ms: stamped,
             readings,
         };
         if tx.blocking_send(poll).is_err() {

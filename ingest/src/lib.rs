@@ -15,8 +15,10 @@ pub use service::{IngestMetrics, IngestService};
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use gpulse_proto::v1::ingest_server::IngestServer;
+use storage::admission::{LabelLimits, SampleWindow};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
@@ -26,21 +28,41 @@ use tokio_stream::wrappers::TcpListenerStream;
 pub struct IngestConfig {
     /// Series one stream may define. Default 100,000.
     pub max_series_per_stream: usize,
-    /// Labels per series definition, topology labels included. Default 32.
-    pub max_labels: usize,
-    /// Bytes in one label name or value (and in a metric name). Default 512.
-    pub max_label_bytes: usize,
+    /// Labels per series (topology labels included) and bytes per name or
+    /// value: the limits remote write applies too (`--max-labels`,
+    /// `--max-label-bytes`, default 32 and 512). They also bound the hello's
+    /// host, topology and `agent_id`.
+    pub labels: LabelLimits,
+    /// Sample timestamps admitted (`--retention`, `--max-future`); a batch
+    /// with one sample outside is rejected as a whole.
+    pub window: SampleWindow,
     /// Largest gRPC message accepted, in bytes. Default 16 MiB.
     pub max_message_bytes: usize,
+    /// How long a new stream may take to send its hello before it is closed
+    /// with `DEADLINE_EXCEEDED` (`--grpc-hello-timeout`). Default 10 s.
+    pub hello_timeout: Duration,
+    /// Concurrent streams (requests) per HTTP/2 connection
+    /// (`--grpc-max-streams-per-connection`). Default 16: an agent opens one.
+    pub max_streams_per_connection: u32,
+    /// Agent streams open at once on the node (`--grpc-max-streams`); one
+    /// more is refused with `RESOURCE_EXHAUSTED`. Default 10,000.
+    pub max_streams: u64,
+    /// HTTP/2 keepalive: a PING after this long without frames; the
+    /// connection is closed when its answer takes more than 20 s. Default 30 s.
+    pub keepalive_interval: Duration,
 }
 
 impl Default for IngestConfig {
     fn default() -> Self {
         Self {
             max_series_per_stream: 100_000,
-            max_labels: 32,
-            max_label_bytes: 512,
+            labels: LabelLimits::default(),
+            window: SampleWindow::default(),
             max_message_bytes: 16 << 20,
+            hello_timeout: Duration::from_secs(10),
+            max_streams_per_connection: 16,
+            max_streams: 10_000,
+            keepalive_interval: Duration::from_secs(30),
         }
     }
 }
@@ -55,13 +77,17 @@ pub async fn serve(
     service: IngestService,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
-    let max = service.config().max_message_bytes;
+    let config = service.config().clone();
+    let max = config.max_message_bytes;
     let stop = service.shutdown_handle();
     let shutdown = async move {
         shutdown.await;
         stop.send_replace(true);
     };
     tonic::transport::Server::builder()
+        .max_concurrent_streams(config.max_streams_per_connection)
+        .http2_keepalive_interval(Some(config.keepalive_interval))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(IngestServer::new(service).max_decoding_message_size(max))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -9,6 +9,7 @@ use gpulse_proto::v1::{
     Ack, AgentMessage, Batch, Hello, IngestReply, NodeAddress, NodeStatusReply, NodeStatusRequest,
     OwnerBacklog, OwnersReply, OwnersRequest, Reject, agent_message, ingest_reply,
 };
+use storage::admission::{RejectCounters, Rejection, check_agent_id};
 use storage::{BatchOrigin, GpuRecord, Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -30,6 +31,41 @@ pub struct IngestMetrics {
     pub samples_dropped: AtomicU64,
     /// Batches acked without storing, as re-sends of stored (agent, epoch, seq).
     pub batches_duplicate: AtomicU64,
+    /// Samples of rejected batches, by the reason of the rejection (window,
+    /// labels; see [`storage::admission`]).
+    pub samples_rejected: RejectCounters,
+    /// Streams closed because no hello came within the hello timeout.
+    pub streams_hello_timeout: AtomicU64,
+    /// Streams refused at `--grpc-max-streams`.
+    pub streams_refused_too_many: AtomicU64,
+    /// Streams closed for a bad hello (agent id, host or topology too long
+    /// or with a control character).
+    pub streams_bad_hello: AtomicU64,
+}
+
+impl IngestMetrics {
+    /// Appends the admission and stream-limit counters in the Prometheus
+    /// text format.
+    pub fn render_limits(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        self.samples_rejected.render(
+            out,
+            "gpulse_ingest_samples_rejected_total",
+            "Samples of gRPC batches rejected, by reason.",
+        );
+        let name = "gpulse_ingest_streams_refused_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Agent streams refused or closed by a limit, by reason.\n# TYPE {name} counter"
+        );
+        for (reason, v) in [
+            ("hello_timeout", &self.streams_hello_timeout),
+            ("too_many_streams", &self.streams_refused_too_many),
+            ("bad_hello", &self.streams_bad_hello),
+        ] {
+            let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {}", v.load(Relaxed));
+        }
+    }
 }
 
 /// The gRPC service. Cheap to clone.
@@ -97,11 +133,21 @@ impl Ingest for IngestService {
             .map(|a| a.to_string())
             .unwrap_or_default();
         let inbound = request.into_inner();
+        // Reserve a place first, so that concurrent opens cannot pass the limit.
+        let active = self.metrics.streams_active.fetch_add(1, Relaxed);
+        if active >= self.config.max_streams {
+            self.metrics.streams_active.fetch_sub(1, Relaxed);
+            self.metrics.streams_refused_too_many.fetch_add(1, Relaxed);
+            warn!(%peer, limit = self.config.max_streams, "agent stream refused: too many streams");
+            return Err(Status::resource_exhausted(format!(
+                "this node has {} agent streams open, its limit (--grpc-max-streams); retry later",
+                self.config.max_streams
+            )));
+        }
         let (tx, rx) = mpsc::channel(256);
         let svc = self.clone();
         tokio::spawn(async move {
             svc.metrics.streams_opened.fetch_add(1, Relaxed);
-            svc.metrics.streams_active.fetch_add(1, Relaxed);
             if let Err(status) = svc.run_stream(inbound, &tx, &peer).await {
                 warn!(%peer, code = ?status.code(), message = status.message(), "agent stream failed");
                 let _ = tx.send(Err(status)).await;
@@ -215,7 +261,15 @@ impl IngestService {
         peer: &str,
     ) -> Result<(), Status> {
         let mut stop = self.shutdown.subscribe();
-        let hello = match inbound.message().await? {
+        let first = tokio::time::timeout(self.config.hello_timeout, inbound.message()).await;
+        let Ok(first) = first else {
+            self.metrics.streams_hello_timeout.fetch_add(1, Relaxed);
+            return Err(Status::deadline_exceeded(format!(
+                "no hello within {:?} of opening the stream (--grpc-hello-timeout)",
+                self.config.hello_timeout
+            )));
+        };
+        let hello = match first? {
             Some(AgentMessage {
                 msg: Some(agent_message::Msg::Hello(h)),
             }) => h,
@@ -226,7 +280,9 @@ impl IngestService {
             }
             None => return Ok(()),
         };
-        let mut state = self.open_stream(&hello)?;
+        let mut state = self.open_stream(&hello).inspect_err(|_| {
+            self.metrics.streams_bad_hello.fetch_add(1, Relaxed);
+        })?;
         if let Some(cluster) = &self.cluster {
             let rack = hello.topology.as_ref().map_or("", |t| t.rack.as_str());
             cluster.note_key(ShardKey::of(rack, &hello.host));
@@ -284,6 +340,9 @@ impl IngestService {
     }
 
     fn open_stream(&self, hello: &Hello) -> Result<StreamState, Status> {
+        let limits = &self.config.labels;
+        let hello_err = |e: Rejection| Status::invalid_argument(format!("hello: {e}"));
+        check_agent_id(&hello.agent_id, limits.max_label_bytes).map_err(hello_err)?;
         let topo = hello.topology.clone().unwrap_or_default();
         let mut stream_labels = Vec::new();
         for (name, value) in [
@@ -292,13 +351,7 @@ impl IngestService {
             ("row", &topo.row),
             ("rack", &topo.rack),
         ] {
-            if value.len() > self.config.max_label_bytes {
-                return Err(Status::invalid_argument(format!(
-                    "hello: {name} is {} bytes, over the limit of {}",
-                    value.len(),
-                    self.config.max_label_bytes
-                )));
-            }
+            limits.check_value(name, value).map_err(hello_err)?;
             stream_labels.push(Label::new(name, value.clone()));
         }
         Ok(StreamState {
@@ -366,6 +419,10 @@ impl IngestService {
         }
         let mut keys = Vec::with_capacity(batch.new_series.len());
         let mut new_ids = std::collections::HashSet::with_capacity(batch.new_series.len());
+        let rejected = |e: Rejection, what: String| {
+            self.metrics.samples_rejected.add(e.reason, n as u64);
+            BatchError::Invalid(format!("{what}: {e}"))
+        };
         for def in &batch.new_series {
             if state.refs.contains_key(&def.id) || !new_ids.insert(def.id) {
                 return Err(BatchError::Invalid(format!(
@@ -373,24 +430,20 @@ impl IngestService {
                     def.id
                 )));
             }
-            let nlabels = def.labels.len() + state.stream_labels.len();
-            if nlabels > limits.max_labels {
-                return Err(BatchError::Invalid(format!(
-                    "series {}: {nlabels} labels, over the limit of {}",
-                    def.id, limits.max_labels
-                )));
-            }
-            let too_long = std::iter::once(&def.metric)
-                .chain(def.labels.iter().flat_map(|l| [&l.name, &l.value]))
-                .find(|s| s.len() > limits.max_label_bytes);
-            if let Some(s) = too_long {
-                return Err(BatchError::Invalid(format!(
-                    "series {}: a name or value is {} bytes, over the limit of {}",
-                    def.id,
-                    s.len(),
-                    limits.max_label_bytes
-                )));
-            }
+            let what = || format!("series {}", def.id);
+            limits
+                .labels
+                .check_count(def.labels.len() + state.stream_labels.len())
+                .map_err(|e| rejected(e, what()))?;
+            limits
+                .labels
+                .check_series(
+                    &def.metric,
+                    def.labels
+                        .iter()
+                        .map(|l| (l.name.as_str(), l.value.as_str())),
+                )
+                .map_err(|e| rejected(e, what()))?;
             let mut labels: Vec<Label> = def
                 .labels
                 .iter()
@@ -400,6 +453,19 @@ impl IngestService {
             let key = SeriesKey::new(&def.metric, labels)
                 .map_err(|e| BatchError::Invalid(format!("series {}: {e}", def.id)))?;
             keys.push((def.id, key));
+        }
+        // One sample outside the window rejects the batch: the agent never
+        // re-sends a rejected batch, and a batch is stored whole or not at all.
+        let bounds = limits.window.bounds_now();
+        if let Some((i, &ts)) = batch
+            .timestamps_ms
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !bounds.admits(**t))
+        {
+            let e = bounds.check(ts).expect_err("BUG: admits and check agree");
+            let series = batch.series_ids[i];
+            return Err(rejected(e, format!("sample {i} (series {series})")));
         }
         let defined = |id: &u32| state.refs.contains_key(id) || new_ids.contains(id);
         if let Some(id) = batch.series_ids.iter().find(|id| !defined(id)) {

@@ -21,6 +21,8 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Duration;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Float64Type, Int64Type, UInt64Type};
@@ -49,9 +51,72 @@ pub fn router(engine: QueryEngine) -> Router {
         .with_state(Arc::new(engine))
 }
 
+/// Limits of the HTTP listener ([`serve_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// HTTP/1: a client must send a request's complete headers within this
+    /// long of connecting, or of the previous response on a kept-alive
+    /// connection (so it is also the idle keep-alive timeout); otherwise the
+    /// connection is closed (slowloris). HTTP/2: a PING after this long
+    /// without frames, and the connection closes if the answer takes more
+    /// than 20 s. Default 30 s (`--http-header-timeout`).
+    pub header_timeout: Duration,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Counters of the HTTP listener's edges, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct EdgeMetrics {
+    /// Connections accepted.
+    pub connections: AtomicU64,
+    /// Connections closed because the request headers did not arrive within
+    /// [`HttpConfig::header_timeout`] (slow clients, idle keep-alive ends
+    /// quietly and is not counted).
+    pub header_timeouts: AtomicU64,
+    /// Admin requests refused as cross-origin or simple (browser-sendable).
+    pub admin_refused: AtomicU64,
+}
+
+impl EdgeMetrics {
+    /// Appends the counters in the Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        for (name, help, v) in [
+            (
+                "gpulse_http_connections_total",
+                "HTTP connections accepted.",
+                &self.connections,
+            ),
+            (
+                "gpulse_http_header_timeouts_total",
+                "HTTP connections closed: request headers not complete within --http-header-timeout.",
+                &self.header_timeouts,
+            ),
+            (
+                "gpulse_http_admin_refused_total",
+                "Admin requests refused (403/415): a cross-origin Origin or a browser-sendable content type.",
+                &self.admin_refused,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+    }
+}
+
 /// Serves `router` (usually [`router`], merged with others such as
 /// [`crate::promql::api::router`]) on `listener` until `shutdown` resolves,
-/// then lets in-flight requests finish.
+/// then lets in-flight requests finish. Default [`HttpConfig`].
 ///
 /// # Errors
 /// I/O errors of the listener.
@@ -60,9 +125,83 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(
+        listener,
+        router,
+        HttpConfig::default(),
+        Arc::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// As [`serve`], with the listener's limits and counters. HTTP/1.1 and
+/// HTTP/2 (prior knowledge) on one port, as `axum::serve`, but on hyper's
+/// connection builder, which has the header read timeout that
+/// `axum::serve` does not expose. Accept errors (out of file descriptors)
+/// are logged and retried after 50 ms, never fatal.
+///
+/// # Errors
+/// None today; the signature keeps room for listener errors.
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    config: HttpConfig,
+    metrics: Arc<EdgeMetrics>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::service::TowerToHyperService;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(config.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(config.header_timeout)
+        .keep_alive_timeout(Duration::from_secs(20));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "HTTP accept failed; retrying in 50 ms");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        metrics.connections.fetch_add(1, Relaxed);
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                let timeout = e
+                    .downcast_ref::<hyper::Error>()
+                    .is_some_and(hyper::Error::is_timeout);
+                if timeout {
+                    metrics.header_timeouts.fetch_add(1, Relaxed);
+                }
+                debug!(%peer, error = %e, timeout, "HTTP connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,6 +54,7 @@ use gpulse_proto::prometheus::{
     ReadResponse, Sample, TimeSeries, chunk, label_matcher, read_request::ResponseType,
 };
 use prost::Message;
+use storage::admission::{LabelLimits, RejectCounters, SampleWindow};
 use storage::{Label, Matcher, SeriesKey, SeriesRef, Storage};
 use tracing::warn;
 
@@ -70,8 +71,14 @@ const STREAMED_CONTENT_TYPE: &str =
 /// Bounds on one remote read or write request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RemoteLimits {
-    /// Largest request body, compressed or decompressed (default 32 MiB).
+    /// Largest request body, compressed or decompressed (default 32 MiB,
+    /// `--remote-max-request-bytes`; Prometheus batches stay far below it).
     pub max_request_bytes: usize,
+    /// Labels of a written series: the same limits as gRPC ingest
+    /// (`--max-labels`, `--max-label-bytes`).
+    pub labels: LabelLimits,
+    /// Sample timestamps a write may carry (`--retention`, `--max-future`).
+    pub window: SampleWindow,
     /// Most samples one read may return (default 50,000,000, Prometheus's
     /// `query.max-samples`).
     pub max_samples: u64,
@@ -83,6 +90,8 @@ impl Default for RemoteLimits {
     fn default() -> Self {
         Self {
             max_request_bytes: 32 << 20,
+            labels: LabelLimits::default(),
+            window: SampleWindow::default(),
             max_samples: 50_000_000,
             max_response_bytes: 1 << 30,
         }
@@ -108,6 +117,12 @@ pub struct RemoteMetrics {
     /// Cluster mode: parts of write requests an owner did not take (down,
     /// or 5xx); the request was answered 503 for the sender to retry.
     pub write_forward_failed: AtomicU64,
+    /// Samples refused by the admission policy, by reason (window, labels).
+    pub write_samples_rejected: RejectCounters,
+    /// Write requests refused with 415: not `Content-Type:
+    /// application/x-protobuf`, or a `Content-Encoding` other than snappy
+    /// (what a cross-origin form or `fetch` without preflight sends).
+    pub write_requests_unsupported_media: AtomicU64,
 }
 
 impl RemoteMetrics {
@@ -172,6 +187,17 @@ impl RemoteMetrics {
                 v.load(Relaxed)
             );
         }
+        self.write_samples_rejected.render(
+            out,
+            "gpulse_remote_write_samples_rejected_total",
+            "Remote-write samples refused (HTTP 400), by reason.",
+        );
+        let name = "gpulse_remote_write_requests_unsupported_media_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Remote-write requests refused with 415 (not application/x-protobuf, or not snappy).\n# TYPE {name} counter\n{name} {}",
+            self.write_requests_unsupported_media.load(Relaxed)
+        );
     }
 }
 
@@ -304,6 +330,12 @@ async fn write(
 ) -> Response {
     let m = &remote.metrics;
     m.write_requests.fetch_add(1, Relaxed);
+    if let Err(e) = check_media(&headers) {
+        m.write_requests_invalid.fetch_add(1, Relaxed);
+        m.write_requests_unsupported_media.fetch_add(1, Relaxed);
+        warn!(error = %e.1, "remote write refused");
+        return e.into_response();
+    }
     let r = remote.clone();
     let forwarded = headers.contains_key(forward::FORWARDED_HEADER);
     // Decoding and the WAL write block: keep them off the async workers.
@@ -329,6 +361,47 @@ async fn write(
     }
 }
 
+/// What `/api/v1/write` requires of the headers: `Content-Type:
+/// application/x-protobuf` (Prometheus sends it, with `Content-Encoding:
+/// snappy`). A browser page can send neither across origins without a CORS
+/// preflight, which gpulse never answers, so no web page can write.
+fn check_media(headers: &axum::http::HeaderMap) -> Result<(), HttpError> {
+    let unsupported = |msg: String| HttpError(StatusCode::UNSUPPORTED_MEDIA_TYPE, msg);
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .map(|v| v.to_str().unwrap_or("?"))
+        .unwrap_or("");
+    let media = ct.split(';').next().unwrap_or("").trim();
+    if !media.eq_ignore_ascii_case("application/x-protobuf") {
+        return Err(unsupported(format!(
+            "remote write needs Content-Type: application/x-protobuf (a snappy-compressed \
+             prometheus.WriteRequest); got {:?}",
+            ct
+        )));
+    }
+    // Remote write 2.0 names its message; only 1.0 is understood.
+    if let Some(proto) = ct
+        .split(';')
+        .skip(1)
+        .filter_map(|p| p.trim().strip_prefix("proto="))
+        .next()
+        .filter(|p| *p != "prometheus.WriteRequest")
+    {
+        return Err(unsupported(format!(
+            "remote write 1.0 only: the body must be a prometheus.WriteRequest, not {proto}"
+        )));
+    }
+    if let Some(enc) = headers.get(header::CONTENT_ENCODING) {
+        if !enc.as_bytes().eq_ignore_ascii_case(b"snappy") {
+            return Err(unsupported(format!(
+                "remote write needs Content-Encoding: snappy; got {:?}",
+                enc.to_str().unwrap_or("?")
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn write_blocking(remote: &Remote, body: &[u8], forwarded: bool) -> Result<(), HttpError> {
     let raw = decode::decompress(body, remote.limits.max_request_bytes)?;
     RAW_WRITE.with_borrow_mut(|w| {
@@ -343,10 +416,50 @@ fn write_blocking(remote: &Remote, body: &[u8], forwarded: bool) -> Result<(), H
 }
 
 /// Stores the series of `w`, or only those listed (ascending) in `only`.
+///
+/// Admission ([`storage::admission`]): a series past the label limits
+/// refuses the whole request (400, nothing stored), as a series that cannot
+/// be named; samples outside the time window are left out, counted by
+/// reason, and the request is answered 400 naming the first of them once
+/// the others are stored (Prometheus drops a request on 4xx and never
+/// retries it).
 fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<(), HttpError> {
     let picked = |i: usize| only.is_none_or(|o| o.binary_search(&i).is_ok());
     let storage = &remote.storage;
+    let metrics = &remote.metrics;
     let labels_of = |series: &wire::RawSeries| &w.label_bytes[series.labels.clone()];
+    let total: usize = w
+        .series
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| picked(*i))
+        .map(|(_, s)| s.samples.len())
+        .sum();
+    // 0. The time window: `keep` stays empty while every sample is inside.
+    let bounds = remote.limits.window.bounds_now();
+    let mut keep: Vec<bool> = Vec::new();
+    let mut refused = 0usize;
+    let mut first_refused: Option<(usize, i64)> = None;
+    for (i, series) in w.series.iter().enumerate() {
+        if !picked(i) {
+            continue;
+        }
+        for j in series.samples.clone() {
+            let t = w.timestamps[j];
+            if let Some(reason) = bounds.reason(t) {
+                if keep.is_empty() {
+                    keep = vec![true; w.timestamps.len()];
+                }
+                keep[j] = false;
+                metrics.write_samples_rejected.add(reason, 1);
+                refused += 1;
+                first_refused.get_or_insert((i, t));
+            }
+        }
+    }
+    let kept = |j: usize| keep.is_empty() || keep[j];
+    let has_samples =
+        |i: usize, s: &wire::RawSeries| picked(i) && s.samples.clone().any(|j| kept(j));
     // 1. Cached refs, by label bytes.
     let mut refs_of: Vec<Option<SeriesRef>> = Vec::with_capacity(w.series.len());
     {
@@ -357,23 +470,33 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
                     "series {i}: native histograms are not supported; send classic histograms"
                 )));
             }
-            refs_of.push(if series.samples.is_empty() || !picked(i) {
-                None
-            } else {
+            refs_of.push(if has_samples(i, series) {
                 map.refs.get(labels_of(series)).copied()
+            } else {
+                None
             });
         }
     }
     // 2. The rest through the slow path, which decodes and validates the
-    // labels (UTF-8, one `__name__`, no name twice); new series are created
-    // together (one WAL write).
+    // labels (UTF-8, one `__name__`, no name twice, the label limits); new
+    // series are created together (one WAL write).
     let mut missing = Vec::new();
     let mut keys = Vec::new();
+    let refuse_request = |reason: storage::admission::Reason, msg: String| {
+        metrics.write_samples_rejected.add(reason, total as u64);
+        bad(msg)
+    };
     for (i, series) in w.series.iter().enumerate() {
-        if refs_of[i].is_none() && !series.samples.is_empty() && picked(i) {
-            let labels =
-                wire::labels(labels_of(series)).map_err(|e| bad(format!("series {i}: {e}")))?;
-            keys.push(series_key(labels).map_err(|e| bad(format!("series {i}: {e}")))?);
+        if refs_of[i].is_none() && has_samples(i, series) {
+            let labels = wire::labels(labels_of(series)).map_err(|e| {
+                refuse_request(
+                    storage::admission::Reason::InvalidLabel,
+                    format!("series {i}: {e}"),
+                )
+            })?;
+            let key = series_key(labels, &remote.limits.labels)
+                .map_err(|(reason, e)| refuse_request(reason, format!("series {i}: {e}")))?;
+            keys.push(key);
             missing.push(i);
         }
     }
@@ -403,58 +526,116 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
         Vec::with_capacity(n),
     );
     for (i, series) in w.series.iter().enumerate() {
-        if series.samples.is_empty() || !picked(i) {
+        if !has_samples(i, series) {
             continue;
         }
         let r = refs_of[i].expect("BUG: every series with samples has a ref by now");
-        refs.extend(std::iter::repeat_n(r, series.samples.len()));
-        ts.extend_from_slice(&w.timestamps[series.samples.clone()]);
-        vals.extend_from_slice(&w.values[series.samples.clone()]);
+        if keep.is_empty() {
+            refs.extend(std::iter::repeat_n(r, series.samples.len()));
+            ts.extend_from_slice(&w.timestamps[series.samples.clone()]);
+            vals.extend_from_slice(&w.values[series.samples.clone()]);
+        } else {
+            for j in series.samples.clone().filter(|&j| kept(j)) {
+                refs.push(r);
+                ts.push(w.timestamps[j]);
+                vals.push(w.values[j]);
+            }
+        }
     }
-    if refs.is_empty() {
+    let mut problems = Vec::new();
+    if let Some((i, t)) = first_refused {
+        let e = bounds
+            .check(t)
+            .expect_err("BUG: a refused sample fails the check");
+        let name = wire::labels(labels_of(&w.series[i]))
+            .map(|l| describe_labels(&l))
+            .unwrap_or_default();
+        problems.push(format!(
+            "{refused} of {total} samples are outside the accepted time window and were not stored; \
+             the first: series {i} {name}: {e}"
+        ));
+    }
+    if !refs.is_empty() {
+        let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
+            storage::Error::BadBatch { .. } => bad(e.to_string()),
+            e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        })?;
+        metrics
+            .write_samples_accepted
+            .fetch_add(u64::from(outcome.accepted), Relaxed);
+        if let Some(c) = &remote.cluster {
+            c.add_samples(u64::from(outcome.accepted));
+        }
+        metrics
+            .write_samples_dropped
+            .fetch_add(u64::from(outcome.dropped()), Relaxed);
+        if outcome.too_old > 0 {
+            problems.push(format!(
+                "{} of {} samples are older than the out-of-order window (--ooo-window) and were dropped",
+                outcome.too_old,
+                refs.len()
+            ));
+        }
+    }
+    if problems.is_empty() {
         return Ok(());
     }
-    let metrics = &remote.metrics;
-    let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
-        storage::Error::BadBatch { .. } => bad(e.to_string()),
-        e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-    })?;
-    metrics
-        .write_samples_accepted
-        .fetch_add(u64::from(outcome.accepted), Relaxed);
-    if let Some(c) = &remote.cluster {
-        c.add_samples(u64::from(outcome.accepted));
-    }
-    metrics
-        .write_samples_dropped
-        .fetch_add(u64::from(outcome.dropped()), Relaxed);
-    if outcome.too_old > 0 {
-        return Err(bad(format!(
-            "{} of {} samples are older than the out-of-order window (--ooo-window) and were dropped; the others are stored",
-            outcome.too_old,
-            refs.len()
-        )));
-    }
-    Ok(())
+    Err(bad(format!(
+        "{}; the others are stored",
+        problems.join("; ")
+    )))
 }
 
-/// A series key from Prometheus labels: `__name__` is the metric.
-fn series_key(labels: Vec<(String, String)>) -> Result<SeriesKey, String> {
+/// `{name="value", ...}`, at most about 200 bytes, for error messages.
+fn describe_labels(labels: &[(String, String)]) -> String {
+    let mut out = String::from("{");
+    for (k, (n, v)) in labels.iter().enumerate() {
+        if out.len() > 200 {
+            out.push_str(", …");
+            break;
+        }
+        if k > 0 {
+            out.push_str(", ");
+        }
+        let v: String = v.chars().take(64).collect();
+        let _ = write!(out, "{n}={v:?}");
+    }
+    out.push('}');
+    out
+}
+
+/// A series key from Prometheus labels: `__name__` is the metric. Checks
+/// the label limits every entry shares ([`LabelLimits`]).
+fn series_key(
+    labels: Vec<(String, String)>,
+    limits: &LabelLimits,
+) -> Result<SeriesKey, (storage::admission::Reason, String)> {
+    use storage::admission::Reason;
     let mut metric = None;
     let mut rest = Vec::with_capacity(labels.len());
     for (name, value) in labels {
         if name == "__name__" {
             if metric.replace(value).is_some() {
-                return Err("label \"__name__\" appears more than once".into());
+                return Err((
+                    Reason::InvalidLabel,
+                    "label \"__name__\" appears more than once".into(),
+                ));
             }
         } else {
             rest.push(Label::new(name, value));
         }
     }
-    let metric = metric
-        .filter(|m| !m.is_empty())
-        .ok_or("the series has no __name__ label")?;
-    SeriesKey::new(metric, rest).map_err(|e| e.to_string())
+    let metric = metric.filter(|m| !m.is_empty()).ok_or((
+        Reason::InvalidLabel,
+        "the series has no __name__ label".to_string(),
+    ))?;
+    limits
+        .check_series(
+            &metric,
+            rest.iter().map(|l| (l.name.as_str(), l.value.as_str())),
+        )
+        .map_err(|e| (e.reason, e.message))?;
+    SeriesKey::new(metric, rest).map_err(|e| (Reason::InvalidLabel, e.to_string()))
 }
 
 async fn read(State(reads): State<Arc<Reads>>, body: Bytes) -> Response {

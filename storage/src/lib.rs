@@ -9,6 +9,7 @@
 //! configured [`SyncPolicy`]); corrupt files are reported with their path and
 //! offset and never cause a panic.
 
+pub mod admission;
 mod codec;
 pub mod column;
 mod db;

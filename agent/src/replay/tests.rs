@@ -268,3 +268,82 @@ fn replays_a_real_recording() {
         ["mem_total_mib", "nvlink_rx_bytes_s", "nvlink_tx_bytes_s"]
     );
 }
+
+/// Issue #14: replay never sends a poll the nodes' window refuses. Recorded
+/// timestamps before 1970 or past `max_future` are skipped and counted; the
+/// poll at exactly `now + max_future` (give or take the test's own run
+/// time) and the ones inside go out.
+#[test]
+fn recorded_polls_outside_the_window_are_skipped_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let g0 = "gpu=0;UUID=GPU-aaaa;Hostname=node7";
+    let now = now_ms();
+    let hour = 3_600_000;
+    let rows = [-1000, now - hour, now, now + 5 * hour, now + 6 * hour];
+    let mut body = String::from("labels,timestamp_ms,value\n");
+    for ts in rows {
+        body.push_str(&format!("metric=DCGM_FI_DEV_GPU_TEMP;{g0},{ts},40\n"));
+        body.push_str(&format!("metric=DCGM_FI_DEV_POWER_USAGE;{g0},{ts},300\n"));
+    }
+    let path = write_csv(&dir, "w.csv", &body);
+    let source = ReplaySource::open(&ReplayConfig::new(&path)).unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let options = ReplayOptions {
+        speed: ReplaySpeed::Max,
+        timestamps: ReplayTimestamps::Recorded,
+        max_future: Duration::from_secs(3600),
+    };
+    let polls = AtomicU64::new(0);
+    let source = replay_loop(source, tx, options, None, &AtomicBool::new(false), &polls);
+    let mut sent = Vec::new();
+    while let Ok(p) = rx.try_recv() {
+        sent.push(p.ts_ms);
+    }
+    assert_eq!(sent, vec![now - hour, now]);
+    assert_eq!(polls.load(Relaxed), 2);
+    assert_eq!(source.stats().too_old, 2, "one poll of two readings");
+    assert_eq!(
+        source.stats().too_far_in_future,
+        4,
+        "two polls of two readings"
+    );
+}
+
+/// At `max` speed, shifted timestamps would run ahead of the clock; the
+/// replay waits so that no poll is more than `max_future` ahead.
+#[test]
+fn shifted_polls_wait_for_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let g0 = "gpu=0;UUID=GPU-aaaa;Hostname=node7";
+    let mut body = String::from("labels,timestamp_ms,value\n");
+    // 0 s, 1 s and 1.6 s after the first: with max_future = 1 s the third
+    // poll is due 0.6 s after the first is sent.
+    for ts in [1_700_000_000_000i64, 1_700_000_001_000, 1_700_000_001_600] {
+        body.push_str(&format!("metric=DCGM_FI_DEV_GPU_TEMP;{g0},{ts},40\n"));
+    }
+    let path = write_csv(&dir, "s.csv", &body);
+    let source = ReplaySource::open(&ReplayConfig::new(&path)).unwrap();
+    let (tx, mut rx) = mpsc::channel(16);
+    let options = ReplayOptions {
+        speed: ReplaySpeed::Max,
+        timestamps: ReplayTimestamps::Shift,
+        max_future: Duration::from_secs(1),
+    };
+    let started = Instant::now();
+    let polls = AtomicU64::new(0);
+    let source = replay_loop(source, tx, options, None, &AtomicBool::new(false), &polls);
+    let took = started.elapsed();
+    let mut sent = Vec::new();
+    while let Ok(p) = rx.try_recv() {
+        sent.push(p.ts_ms);
+        assert!(
+            p.ts_ms - now_ms() <= 1000,
+            "a poll {} ms ahead",
+            p.ts_ms - now_ms()
+        );
+    }
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[2] - sent[0], 1600, "spacing kept");
+    assert!(took >= Duration::from_millis(550), "waited only {took:?}");
+    assert_eq!(source.stats().too_far_in_future, 0);
+}

@@ -77,13 +77,17 @@ fn xor_chunks_round_trip_every_encoding_branch() {
 #[test]
 fn series_keys_keep_label_names_as_sent() {
     let l = |n: &str, v: &str| (n.to_string(), v.to_string());
-    let key = series_key(vec![
-        l("Hostname", "a"),
-        l("__name__", "DCGM_FI_DEV_GPU_TEMP"),
-        l("hostname", "b"),
-        l("UUID", "GPU-1"),
-        l("empty", ""),
-    ])
+    let limits = LabelLimits::default();
+    let key = series_key(
+        vec![
+            l("Hostname", "a"),
+            l("__name__", "DCGM_FI_DEV_GPU_TEMP"),
+            l("hostname", "b"),
+            l("UUID", "GPU-1"),
+            l("empty", ""),
+        ],
+        &limits,
+    )
     .unwrap();
     assert_eq!(key.metric(), "DCGM_FI_DEV_GPU_TEMP");
     assert_eq!(key.get("Hostname"), Some("a"));
@@ -92,19 +96,25 @@ fn series_keys_keep_label_names_as_sent() {
     assert_eq!(key.get("empty"), None, "an empty value is an absent label");
 
     assert!(
-        series_key(vec![l("gpu", "0")])
+        series_key(vec![l("gpu", "0")], &limits)
             .unwrap_err()
+            .1
             .contains("no __name__")
     );
     assert!(
-        series_key(vec![l("__name__", "a"), l("__name__", "b")])
+        series_key(vec![l("__name__", "a"), l("__name__", "b")], &limits)
             .unwrap_err()
+            .1
             .contains("more than once")
     );
     assert!(
-        series_key(vec![l("__name__", "a"), l("gpu", "0"), l("gpu", "1")])
-            .unwrap_err()
-            .contains("more than once")
+        series_key(
+            vec![l("__name__", "a"), l("gpu", "0"), l("gpu", "1")],
+            &limits
+        )
+        .unwrap_err()
+        .1
+        .contains("more than once")
     );
 }
 
@@ -273,4 +283,245 @@ fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
         3,
         "nothing of the refused request is stored"
     );
+}
+
+fn test_remote(limits: RemoteLimits) -> (tempfile::TempDir, Remote) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::open(storage::StorageConfig::new(dir.path())).unwrap());
+    let remote = Remote {
+        storage,
+        limits,
+        metrics: Arc::default(),
+        cache: SeriesCache::default(),
+        cluster: None,
+    };
+    (dir, remote)
+}
+
+fn write_series(remote: &Remote, series: &[TestSeries]) -> Result<(), HttpError> {
+    let body = snap::raw::Encoder::new()
+        .compress_vec(&prom_request(series))
+        .unwrap();
+    write_blocking(remote, &body, false)
+}
+
+/// Every stored (ts, value) of metric `m`, in time order.
+fn stored(remote: &Remote, m: &str) -> Vec<(i64, f64)> {
+    let mut all = Vec::new();
+    for s in remote.storage.select(
+        &[storage::Matcher::equal("__name__", m)],
+        i64::MIN,
+        i64::MAX,
+    ) {
+        let (mut ts, mut values) = (Vec::new(), Vec::new());
+        s.read_into(i64::MIN, i64::MAX, &mut ts, &mut values)
+            .unwrap();
+        all.extend(ts.into_iter().zip(values));
+    }
+    all.sort_by_key(|p| p.0);
+    all
+}
+
+/// Issue #14: one sample at -2^63 was accepted (204) and wedged every
+/// later flush. Samples outside the window are refused with 400, counted
+/// by reason, and the rest of the request is stored.
+#[test]
+fn samples_outside_the_window_are_refused_and_the_rest_stored() {
+    use storage::admission::Reason;
+    let (_dir, remote) = test_remote(RemoteLimits {
+        window: SampleWindow {
+            max_age: Some(std::time::Duration::from_secs(3600)),
+            max_future: std::time::Duration::from_secs(600),
+        },
+        ..RemoteLimits::default()
+    });
+    let now = storage::admission::now_ms();
+    let l = |n: &str, v: &str| (n.to_string(), v.to_string());
+    let good = vec![l("__name__", "good")];
+    let mixed = vec![l("__name__", "mixed"), l("gpu", "0")];
+    let e = write_series(
+        &remote,
+        &[
+            (good.clone(), vec![(now - 1000, 1.0), (now, 2.0)]),
+            (
+                mixed.clone(),
+                vec![
+                    (i64::MIN, 3.0),
+                    (now - 2 * 3_600_000, 4.0),
+                    (now + 60_000, 5.0),
+                    (now + 3_600_000, 6.0),
+                    (i64::MAX, 7.0),
+                ],
+            ),
+        ],
+    )
+    .unwrap_err();
+    assert_eq!(e.0, StatusCode::BAD_REQUEST);
+    assert!(e.1.contains("4 of 7 samples"), "{}", e.1);
+    assert!(
+        e.1.contains(&i64::MIN.to_string()),
+        "names the first: {}",
+        e.1
+    );
+    assert!(e.1.contains("mixed"), "names the series: {}", e.1);
+    assert!(e.1.contains("the others are stored"), "{}", e.1);
+    let c = &remote.metrics.write_samples_rejected;
+    assert_eq!(c.get(Reason::TooOld), 2);
+    assert_eq!(c.get(Reason::TooFarInFuture), 2);
+    assert_eq!(stored(&remote, "good"), vec![(now - 1000, 1.0), (now, 2.0)]);
+    assert_eq!(stored(&remote, "mixed"), vec![(now + 60_000, 5.0)]);
+    // A series whose every sample is refused is not even created.
+    write_series(&remote, &[(vec![l("__name__", "never")], vec![(-1, 1.0)])]).unwrap_err();
+    assert!(
+        remote
+            .storage
+            .select(
+                &[storage::Matcher::equal("__name__", "never")],
+                i64::MIN,
+                i64::MAX
+            )
+            .is_empty()
+    );
+    // Flush works afterwards: nothing poisonous reached storage.
+    remote.storage.flush().unwrap();
+    write_series(&remote, &[(good, vec![(now + 1, 9.0)])]).unwrap();
+    assert_eq!(stored(&remote, "good").len(), 3);
+}
+
+/// The window's edges: limit − 1, limit and limit + 1 on both sides, with
+/// a fixed window far from the wall clock's drift (bounds are taken per
+/// request, so allow the clock to move by a second between them).
+#[test]
+fn window_edges() {
+    let (_dir, remote) = test_remote(RemoteLimits {
+        window: SampleWindow {
+            max_age: Some(std::time::Duration::from_secs(3600)),
+            max_future: std::time::Duration::from_secs(600),
+        },
+        ..RemoteLimits::default()
+    });
+    let l = |n: &str| vec![("__name__".to_string(), n.to_string())];
+    let now = storage::admission::now_ms();
+    // 5 s of slack for the clock moving between here and the request.
+    let (oldest, newest) = (now - 3_600_000, now + 600_000);
+    assert!(write_series(&remote, &[(l("a"), vec![(oldest + 5000, 1.0)])]).is_ok());
+    assert!(write_series(&remote, &[(l("b"), vec![(oldest - 5000, 1.0)])]).is_err());
+    assert!(write_series(&remote, &[(l("c"), vec![(newest - 5000, 1.0)])]).is_ok());
+    assert!(write_series(&remote, &[(l("d"), vec![(newest + 5000, 1.0)])]).is_err());
+}
+
+#[test]
+fn label_limits_are_those_of_grpc_ingest_at_each_edge() {
+    use storage::admission::Reason;
+    let limits = LabelLimits {
+        max_labels: 4,
+        max_label_bytes: 16,
+    };
+    let (_dir, remote) = test_remote(RemoteLimits {
+        labels: limits,
+        ..RemoteLimits::default()
+    });
+    let l = |n: &str, v: &str| (n.to_string(), v.to_string());
+    // Labels besides __name__: 3, 4 (the limit) and 5.
+    for (k, ok) in [(3, true), (4, true), (5, false)] {
+        let mut labels = vec![l("__name__", &format!("count{k}"))];
+        labels.extend((0..k).map(|i| l(&format!("l{i}"), "v")));
+        let r = write_series(&remote, &[(labels, vec![(1000, 1.0)])]);
+        assert_eq!(r.is_ok(), ok, "{k} labels: {r:?}");
+        if let Err(e) = r {
+            assert_eq!(e.0, StatusCode::BAD_REQUEST);
+            assert!(e.1.contains("5 labels, over the limit of 4"), "{}", e.1);
+        }
+    }
+    // Name, value and metric name of 15, 16 (the limit) and 17 bytes.
+    for (n, ok) in [(15, true), (16, true), (17, false)] {
+        let x = "x".repeat(n);
+        for labels in [
+            vec![l("__name__", "m"), l(&x, "v")],
+            vec![l("__name__", "m"), l("name", &x)],
+            vec![l("__name__", &x)],
+        ] {
+            let r = write_series(&remote, &[(labels.clone(), vec![(1000 + n as i64, 1.0)])]);
+            assert_eq!(r.is_ok(), ok, "{labels:?}: {r:?}");
+            if let Err(e) = r {
+                assert!(e.1.contains("over the limit of 16"), "{}", e.1);
+            }
+        }
+    }
+    // NUL and empty names are refused; nothing of such a request is stored.
+    for labels in [
+        vec![l("__name__", "nul"), l("a", "x\0y")],
+        vec![l("__name__", "nul"), l("", "v")],
+        vec![l("__name__", "nul\0")],
+    ] {
+        let e = write_series(
+            &remote,
+            &[
+                (labels.clone(), vec![(1000, 1.0)]),
+                (vec![l("__name__", "nul_ok")], vec![(1000, 1.0)]),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(e.0, StatusCode::BAD_REQUEST, "{labels:?}");
+    }
+    assert!(stored(&remote, "nul_ok").is_empty());
+    let c = &remote.metrics.write_samples_rejected;
+    assert_eq!(c.get(Reason::TooManyLabels), 1);
+    assert_eq!(c.get(Reason::LabelTooLong), 3);
+    assert_eq!(c.get(Reason::InvalidLabel), 6);
+    // Invalid UTF-8 in a label value: refused by the label decoder.
+    let mut raw = prom_request(&[(vec![l("__name__", "m"), l("a", "zz")], vec![(5, 1.0)])]);
+    let at = raw.windows(2).position(|w| w == b"zz").unwrap();
+    raw[at] = 0xff;
+    let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+    let e = write_blocking(&remote, &body, false).unwrap_err();
+    assert_eq!(e.0, StatusCode::BAD_REQUEST);
+    assert!(e.1.contains("UTF-8"), "{}", e.1);
+    // After all that, the node still stores.
+    write_series(&remote, &[(vec![l("__name__", "after")], vec![(7, 7.0)])]).unwrap();
+    assert_eq!(stored(&remote, "after"), vec![(7, 7.0)]);
+}
+
+#[test]
+fn writes_need_the_protobuf_content_type() {
+    use axum::http::{HeaderMap, HeaderValue};
+    let h = |pairs: &[(&'static str, &'static str)]| {
+        let mut m = HeaderMap::new();
+        for (k, v) in pairs {
+            m.insert(*k, HeaderValue::from_static(v));
+        }
+        m
+    };
+    let ok = [
+        h(&[("content-type", "application/x-protobuf")]),
+        h(&[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "snappy"),
+        ]),
+        h(&[(
+            "content-type",
+            "Application/X-Protobuf; proto=prometheus.WriteRequest",
+        )]),
+    ];
+    for m in ok {
+        assert!(check_media(&m).is_ok(), "{m:?}");
+    }
+    let refused = [
+        h(&[]),
+        h(&[("content-type", "text/plain")]),
+        h(&[("content-type", "application/x-www-form-urlencoded")]),
+        h(&[("content-type", "multipart/form-data; boundary=x")]),
+        h(&[(
+            "content-type",
+            "application/x-protobuf;proto=io.prometheus.write.v2.Request",
+        )]),
+        h(&[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "gzip"),
+        ]),
+    ];
+    for m in refused {
+        let e = check_media(&m).unwrap_err();
+        assert_eq!(e.0, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{m:?}");
+    }
 }
