@@ -23,6 +23,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) query: Arc<QueryMetrics>,
     pub(crate) promql: Arc<QueryMetrics>,
     pub(crate) remote: Arc<RemoteMetrics>,
+    /// SQL statements refused by the read-only guard (HTTP and PostgreSQL).
+    pub(crate) readonly: Arc<query::readonly::ReadOnlyMetrics>,
     /// The HTTP listener's edges (timeouts, refused admin requests).
     pub(crate) http: Arc<query::http::EdgeMetrics>,
     /// Cluster mode: Flight and cluster-read counters.
@@ -239,6 +241,7 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.query.render(&mut out, "sql");
     m.promql.render(&mut out, "promql");
     m.remote.render(&mut out);
+    m.readonly.render(&mut out);
     if let Some(c) = &m.cluster {
         c.render(&mut out);
     }

@@ -341,6 +341,7 @@ impl Server {
                     query: engine.metrics().clone(),
                     promql: promql_metrics,
                     remote: remote_metrics,
+                    readonly: engine.readonly_metrics().clone(),
                     cluster: cluster_metrics,
                 },
             ))

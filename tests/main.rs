@@ -11,6 +11,7 @@ mod ingest_protocol;
 mod inventory;
 mod pg;
 mod promql;
+mod readonly;
 mod remote;
 mod replay;
 mod support;

@@ -224,7 +224,7 @@ fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
 /// Maps query errors onto HTTP, in one place.
 fn http_status(e: &QueryError) -> (StatusCode, &'static str) {
     match e {
-        QueryError::BadQuery(_) => (StatusCode::BAD_REQUEST, "bad_data"),
+        QueryError::BadQuery(_) | QueryError::ReadOnly(_) => (StatusCode::BAD_REQUEST, "bad_data"),
         QueryError::Execution(_) => (StatusCode::INTERNAL_SERVER_ERROR, "execution"),
         QueryError::TooLarge(_) => (StatusCode::UNPROCESSABLE_ENTITY, "too_large"),
         QueryError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),

@@ -20,6 +20,7 @@ pub mod http;
 pub mod pg;
 pub mod promql;
 mod pushdown;
+pub mod readonly;
 pub mod remote;
 pub mod rollups;
 pub mod samples;
@@ -30,7 +31,6 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::error::DataFusionError;
-use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use storage::Storage;
@@ -51,6 +51,10 @@ pub enum QueryError {
     /// (HTTP 503).
     #[error("{0}")]
     Unavailable(String),
+    /// The statement would write: DDL, DML, COPY, SET, PREPARE
+    /// ([`readonly`]; HTTP 400).
+    #[error("{0}")]
+    ReadOnly(readonly::Refusal),
 }
 
 /// How large one query's result may be. Both front ends (HTTP and the
@@ -246,6 +250,7 @@ pub struct QueryEngine {
     ctx: Arc<SessionContext>,
     limits: ResultLimits,
     metrics: Arc<QueryMetrics>,
+    readonly: Arc<readonly::ReadOnlyMetrics>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -316,7 +321,13 @@ impl QueryEngine {
             ctx: Arc::new(ctx),
             limits,
             metrics: Arc::default(),
+            readonly: Arc::default(),
         }
+    }
+
+    /// Statements refused by the read-only guard, per protocol.
+    pub fn readonly_metrics(&self) -> &Arc<readonly::ReadOnlyMetrics> {
+        &self.readonly
     }
 
     pub fn metrics(&self) -> &Arc<QueryMetrics> {
@@ -335,8 +346,8 @@ impl QueryEngine {
     /// Plans and runs one read-only SQL statement.
     ///
     /// # Errors
-    /// [`QueryError::BadQuery`] for invalid SQL or a statement that would
-    /// change anything; [`QueryError::Execution`] when running fails;
+    /// [`QueryError::BadQuery`] for invalid SQL; [`QueryError::ReadOnly`]
+    /// for a statement that would change anything ([`readonly`]); [`QueryError::Execution`] when running fails;
     /// [`QueryError::TooLarge`] as soon as the result passes the limits (the
     /// query stops there).
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
@@ -347,11 +358,9 @@ impl QueryEngine {
     }
 
     async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
-        let options = SQLOptions::new()
-            .with_allow_ddl(false)
-            .with_allow_dml(false)
-            .with_allow_statements(false);
-        let df = self.ctx.sql_with_options(query, options).await?;
+        // Read-only by plan: the plan checked is the plan that runs.
+        let plan = readonly::plan_sql(&self.ctx, query, &self.readonly).await?;
+        let df = self.ctx.execute_logical_plan(plan).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await?;
         let mut counter = LimitCounter::new(self.limits);

@@ -6,10 +6,11 @@
 //! binary results) and the `pg_catalog` schema come from `datafusion-postgres`
 //! (built on `pgwire`); this module adds what gpulse needs around it:
 //!
-//! - read-only: a hook refuses every statement but queries, EXPLAIN, SHOW,
-//!   transaction and cursor statements, and the `SET`s that only touch the
-//!   connection (SQLSTATE 25006). A `SET datafusion.*` would change the
-//!   context every client shares, so it is refused too.
+//! - read-only: a hook runs the guard of [`crate::readonly`], the same as
+//!   HTTP's, on the plan of each statement: anything that would write (DDL,
+//!   `SELECT … INTO`, DML, `COPY`, SQL `PREPARE`, a `SET` of the shared
+//!   settings) is refused with SQLSTATE 25006. The `SET`s that only touch
+//!   the connection, transaction and cursor statements pass.
 //! - result limits: each result's rows and encoded bytes are counted as they
 //!   are sent; past [`ResultLimits`] the query stops with SQLSTATE 54000.
 //! - errors carry a PostgreSQL SQLSTATE: 42601 for syntax errors, 42703 for
@@ -25,6 +26,7 @@
 //! (bind to a loopback or otherwise trusted address). TLS is not offered.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -32,7 +34,7 @@ use datafusion::common::ParamValues;
 use datafusion::error::DataFusionError;
 use datafusion::logical_expr::LogicalPlan;
 use datafusion::prelude::SessionContext;
-use datafusion::sql::sqlparser::ast::{Set, Statement};
+use datafusion::sql::sqlparser::ast::Statement;
 use datafusion::sql::sqlparser::parser::ParserError;
 use datafusion_postgres::auth::AuthManager;
 use datafusion_postgres::datafusion_pg_catalog::pg_catalog::setup_pg_catalog;
@@ -60,6 +62,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use crate::readonly::{self, ReadOnlyMetrics, Refusal};
 use crate::{LimitCounter, LimitExceeded, QueryEngine, ResultLimits};
 
 /// Registers `pg_catalog` (tables and functions) in `ctx`, under the
@@ -126,7 +129,9 @@ struct Handlers {
 impl Handlers {
     fn new(engine: &QueryEngine) -> Self {
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
-            Arc::new(ReadOnlyHook),
+            Arc::new(ReadOnlyHook {
+                metrics: engine.readonly_metrics().clone(),
+            }),
             Arc::new(CursorStatementHook),
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
@@ -309,87 +314,30 @@ impl ExtendedQueryHandler for LimitedService {
     }
 }
 
-/// Connection-local settings that `SET` may change (datafusion-postgres
-/// keeps them per connection). Any other `SET` goes to DataFusion, whose
-/// options are shared by all clients.
-const CONNECTION_SETTINGS: &[&str] = &[
-    "statement_timeout",
-    "datestyle",
-    "bytea_output",
-    "intervalstyle",
-    "application_name",
-    "extra_float_digits",
-    "search_path",
-    "client_encoding",
-    "client_min_messages",
-    "standard_conforming_strings",
-];
-
-/// Why `statement` may not run, or `None` if it is read-only.
-fn refusal(statement: &Statement) -> Option<String> {
-    match statement {
-        Statement::Query(_)
-        | Statement::ExplainTable { .. }
-        | Statement::ShowVariable { .. }
-        | Statement::ShowVariables { .. }
-        | Statement::ShowTables { .. }
-        | Statement::ShowColumns { .. }
-        | Statement::ShowCatalogs { .. }
-        | Statement::ShowSchemas { .. }
-        | Statement::StartTransaction { .. }
-        | Statement::Commit { .. }
-        | Statement::Rollback { .. }
-        | Statement::Declare { .. }
-        | Statement::Fetch { .. }
-        | Statement::Close { .. } => None,
-        Statement::Explain { statement, .. } => match statement.as_ref() {
-            Statement::Query(_) => None,
-            _ => Some(read_only_message(statement)),
-        },
-        Statement::Set(Set::SetTimeZone { local: false, .. }) => None,
-        Statement::Set(Set::SingleAssignment {
-            scope: None,
-            hivevar: false,
-            variable,
-            ..
-        }) => {
-            let name = variable.to_string().to_lowercase();
-            if CONNECTION_SETTINGS.contains(&name.as_str()) {
-                None
-            } else {
-                Some(format!(
-                    "SET {name} is not allowed: gpulse's query settings are shared by every client; \
-                     a connection may SET only {} and TIME ZONE",
-                    CONNECTION_SETTINGS.join(", ")
-                ))
-            }
-        }
-        Statement::Set(_) => Some(format!(
-            "{statement} is not allowed: a connection may SET only {} and TIME ZONE",
-            CONNECTION_SETTINGS.join(", ")
-        )),
-        _ => Some(read_only_message(statement)),
-    }
+/// The read-only guard ([`crate::readonly`]) in front of datafusion-postgres,
+/// in both the simple and the extended protocol; lets everything else
+/// through to the next hooks.
+///
+/// Simple protocol: the statement is planned from its text, as
+/// datafusion-postgres will plan it, and the plan is checked. Extended
+/// protocol: the same check at Parse, so that a write fails early, and the
+/// prepared plan itself at Execute (that plan is what runs).
+struct ReadOnlyHook {
+    metrics: Arc<ReadOnlyMetrics>,
 }
-
-fn read_only_message(statement: &Statement) -> String {
-    let text = statement.to_string();
-    let head: String = text.chars().take(60).collect();
-    let more = if head.len() < text.len() { "..." } else { "" };
-    format!(
-        "gpulse is read-only: only queries (SELECT, WITH, VALUES), EXPLAIN, SHOW and connection \
-         SETs may run, not {head}{more}"
-    )
-}
-
-/// Refuses what [`refusal`] names, in both the simple and the extended
-/// protocol; lets everything else through to the next hooks.
-struct ReadOnlyHook;
 
 impl ReadOnlyHook {
-    fn check(statement: &Statement) -> Option<PgWireError> {
-        // 25006: read_only_sql_transaction.
-        refusal(statement).map(|m| user_error("25006", m))
+    fn refuse(&self, refusal: &Refusal) -> PgWireError {
+        self.metrics.pg_refused.fetch_add(1, Relaxed);
+        debug!(what = %refusal.what, "read-only: statement refused");
+        user_error(readonly::SQLSTATE, refusal.to_string())
+    }
+
+    async fn check(&self, statement: &Statement, ctx: &SessionContext) -> Option<PgWireError> {
+        readonly::check_pg_statement(ctx, statement)
+            .await
+            .err()
+            .map(|r| self.refuse(&r))
     }
 }
 
@@ -398,30 +346,36 @@ impl QueryHook for ReadOnlyHook {
     async fn handle_simple_query(
         &self,
         statement: &Statement,
-        _session_context: &SessionContext,
+        session_context: &SessionContext,
         _client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        Self::check(statement).map(Err)
+        self.check(statement, session_context).await.map(Err)
     }
 
     async fn handle_extended_parse_query(
         &self,
         statement: &Statement,
-        _session_context: &SessionContext,
+        session_context: &SessionContext,
         _client: &(dyn ClientInfo + Send + Sync),
     ) -> Option<PgWireResult<LogicalPlan>> {
-        Self::check(statement).map(Err)
+        self.check(statement, session_context).await.map(Err)
     }
 
     async fn handle_extended_query(
         &self,
-        statement: &Statement,
-        _logical_plan: &LogicalPlan,
+        _statement: &Statement,
+        logical_plan: &LogicalPlan,
         _params: &ParamValues,
         _session_context: &SessionContext,
         _client: &mut dyn HookClient,
     ) -> Option<PgWireResult<Response>> {
-        Self::check(statement).map(Err)
+        // The statement passed the check at Parse (statements the later
+        // hooks answer themselves, connection SETs and cursors, were
+        // decided there and carry a placeholder plan); this is the plan
+        // that runs.
+        readonly::check(logical_plan)
+            .err()
+            .map(|r| Err(self.refuse(&r)))
     }
 }
 

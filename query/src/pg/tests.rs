@@ -195,8 +195,12 @@ async fn byte_limit_applies_to_both_front_ends() {
     ));
 }
 
-#[test]
-fn only_read_only_statements_pass() {
+#[tokio::test]
+async fn only_read_only_statements_pass() {
+    let (_dir, engine) = engine(ResultLimits::default());
+    let hook = ReadOnlyHook {
+        metrics: engine.readonly_metrics().clone(),
+    };
     for ok in [
         "SELECT 1",
         "WITH x AS (SELECT 1) SELECT * FROM x",
@@ -209,9 +213,10 @@ fn only_read_only_statements_pass() {
         "SET TIME ZONE 'UTC'",
         "DECLARE c CURSOR FOR SELECT 1",
     ] {
-        assert_eq!(refusal(&statement(ok)), None, "{ok}");
+        let verdict = hook.check(&statement(ok), engine.context()).await;
+        assert!(verdict.is_none(), "{ok}: {verdict:?}");
     }
-    for bad in [
+    let bad = [
         "CREATE TABLE t (x INT)",
         "CREATE VIEW v AS SELECT 1",
         "DROP TABLE samples",
@@ -221,13 +226,94 @@ fn only_read_only_statements_pass() {
         "EXPLAIN INSERT INTO samples (metric) VALUES ('m')",
         "SET datafusion.execution.batch_size = 1",
         "SET LOCAL TIME ZONE 'UTC'",
-    ] {
-        let m = refusal(&statement(bad)).unwrap_or_else(|| panic!("{bad} passed"));
+        // issue #14: these passed a check on the statement's kind.
+        "SELECT 1 AS a INTO stash1",
+        "DECLARE c CURSOR FOR SELECT 1 AS a INTO stash2",
+    ];
+    for sql in bad {
+        let e = hook
+            .check(&statement(sql), engine.context())
+            .await
+            .unwrap_or_else(|| panic!("{sql} passed"));
+        let info = ErrorInfo::from(e);
+        assert_eq!(info.code, "25006", "{sql}");
         assert!(
-            m.contains("read-only") || m.contains("not allowed"),
-            "{bad}: {m}"
+            info.message.starts_with("gpulse is read-only: "),
+            "{sql}: {}",
+            info.message
         );
     }
+    assert_eq!(
+        engine
+            .readonly_metrics()
+            .pg_refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        bad.len() as u64
+    );
+    // Nothing was created on the way.
+    let tables = engine
+        .context()
+        .catalog("datafusion")
+        .unwrap()
+        .schema("public")
+        .unwrap()
+        .table_names();
+    for t in ["t", "v", "stash1", "stash2"] {
+        assert!(!tables.contains(&t.to_owned()), "{t} in {tables:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_extended_protocol_is_checked_at_parse_and_on_the_plan_it_runs() {
+    let (_dir, engine) = engine(ResultLimits::default());
+    let hook = ReadOnlyHook {
+        metrics: engine.readonly_metrics().clone(),
+    };
+    let ctx = engine.context();
+    let mut client = datafusion_postgres::testing::MockClient::new();
+    let code = |e: PgWireError| ErrorInfo::from(e).code;
+    // Parse: a write fails before a portal exists.
+    match hook
+        .handle_extended_parse_query(&statement("SELECT 1 AS a INTO stash1"), ctx, &client)
+        .await
+    {
+        Some(Err(e)) => assert_eq!(code(e), "25006"),
+        Some(Ok(plan)) => panic!("planned as {plan}"),
+        None => panic!("passed"),
+    }
+    assert!(
+        hook.handle_extended_parse_query(&statement("SELECT 1"), ctx, &client)
+            .await
+            .is_none()
+    );
+    // Execute: the plan decides, whatever statement it came with.
+    let no_params = ParamValues::List(vec![]);
+    let write = ctx
+        .state()
+        .create_logical_plan("INSERT INTO samples (metric) VALUES ('m')")
+        .await
+        .unwrap();
+    match hook
+        .handle_extended_query(&statement("SELECT 1"), &write, &no_params, ctx, &mut client)
+        .await
+    {
+        Some(Err(e)) => assert_eq!(code(e), "25006"),
+        Some(Ok(_)) => panic!("ran"),
+        None => panic!("passed"),
+    }
+    let read = ctx.state().create_logical_plan("SELECT 1").await.unwrap();
+    assert!(
+        hook.handle_extended_query(&statement("SELECT 1"), &read, &no_params, ctx, &mut client)
+            .await
+            .is_none()
+    );
+    assert_eq!(
+        engine
+            .readonly_metrics()
+            .pg_refused
+            .load(std::sync::atomic::Ordering::Relaxed),
+        2
+    );
 }
 
 #[tokio::test]
