@@ -158,12 +158,13 @@ async fn time_and_label_filters_return_exact_rows() {
 async fn queries_are_read_only_and_errors_are_bad_queries() {
     let (_dir, st, _) = fixture();
     let engine = QueryEngine::new(st);
-    for q in [
-        "CREATE TABLE t AS SELECT 1",
-        "SELECT nope FROM samples",
-        "SELEC 1",
-        "DROP TABLE samples",
-    ] {
+    for q in ["CREATE TABLE t AS SELECT 1", "DROP TABLE samples"] {
+        match engine.sql(q).await {
+            Err(QueryError::ReadOnly(_)) => {}
+            other => panic!("{q}: {other:?}"),
+        }
+    }
+    for q in ["SELECT nope FROM samples", "SELEC 1"] {
         match engine.sql(q).await {
             Err(QueryError::BadQuery(_)) => {}
             other => panic!("{q}: {other:?}"),
