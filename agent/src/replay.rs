@@ -590,7 +590,7 @@ pub async fn run(
 fn warn_skipped(ts_ms: i64, readings: usize) {
     static SKIPPED: AtomicU64 = AtomicU64::new(0);
     let n = SKIPPED.fetch_add(1, Relaxed);
-    if n % 1000 == 0 {
+    if n.is_multiple_of(1000) {
         warn!(
             ts_ms,
             readings,

@@ -391,13 +391,13 @@ fn check_media(headers: &axum::http::HeaderMap) -> Result<(), HttpError> {
             "remote write 1.0 only: the body must be a prometheus.WriteRequest, not {proto}"
         )));
     }
-    if let Some(enc) = headers.get(header::CONTENT_ENCODING) {
-        if !enc.as_bytes().eq_ignore_ascii_case(b"snappy") {
-            return Err(unsupported(format!(
-                "remote write needs Content-Encoding: snappy; got {:?}",
-                enc.to_str().unwrap_or("?")
-            )));
-        }
+    if let Some(enc) = headers.get(header::CONTENT_ENCODING)
+        && !enc.as_bytes().eq_ignore_ascii_case(b"snappy")
+    {
+        return Err(unsupported(format!(
+            "remote write needs Content-Encoding: snappy; got {:?}",
+            enc.to_str().unwrap_or("?")
+        )));
     }
     Ok(())
 }
@@ -448,18 +448,20 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
             let t = w.timestamps[j];
             if let Some(reason) = bounds.reason(t) {
                 if keep.is_empty() {
+    // Refusals are counted once the request is settled (it may be resolved
+    // again after an eviction).
                     keep = vec![true; w.timestamps.len()];
+    let window_refused = RejectCounters::default();
                 }
                 keep[j] = false;
-                metrics.write_samples_rejected.add(reason, 1);
+                window_refused.add(reason, 1);
                 refused += 1;
                 first_refused.get_or_insert((i, t));
             }
         }
     }
     let kept = |j: usize| keep.is_empty() || keep[j];
-    let has_samples =
-        |i: usize, s: &wire::RawSeries| picked(i) && s.samples.clone().any(|j| kept(j));
+    let has_samples = |i: usize, s: &wire::RawSeries| picked(i) && s.samples.clone().any(&kept);
     // 1. Cached refs, by label bytes.
     let mut refs_of: Vec<Option<SeriesRef>> = Vec::with_capacity(w.series.len());
     {
@@ -555,6 +557,11 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
              the first: series {i} {name}: {e}"
         ));
     }
+    let count_refused = || {
+        for r in storage::admission::Reason::ALL {
+            metrics.write_samples_rejected.add(r, window_refused.get(r));
+        }
+    };
     if !refs.is_empty() {
         let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
             storage::Error::BadBatch { .. } => bad(e.to_string()),
@@ -598,6 +605,8 @@ fn describe_labels(labels: &[(String, String)]) -> String {
             out.push_str(", ");
         }
         let v: String = v.chars().take(64).collect();
+    // Settled (stored, or nothing to store): count the window's refusals once.
+    count_refused();
         let _ = write!(out, "{n}={v:?}");
     }
     out.push('}');

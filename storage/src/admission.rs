@@ -149,7 +149,7 @@ impl SampleWindow {
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| ms(d))
+        .map_or(0, ms)
 }
 
 /// Inclusive timestamp bounds, from [`SampleWindow::bounds`].
