@@ -186,6 +186,27 @@ pub(crate) struct NodeArgs {
     /// over PostgreSQL), e.g. 1GiB.
     #[arg(long, env = "GPULSE_MAX_RESULT_BYTES", default_value = "1GiB", value_parser = parse_size)]
     pub(crate) max_result_bytes: u64,
+    /// Longest query text in bytes, over every query surface (SQL, PromQL,
+    /// remote read matchers); longer ones get 400 / SQLSTATE 54001.
+    #[arg(long, env = "GPULSE_MAX_QUERY_LENGTH", default_value = "64KiB", value_parser = parse_size)]
+    pub(crate) max_query_length: u64,
+    /// Deepest expression tree a query may have (nested operators, calls and
+    /// subqueries), checked before it is planned: 400 / SQLSTATE 54001.
+    #[arg(long, env = "GPULSE_MAX_QUERY_DEPTH", default_value = "256", value_parser = positive_count)]
+    pub(crate) max_query_depth: u64,
+    /// Longest a query may run, waiting for a slot included (SQL, PromQL,
+    /// remote read, Flight): 503 `timeout` / SQLSTATE 57014.
+    #[arg(long, env = "GPULSE_QUERY_TIMEOUT", default_value = "2m", value_parser = duration)]
+    pub(crate) query_timeout: Duration,
+    /// Most queries running at once over every surface; the others wait
+    /// for a slot within their --query-timeout.
+    #[arg(long, env = "GPULSE_MAX_CONCURRENT_QUERIES", default_value = "20", value_parser = positive_count)]
+    pub(crate) max_concurrent_queries: u64,
+    /// Most memory DataFusion may reserve for one SQL query (hash tables,
+    /// sorts); past it the query fails with 422 / SQLSTATE 53200. Queries
+    /// never spill to disk.
+    #[arg(long, env = "GPULSE_QUERY_MEMORY_LIMIT", default_value = "1GiB", value_parser = parse_size)]
+    pub(crate) query_memory_limit: u64,
     /// How often the in-memory head is sealed into a segment file (and the
     /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]
@@ -211,27 +232,6 @@ pub(crate) struct NodeArgs {
     /// older ones are dropped and counted. Equal timestamps: the first write wins.
     #[arg(long, env = "GPULSE_OOO_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
     pub(crate) ooo_window: Duration,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct ServeArgs {
-    #[command(flatten)]
-    pub(crate) node: NodeArgs,
-    /// Run as a member of a sharded cluster described by this TOML file (the
-    /// same file on every node; see README "Cluster"). The node's listeners
-    /// default to its entry. SIGHUP re-reads the file.
-    #[arg(long, env = "GPULSE_CLUSTER_FILE", requires = "node_id")]
-    pub(crate) cluster: Option<PathBuf>,
-    /// This node's id in the cluster file.
-    #[arg(long, env = "GPULSE_NODE_ID", requires = "cluster")]
-    pub(crate) node_id: Option<String>,
-}
-
-#[derive(Debug, Args)]
-pub(crate) struct AgentArgs {
-    /// Ingest endpoint. With --sharded: seed nodes of the cluster,
-    /// comma-separated.
-    #[arg(
     /// Refuse samples more than this far ahead of the node's clock (gRPC,
     /// remote write): a future-dated sample would pin its segment against
     /// retention. Samples older than --retention are refused too. Default
@@ -289,6 +289,27 @@ impl NodeArgs {
             grpc_max_streams: self.grpc_max_streams,
         }
     }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) node: NodeArgs,
+    /// Run as a member of a sharded cluster described by this TOML file (the
+    /// same file on every node; see README "Cluster"). The node's listeners
+    /// default to its entry. SIGHUP re-reads the file.
+    #[arg(long, env = "GPULSE_CLUSTER_FILE", requires = "node_id")]
+    pub(crate) cluster: Option<PathBuf>,
+    /// This node's id in the cluster file.
+    #[arg(long, env = "GPULSE_NODE_ID", requires = "cluster")]
+    pub(crate) node_id: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// Ingest endpoint. With --sharded: seed nodes of the cluster,
+    /// comma-separated.
+    #[arg(
         long,
         env = "GPULSE_INGEST_URL",
         default_value = "grpc://127.0.0.1:7400"

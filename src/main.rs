@@ -131,12 +131,20 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
             max_rows: node.max_result_rows,
             max_bytes: node.max_result_bytes,
         },
+        query: query::limits::QueryLimits {
+            max_length: usize::try_from(node.max_query_length).unwrap_or(usize::MAX),
+            max_depth: usize::try_from(node.max_query_depth).unwrap_or(usize::MAX),
+            timeout: node.query_timeout,
+            max_concurrent: usize::try_from(node.max_concurrent_queries).unwrap_or(usize::MAX),
+            memory_limit: usize::try_from(node.query_memory_limit).unwrap_or(usize::MAX),
+        },
         flush_interval: node.flush_interval,
         retention: Some(node.retention),
         retention_1m: Some(node.retention_1m),
         retention_1h: Some(node.retention_1h),
         retention_1d: Some(node.retention_1d),
         ooo_window: node.ooo_window,
+        edges: node.edge_limits(),
         wal_sync: if node.wal_fsync {
             storage::SyncPolicy::Fsync
         } else {
@@ -144,7 +152,6 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
         },
     }
 }
-        edges: node.edge_limits(),
 
 fn print_endpoints(s: &Server, node: &NodeArgs) {
     println!("gpulse {} serving", env!("CARGO_PKG_VERSION"));

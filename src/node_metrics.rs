@@ -25,6 +25,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) remote: Arc<RemoteMetrics>,
     /// SQL statements refused by the read-only guard (HTTP and PostgreSQL).
     pub(crate) readonly: Arc<query::readonly::ReadOnlyMetrics>,
+    /// Queries refused or stopped by a query limit; slots in use.
+    pub(crate) guard: Arc<query::limits::GuardMetrics>,
     /// The HTTP listener's edges (timeouts, refused admin requests).
     pub(crate) http: Arc<query::http::EdgeMetrics>,
     /// Cluster mode: Flight and cluster-read counters.
@@ -233,6 +235,20 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     }
     metric(
         &mut out,
+        "gpulse_storage_head_series",
+        "gauge",
+        "Live series in the head (what --max-series counts; idle series leave at a flush).",
+        st.head_series,
+    );
+    metric(
+        &mut out,
+        "gpulse_storage_series_evicted_total",
+        "counter",
+        "Series that left the head at a flush because they took no sample since the previous one.",
+        m.storage.metrics().series_evicted.load(Relaxed),
+    );
+    metric(
+        &mut out,
         "gpulse_storage_wal_write_errors_total",
         "counter",
         "WAL writes refused because they could not be written (disk full, I/O error); cut back, nothing acked.",
@@ -241,11 +257,12 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.query.render(&mut out, "sql");
     m.promql.render(&mut out, "promql");
     m.remote.render(&mut out);
+    m.ingest.render_limits(&mut out);
+    m.http.render(&mut out);
     m.readonly.render(&mut out);
+    m.guard.render(&mut out);
     if let Some(c) = &m.cluster {
         c.render(&mut out);
     }
     out
-    m.ingest.render_limits(&mut out);
-    m.http.render(&mut out);
 }

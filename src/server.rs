@@ -27,6 +27,8 @@ pub(crate) struct ServeConfig {
     /// `None`: no PostgreSQL listener.
     pub(crate) pg_listen: Option<SocketAddr>,
     pub(crate) limits: query::ResultLimits,
+    /// Length, depth, time, concurrency and memory of queries.
+    pub(crate) query: query::limits::QueryLimits,
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
@@ -34,14 +36,12 @@ pub(crate) struct ServeConfig {
     pub(crate) retention_1h: Option<Duration>,
     pub(crate) retention_1d: Option<Duration>,
     pub(crate) ooo_window: Duration,
-    /// Cluster mode (`--cluster`, `--node-id`).
-    pub(crate) cluster: Option<crate::cluster::NodeConfig>,
     /// Admission and network-edge limits (issue #14).
     pub(crate) edges: EdgeLimits,
+    /// Cluster mode (`--cluster`, `--node-id`).
+    pub(crate) cluster: Option<crate::cluster::NodeConfig>,
 }
 
-/// One round of upkeep: flush the head, merge finished compaction windows
-/// (at most a few per round, so that a backlog does not stall the next
 /// What is admitted at the door, and the network edges' limits: the flags
 /// of [`crate::cli::NodeArgs::edge_limits`].
 #[derive(Debug, Clone, Copy)]
@@ -133,6 +133,8 @@ async fn same_origin_only(
     next.run(request).await
 }
 
+/// One round of upkeep: flush the head, merge finished compaction windows
+/// (at most a few per round, so that a backlog does not stall the next
 /// flush), and drop segments past the retention, all under storage's one
 /// upkeep lock ([`Storage::upkeep`]), so that the periodic round and one
 /// asked for over HTTP never interleave. Compaction and retention run even
@@ -289,6 +291,7 @@ impl Server {
                     fl,
                     storage.clone(),
                     metrics.clone(),
+                    config.query.timeout,
                     stopped(&stop),
                 );
                 tasks.push((
@@ -330,10 +333,19 @@ impl Server {
                 None,
             ),
         };
+        // One guard for every query surface: the slots are the node's.
+        let guard = Arc::new(query::limits::QueryGuard::new(config.query));
+        let (engine, prom) = (
+            engine.with_guard(guard.clone()),
+            prom.with_guard(guard.clone()),
+        );
         let promql_metrics = prom.metrics().clone();
         let router = query::http::router(engine.clone())
             .merge(query::promql::api::router(prom))
-            .merge(remote)
+            .merge(remote.layer(axum::middleware::from_fn_with_state(
+                guard.clone(),
+                query::limits::read_slot,
+            )))
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
                     storage: storage.clone(),
@@ -342,7 +354,9 @@ impl Server {
                     promql: promql_metrics,
                     remote: remote_metrics,
                     readonly: engine.readonly_metrics().clone(),
+                    guard: guard.metrics().clone(),
                     cluster: cluster_metrics,
+                    http: edge_metrics.clone(),
                 },
             ))
             .merge(
@@ -358,7 +372,6 @@ impl Server {
                 if let Err(e) = fut.await {
                     error!(error = %e, "HTTP server failed");
                 }
-                    http: edge_metrics.clone(),
             }),
         ));
         if let Some(pg) = pg {

@@ -224,6 +224,10 @@ fn error_response(status: StatusCode, kind: &str, message: &str) -> Response {
 /// Maps query errors onto HTTP, in one place.
 fn http_status(e: &QueryError) -> (StatusCode, &'static str) {
     match e {
+        QueryError::Refused(r) => (
+            StatusCode::from_u16(r.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            r.error_type(),
+        ),
         QueryError::BadQuery(_) | QueryError::ReadOnly(_) => (StatusCode::BAD_REQUEST, "bad_data"),
         QueryError::Execution(_) => (StatusCode::INTERNAL_SERVER_ERROR, "execution"),
         QueryError::TooLarge(_) => (StatusCode::UNPROCESSABLE_ENTITY, "too_large"),

@@ -17,6 +17,7 @@
 pub mod cluster;
 pub mod gpus;
 pub mod http;
+pub mod limits;
 pub mod pg;
 pub mod promql;
 mod pushdown;
@@ -55,6 +56,9 @@ pub enum QueryError {
     /// ([`readonly`]; HTTP 400).
     #[error("{0}")]
     ReadOnly(readonly::Refusal),
+    /// A query limit refused or stopped the query ([`limits::QueryLimits`]).
+    #[error("{0}")]
+    Refused(limits::Refusal),
 }
 
 /// How large one query's result may be. Both front ends (HTTP and the
@@ -250,6 +254,7 @@ pub struct QueryEngine {
     ctx: Arc<SessionContext>,
     limits: ResultLimits,
     metrics: Arc<QueryMetrics>,
+    guard: Arc<limits::QueryGuard>,
     readonly: Arc<readonly::ReadOnlyMetrics>,
 }
 
@@ -321,6 +326,7 @@ impl QueryEngine {
             ctx: Arc::new(ctx),
             limits,
             metrics: Arc::default(),
+            guard: Arc::default(),
             readonly: Arc::default(),
         }
     }
@@ -328,6 +334,17 @@ impl QueryEngine {
     /// Statements refused by the read-only guard, per protocol.
     pub fn readonly_metrics(&self) -> &Arc<readonly::ReadOnlyMetrics> {
         &self.readonly
+    }
+
+    /// Applies `guard`'s query limits (one guard per node, shared by every
+    /// query surface) instead of a default one of this engine's own.
+    pub fn with_guard(mut self, guard: Arc<limits::QueryGuard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    pub fn guard(&self) -> &Arc<limits::QueryGuard> {
+        &self.guard
     }
 
     pub fn metrics(&self) -> &Arc<QueryMetrics> {
@@ -350,17 +367,42 @@ impl QueryEngine {
     /// for a statement that would change anything ([`readonly`]); [`QueryError::Execution`] when running fails;
     /// [`QueryError::TooLarge`] as soon as the result passes the limits (the
     /// query stops there).
+    ///
+    /// The query runs on the query runtime under the engine's
+    /// [`limits::QueryLimits`]: [`QueryError::Refused`] when it is too long
+    /// or deep, takes too long, or needs too much memory.
     pub async fn sql(&self, query: &str) -> Result<QueryResult, QueryError> {
         let started = std::time::Instant::now();
-        let (result, warnings) = cluster::collect_sql_warnings(self.run_sql(query)).await;
+        let (this, query) = (self.clone(), query.to_owned());
+        let result = self
+            .guard
+            .spawn(async move {
+                // Checked on a query thread: the parse and the walk run
+                // where a deep tree has room.
+                this.guard.check_sql(&query).map_err(QueryError::Refused)?;
+                let (result, warnings) = cluster::collect_sql_warnings(this.run_sql(&query)).await;
+                result
+                    .map(|r| QueryResult { warnings, ..r })
+                    .map_err(|e| match e {
+                        QueryError::Execution(df) => match this.guard.memory_refusal(&df) {
+                            Some(r) => QueryError::Refused(r),
+                            None => QueryError::Execution(df),
+                        },
+                        e => e,
+                    })
+            })
+            .await
+            .unwrap_or_else(|r| Err(QueryError::Refused(r)));
         self.metrics.observe(started.elapsed(), result.is_ok());
-        result.map(|r| QueryResult { warnings, ..r })
+        result
     }
 
     async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
+        // A context of its own, for the memory pool of this query alone.
+        let ctx = self.guard.session(&self.ctx);
         // Read-only by plan: the plan checked is the plan that runs.
-        let plan = readonly::plan_sql(&self.ctx, query, &self.readonly).await?;
-        let df = self.ctx.execute_logical_plan(plan).await?;
+        let plan = readonly::plan_sql(&ctx, query, &self.readonly).await?;
+        let df = ctx.execute_logical_plan(plan).await?;
         let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await?;
         let mut counter = LimitCounter::new(self.limits);

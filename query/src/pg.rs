@@ -45,12 +45,15 @@ use datafusion_postgres::hooks::transactions::TransactionStatementHook;
 use datafusion_postgres::pgwire;
 use datafusion_postgres::{DfSessionService, QueryHook};
 use futures::{Sink, SinkExt, StreamExt};
+use pgwire::api::Type;
 use pgwire::api::auth::StartupHandler;
 use pgwire::api::auth::noop::NoopStartupHandler;
 use pgwire::api::cancel::{CancelHandler, DefaultCancelHandler};
+use pgwire::api::portal::Format;
 use pgwire::api::portal::Portal;
 use pgwire::api::query::{ExtendedQueryHandler, SimpleQueryHandler};
-use pgwire::api::results::{QueryResponse, Response};
+use pgwire::api::results::{FieldInfo, QueryResponse, Response};
+use pgwire::api::stmt::QueryParser;
 use pgwire::api::store::PortalStore;
 use pgwire::api::{
     ClientInfo, ClientPortalStore, ConnectionManager, ErrorHandler, PgWireServerHandlers,
@@ -62,6 +65,7 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tracing::{debug, warn};
 
+use crate::limits::{Deadline, QueryGuard, Slot};
 use crate::readonly::{self, ReadOnlyMetrics, Refusal};
 use crate::{LimitCounter, LimitExceeded, QueryEngine, ResultLimits};
 
@@ -91,7 +95,10 @@ pub async fn serve(
     engine: QueryEngine,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let handlers = Arc::new(Handlers::new(&engine));
+    let registry = Arc::new(ConnectionManager::new());
+    // Connections run on the query runtime: statements are parsed and planned
+    // there, on threads with room for deep trees, apart from ingest.
+    let runtime = engine.guard().handle();
     let mut connections = JoinSet::new();
     tokio::pin!(shutdown);
     loop {
@@ -99,12 +106,14 @@ pub async fn serve(
             _ = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((socket, peer)) => {
-                    let handlers = handlers.clone();
-                    connections.spawn(async move {
+                    // Handlers of its own: a context whose memory pool is this
+                    // connection's (it runs one statement at a time).
+                    let handlers = Arc::new(Handlers::new(&engine, registry.clone()));
+                    connections.spawn_on(async move {
                         if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
                             debug!(%peer, error = %e, "PostgreSQL connection ended with an error");
                         }
-                    });
+                    }, &runtime);
                 }
                 Err(e) => {
                     // E.g. out of file descriptors: wait instead of spinning.
@@ -119,7 +128,7 @@ pub async fn serve(
     Ok(())
 }
 
-/// The pgwire handlers of one server, shared by its connections.
+/// The pgwire handlers of one connection.
 struct Handlers {
     service: Arc<LimitedService>,
     startup: Arc<Startup>,
@@ -127,7 +136,7 @@ struct Handlers {
 }
 
 impl Handlers {
-    fn new(engine: &QueryEngine) -> Self {
+    fn new(engine: &QueryEngine, connections: Arc<ConnectionManager>) -> Self {
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook {
                 metrics: engine.readonly_metrics().clone(),
@@ -136,12 +145,18 @@ impl Handlers {
             Arc::new(SetShowHook),
             Arc::new(TransactionStatementHook),
         ];
-        let inner = DfSessionService::new_with_hooks(engine.context().clone(), hooks);
-        let connections = Arc::new(ConnectionManager::new());
+        let context = Arc::new(engine.guard().session(engine.context()));
+        let inner = DfSessionService::new_with_hooks(context, hooks);
+        let parser = Arc::new(LimitedParser {
+            inner: inner.query_parser(),
+            guard: engine.guard().clone(),
+        });
         Self {
             service: Arc::new(LimitedService {
                 inner,
+                parser,
                 limits: engine.limits(),
+                guard: engine.guard().clone(),
             }),
             startup: Arc::new(Startup {
                 connections: connections.clone(),
@@ -185,40 +200,152 @@ impl NoopStartupHandler for Startup {
     }
 }
 
-/// datafusion-postgres' session service with [`ResultLimits`] on every result.
+/// datafusion-postgres' session service with [`ResultLimits`] on every
+/// result and the [`QueryLimits`](crate::limits::QueryLimits) on every
+/// statement: length and depth before it is planned, a query slot held
+/// until its last row is sent, and `--query-timeout` over planning and rows.
 struct LimitedService {
     inner: DfSessionService,
+    parser: Arc<LimitedParser>,
     limits: ResultLimits,
+    guard: Arc<QueryGuard>,
 }
 
 impl LimitedService {
-    fn limit(&self, response: Response) -> Response {
+    fn limit(&self, response: Response, run: &Arc<Running>) -> Response {
         match response {
-            Response::Query(q) => Response::Query(limit_rows(q, self.limits)),
+            Response::Query(q) => Response::Query(limit_rows(q, self.limits, run.clone())),
             other => other,
+        }
+    }
+
+    /// Waits for a query slot, then runs `fut` until the deadline.
+    async fn guarded<T>(
+        &self,
+        fut: impl std::future::Future<Output = T>,
+    ) -> PgWireResult<(T, Arc<Running>)> {
+        let deadline = self.guard.deadline();
+        let slot = self
+            .guard
+            .slot(deadline)
+            .await
+            .map_err(|r| refusal_error(&r))?;
+        let run = Arc::new(Running {
+            _slot: slot,
+            deadline,
+            guard: self.guard.clone(),
+        });
+        match tokio::time::timeout_at(deadline.instant(), fut).await {
+            Ok(out) => Ok((out, run)),
+            Err(_elapsed) => Err(run.timed_out()),
         }
     }
 }
 
+/// A statement that holds a query slot, until its rows are all sent.
+struct Running {
+    _slot: Slot,
+    deadline: Deadline,
+    guard: Arc<QueryGuard>,
+}
+
+impl Running {
+    fn timed_out(&self) -> PgWireError {
+        self.guard.count_timeout();
+        match self.deadline.check() {
+            Err(r) => refusal_error(&r),
+            Ok(()) => refusal_error(&crate::limits::Refusal::Timeout {
+                limit: self.guard.limits().timeout,
+                waited: false,
+            }),
+        }
+    }
+}
+
+/// A running statement of `guard`, with its slot taken, for tests of
+/// [`limit_rows`].
+#[cfg(test)]
+async fn running(guard: &Arc<QueryGuard>) -> Arc<Running> {
+    let deadline = guard.deadline();
+    Arc::new(Running {
+        _slot: guard.slot(deadline).await.unwrap(),
+        deadline,
+        guard: guard.clone(),
+    })
+}
+
+fn refusal_error(r: &crate::limits::Refusal) -> PgWireError {
+    user_error(r.sqlstate(), r.to_string())
+}
+
+/// datafusion-postgres' parser of the extended protocol, after the length
+/// and depth checks.
+struct LimitedParser {
+    inner: Arc<<DfSessionService as ExtendedQueryHandler>::QueryParser>,
+    guard: Arc<QueryGuard>,
+}
+
+#[async_trait]
+impl QueryParser for LimitedParser {
+    type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
+
+    async fn parse_sql<C>(
+        &self,
+        client: &C,
+        sql: &str,
+        types: &[Option<Type>],
+    ) -> PgWireResult<Option<Self::Statement>>
+    where
+        C: ClientInfo + Unpin + Send + Sync,
+    {
+        self.guard.check_sql(sql).map_err(|r| refusal_error(&r))?;
+        self.inner.parse_sql(client, sql, types).await
+    }
+
+    fn get_parameter_types(&self, stmt: &Self::Statement) -> PgWireResult<Vec<Type>> {
+        self.inner.get_parameter_types(stmt)
+    }
+
+    fn get_result_schema(
+        &self,
+        stmt: &Self::Statement,
+        column_format: Option<&Format>,
+    ) -> PgWireResult<Vec<FieldInfo>> {
+        self.inner.get_result_schema(stmt, column_format)
+    }
+}
+
 /// Wraps a result's row stream so that it ends with an error as soon as the
-/// rows sent pass `limits`. Rows are counted as they are encoded, so nothing
-/// beyond one batch is held.
-fn limit_rows(mut response: QueryResponse, limits: ResultLimits) -> QueryResponse {
+/// rows sent pass `limits` or the statement's deadline. Rows are counted as
+/// they are encoded, so nothing beyond one batch is held. The stream holds
+/// the statement's query slot.
+fn limit_rows(
+    mut response: QueryResponse,
+    limits: ResultLimits,
+    run: Arc<Running>,
+) -> QueryResponse {
     let tag = response.command_tag().to_owned();
     let rows = std::mem::replace(&mut response.data_rows, Box::pin(futures::stream::empty()));
-    let mut counter = LimitCounter::new(limits);
-    let rows = rows.scan(false, move |failed, row| {
-        if *failed {
-            return futures::future::ready(None);
+    let counter = LimitCounter::new(limits);
+    // Each row is awaited until the deadline at most: a statement such as
+    // `count(*)` computes its whole answer before its first row.
+    let rows = futures::stream::unfold(Some((rows, counter, run)), |state| async move {
+        let (mut rows, mut counter, run) = state?;
+        if run.deadline.check().is_err() {
+            return Some((Err(run.timed_out()), None));
         }
+        let row = match tokio::time::timeout_at(run.deadline.instant(), rows.next()).await {
+            Err(_elapsed) => return Some((Err(run.timed_out()), None)),
+            Ok(None) => return None,
+            Ok(Some(row)) => row,
+        };
         let item = row.and_then(|row| match counter.add(1, row.data.len() as u64) {
             Ok(()) => Ok(row),
-            Err(e) => {
-                *failed = true;
-                Err(limit_error(&e))
-            }
+            Err(e) => Err(limit_error(&e)),
         });
-        futures::future::ready(Some(item))
+        // After an error the stream ends (and lets go of its slot).
+        let next = item.is_ok().then_some((rows, counter, run));
+        Some((item, next))
     });
     let mut limited = QueryResponse::new(response.row_schema(), rows);
     limited.set_command_tag(&tag);
@@ -268,24 +395,29 @@ impl SimpleQueryHandler for LimitedService {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
+        self.guard.check_sql(query).map_err(|r| refusal_error(&r))?;
         // The statements are planned (and their scans run their cluster
         // reads) inside the inner call: their warnings are collected there.
-        let (responses, warnings) = crate::cluster::collect_sql_warnings(
-            <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query),
-        )
-        .await;
+        let ((responses, warnings), run) = self
+            .guarded(crate::cluster::collect_sql_warnings(
+                <DfSessionService as SimpleQueryHandler>::do_query(&self.inner, client, query),
+            ))
+            .await?;
         send_warnings(client, &warnings).await?;
-        Ok(responses?.into_iter().map(|r| self.limit(r)).collect())
+        Ok(responses?
+            .into_iter()
+            .map(|r| self.limit(r, &run))
+            .collect())
     }
 }
 
 #[async_trait]
 impl ExtendedQueryHandler for LimitedService {
     type Statement = <DfSessionService as ExtendedQueryHandler>::Statement;
-    type QueryParser = <DfSessionService as ExtendedQueryHandler>::QueryParser;
+    type QueryParser = LimitedParser;
 
     fn query_parser(&self) -> Arc<Self::QueryParser> {
-        self.inner.query_parser()
+        self.parser.clone()
     }
 
     async fn do_query<C>(
@@ -300,17 +432,18 @@ impl ExtendedQueryHandler for LimitedService {
         C::Error: std::fmt::Debug,
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
-        let (response, warnings) = crate::cluster::collect_sql_warnings(
-            <DfSessionService as ExtendedQueryHandler>::do_query(
-                &self.inner,
-                client,
-                portal,
-                max_rows,
-            ),
-        )
-        .await;
+        let ((response, warnings), run) = self
+            .guarded(crate::cluster::collect_sql_warnings(
+                <DfSessionService as ExtendedQueryHandler>::do_query(
+                    &self.inner,
+                    client,
+                    portal,
+                    max_rows,
+                ),
+            ))
+            .await?;
         send_warnings(client, &warnings).await?;
-        Ok(self.limit(response?))
+        Ok(self.limit(response?, &run))
     }
 }
 

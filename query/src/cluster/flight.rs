@@ -31,11 +31,25 @@ use super::{ClusterMetrics, shard_of, shard_rollups};
 pub struct FlightNode {
     storage: Arc<Storage>,
     metrics: Arc<ClusterMetrics>,
+    /// How long one DoGet may stream (`--query-timeout`).
+    timeout: std::time::Duration,
 }
 
 impl FlightNode {
     pub fn new(storage: Arc<Storage>, metrics: Arc<ClusterMetrics>) -> Self {
-        Self { storage, metrics }
+        Self {
+            storage,
+            metrics,
+            timeout: crate::limits::QueryLimits::default().timeout,
+        }
+    }
+
+    /// Ends each DoGet with `DEADLINE_EXCEEDED` after `timeout`. A DoGet
+    /// takes no query slot: it serves a peer's query, which holds one on
+    /// its own node (a slot here too could deadlock two busy nodes).
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The tonic service, for a server of one's own.
@@ -54,10 +68,15 @@ pub async fn serve_flight(
     listener: TcpListener,
     storage: Arc<Storage>,
     metrics: Arc<ClusterMetrics>,
+    timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
-        .add_service(FlightNode::new(storage, metrics).into_server())
+        .add_service(
+            FlightNode::new(storage, metrics)
+                .with_timeout(timeout)
+                .into_server(),
+        )
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }
@@ -173,9 +192,35 @@ impl FlightService for FlightNode {
         let (tx, rx) = mpsc::channel(4);
         let (storage, metrics) = (self.storage.clone(), self.metrics.clone());
         tokio::task::spawn_blocking(move || produce(&storage, &req, &metrics, &tx));
+        // Past the deadline the stream ends with an error, never silently
+        // (a peer must not take a cut answer for a whole one); the producer
+        // stops at its next send.
+        let deadline = crate::limits::Deadline::after(self.timeout);
+        let batches =
+            futures::stream::unfold(Some(ReceiverStream::new(rx)), move |rx| async move {
+                let mut rx = rx?;
+                let timed_out = || {
+                    let r = deadline
+                        .check()
+                        .err()
+                        .unwrap_or(crate::limits::Refusal::Timeout {
+                            limit: deadline.limit(),
+                            waited: false,
+                        });
+                    FlightError::Tonic(Box::new(Status::deadline_exceeded(r.to_string())))
+                };
+                if deadline.check().is_err() {
+                    return Some((Err(timed_out()), None));
+                }
+                match tokio::time::timeout_at(deadline.instant(), rx.next()).await {
+                    Err(_elapsed) => Some((Err(timed_out()), None)),
+                    Ok(None) => None,
+                    Ok(Some(item)) => Some((item, Some(rx))),
+                }
+            });
         let stream = FlightDataEncoderBuilder::new()
             .with_schema(schema)
-            .build(ReceiverStream::new(rx))
+            .build(batches)
             .map_err(Status::from);
         Ok(Response::new(stream.boxed()))
     }

@@ -567,6 +567,9 @@ impl ClusterReader {
         channels
             .entry(addr)
             .or_insert_with(|| {
+                // The channel's worker task goes to the reader's runtime, which
+                // outlives any query runtime that happens to open it.
+                let _on_reader_runtime = self.inner.runtime.enter();
                 Endpoint::from_shared(format!("http://{addr}"))
                     .expect("BUG: a socket address makes a valid URI")
                     .connect_timeout(self.inner.config.connect_timeout)

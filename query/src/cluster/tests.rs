@@ -230,9 +230,15 @@ impl Fixture {
             } else {
                 let (st, m) = (storage.clone(), metrics.clone());
                 tokio::spawn(async move {
-                    serve_flight(listener, st, m, async {
-                        let _ = rx.await;
-                    })
+                    serve_flight(
+                        listener,
+                        st,
+                        m,
+                        crate::limits::QueryLimits::default().timeout,
+                        async {
+                            let _ = rx.await;
+                        },
+                    )
                     .await
                     .unwrap();
                 })

@@ -135,7 +135,7 @@ async fn results_stop_with_54000_past_the_row_limit() {
         let resp = encode_dataframe(df, &Format::UnifiedText, None)
             .await
             .unwrap();
-        let mut rows = limit_rows(resp, limits).data_rows;
+        let mut rows = limit_rows(resp, limits, running(engine.guard()).await).data_rows;
         let (mut ok, mut err) = (0, None);
         while let Some(r) = rows.next().await {
             match r {
@@ -182,7 +182,7 @@ async fn byte_limit_applies_to_both_front_ends() {
     let resp = encode_dataframe(df, &Format::UnifiedText, None)
         .await
         .unwrap();
-    let mut rows = limit_rows(resp, limits).data_rows;
+    let mut rows = limit_rows(resp, limits, running(engine.guard()).await).data_rows;
     // "46.5" -> 8 bytes: fits; "47" -> 6 more: 14 > 10.
     assert!(rows.next().await.unwrap().is_ok());
     let e = ErrorInfo::from(rows.next().await.unwrap().unwrap_err());
@@ -343,4 +343,51 @@ async fn errors_get_a_sqlstate_and_the_http_message() {
     let mut e = PgWireError::ApiError(Box::new(ParserError::ParserError("boom".into())));
     with_sqlstate(&mut e);
     assert_eq!(ErrorInfo::from(e).code, "42601");
+}
+
+#[tokio::test]
+async fn rows_stop_with_57014_at_the_deadline_and_free_the_slot() {
+    let (_dir, engine) = engine(ResultLimits::default());
+    let guard = Arc::new(crate::limits::QueryGuard::new(crate::limits::QueryLimits {
+        timeout: std::time::Duration::from_millis(300),
+        max_concurrent: 1,
+        ..Default::default()
+    }));
+    let df = engine
+        .context()
+        .sql("SELECT value FROM samples ORDER BY ts")
+        .await
+        .unwrap();
+    let resp = encode_dataframe(df, &Format::UnifiedText, None)
+        .await
+        .unwrap();
+    let mut rows = limit_rows(resp, ResultLimits::default(), running(&guard).await).data_rows;
+    assert!(rows.next().await.unwrap().is_ok());
+    assert_eq!(
+        guard
+            .metrics()
+            .running
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let e = ErrorInfo::from(rows.next().await.unwrap().unwrap_err());
+    assert_eq!(e.code, "57014");
+    assert!(e.message.contains("--query-timeout"), "{}", e.message);
+    assert!(rows.next().await.is_none());
+    drop(rows);
+    assert_eq!(
+        guard
+            .metrics()
+            .running
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0
+    );
+    assert_eq!(
+        guard
+            .metrics()
+            .timeout
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
 }

@@ -267,13 +267,17 @@ pub fn render(value: &PromValue) -> String {
     out
 }
 
-/// Runs blocking engine work off the async workers.
+/// Runs blocking engine work on a query thread, within a query slot and
+/// `--query-timeout` ([`crate::limits::QueryGuard`]).
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, PromError> + Send + 'static,
+    engine: &PromEngine,
+    f: impl FnOnce(crate::limits::Deadline) -> Result<T, PromError> + Send + 'static,
 ) -> Result<T, PromError> {
-    tokio::task::spawn_blocking(f)
+    engine
+        .guard()
+        .spawn_blocking(f)
         .await
-        .map_err(|e| PromError::Internal(format!("query task failed: {e}")))?
+        .map_err(PromError::Refused)?
 }
 
 async fn query(
@@ -300,7 +304,14 @@ async fn query(
         Err(e) => return error(&e),
     };
     let engine = (*engine).clone();
-    match blocking(move || engine.instant_answer(&q, t).map(|a| render_answer(&a))).await {
+    let guarded = engine.clone();
+    match blocking(&guarded, move |deadline| {
+        engine
+            .instant_answer_until(&q, t, deadline)
+            .map(|a| render_answer(&a))
+    })
+    .await
+    {
         Ok((data, warnings)) => success_with(&data, &warnings),
         Err(e) => error(&e),
     }
@@ -334,9 +345,10 @@ async fn query_range(
         Err(e) => return error(&e),
     };
     let engine = (*engine).clone();
-    match blocking(move || {
+    let guarded = engine.clone();
+    match blocking(&guarded, move |deadline| {
         engine
-            .range_answer(&q, start, end, step)
+            .range_answer_until(&q, start, end, step, deadline)
             .map(|a| render_answer(&a))
     })
     .await
@@ -374,6 +386,7 @@ fn matched_series(
     }
     let mut sets: Vec<Vec<storage::Matcher>> = Vec::new();
     for s in &selectors {
+        engine.guard().check_length(s).map_err(PromError::Refused)?;
         match parse(s) {
             Ok(Expr::VectorSelector(vs)) => sets.push(Evaluator::matchers(&vs)?),
             Ok(_) => {
@@ -410,7 +423,8 @@ async fn series(
 ) -> Response {
     let p = Params::from(raw, &headers, &body);
     let engine = (*engine).clone();
-    let r = blocking(move || {
+    let guarded = engine.clone();
+    let r = blocking(&guarded, move |_deadline| {
         let (all, warnings) = matched_series(&engine, &p, true)?;
         let mut out = String::from("[");
         for (i, l) in all.iter().enumerate() {
@@ -449,7 +463,8 @@ async fn labels(
 ) -> Response {
     let p = Params::from(raw, &headers, &body);
     let engine = (*engine).clone();
-    let r = blocking(move || {
+    let guarded = engine.clone();
+    let r = blocking(&guarded, move |_deadline| {
         let (all, warnings) = matched_series(&engine, &p, false)?;
         let names: BTreeSet<String> = all
             .into_iter()
@@ -474,7 +489,8 @@ async fn label_values(
     }
     let p = Params::from(raw, &HeaderMap::new(), &Bytes::new());
     let engine = (*engine).clone();
-    let r = blocking(move || {
+    let guarded = engine.clone();
+    let r = blocking(&guarded, move |_deadline| {
         let (all, warnings) = matched_series(&engine, &p, false)?;
         let values: BTreeSet<String> = all
             .into_iter()

@@ -85,6 +85,8 @@ pub(super) struct Evaluator<'a> {
     samples: Rc<Cell<usize>>,
     /// Warnings of the cluster reads (shards missing), shared with subqueries.
     warnings: Rc<RefCell<Vec<String>>>,
+    /// When the query must stop (`--query-timeout`), checked at every node.
+    deadline: crate::limits::Deadline,
 }
 
 pub(super) fn unsupported(what: &str) -> PromError {
@@ -268,7 +270,13 @@ pub(super) fn quantile(q: f64, values: &mut [f64]) -> f64 {
 }
 
 impl<'a> Evaluator<'a> {
-    pub(super) fn new(engine: &'a PromEngine, start: i64, end: i64, step: i64) -> Result<Self> {
+    pub(super) fn new(
+        engine: &'a PromEngine,
+        start: i64,
+        end: i64,
+        step: i64,
+        deadline: crate::limits::Deadline,
+    ) -> Result<Self> {
         let steps = if step == 0 {
             vec![start]
         } else {
@@ -282,6 +290,7 @@ impl<'a> Evaluator<'a> {
             steps,
             samples: Rc::new(Cell::new(0)),
             warnings: Rc::default(),
+            deadline,
         })
     }
 
@@ -292,6 +301,7 @@ impl<'a> Evaluator<'a> {
 
     /// Counts `n` more samples held by the query against the limit.
     pub(super) fn account(&self, n: usize) -> Result<()> {
+        self.deadline.check().map_err(PromError::Refused)?;
         let total = self.samples.get().saturating_add(n);
         self.samples.set(total);
         if total > self.engine.limits.max_samples {
@@ -392,6 +402,7 @@ impl<'a> Evaluator<'a> {
     }
 
     pub(super) fn eval(&self, expr: &Expr) -> Result<Val> {
+        self.deadline.check().map_err(PromError::Refused)?;
         match expr {
             Expr::NumberLiteral(n) => Ok(Val::Scalar(vec![n.val; self.steps.len()])),
             Expr::StringLiteral(s) => Ok(Val::Str(s.val.clone())),
@@ -606,6 +617,7 @@ impl<'a> Evaluator<'a> {
                 .collect(),
             samples: self.samples.clone(),
             warnings: self.warnings.clone(),
+            deadline: self.deadline,
         };
         let per_step = match inner.eval(&sq.expr)? {
             Val::Vector(v) => v,

@@ -87,6 +87,10 @@ pub enum PromError {
     /// (HTTP 503, `unavailable`).
     #[error("{0}")]
     Unavailable(String),
+    /// A query limit refused or stopped the query: too long or deep (400,
+    /// `bad_data`), past `--query-timeout` (503, `timeout`).
+    #[error("{0}")]
+    Refused(crate::limits::Refusal),
 }
 
 impl From<ClusterError> for PromError {
@@ -107,6 +111,7 @@ impl PromError {
             Self::Execution(_) => (422, "execution"),
             Self::Internal(_) => (500, "internal"),
             Self::Unavailable(_) => (503, "unavailable"),
+            Self::Refused(r) => (r.http_status(), r.error_type()),
         }
     }
 }
@@ -147,6 +152,7 @@ pub struct PromEngine {
     source: Source,
     limits: PromLimits,
     metrics: Arc<crate::QueryMetrics>,
+    guard: Arc<crate::limits::QueryGuard>,
 }
 
 impl PromEngine {
@@ -160,6 +166,7 @@ impl PromEngine {
             storage,
             limits,
             metrics: Arc::default(),
+            guard: Arc::default(),
         }
     }
 
@@ -173,6 +180,7 @@ impl PromEngine {
             source: Source::Cluster(reader),
             limits,
             metrics: Arc::default(),
+            guard: Arc::default(),
         }
     }
 
@@ -195,6 +203,27 @@ impl PromEngine {
         max_ts: i64,
     ) -> Result<Selection, PromError> {
         Ok(self.source.series_blocking(matchers, min_ts, max_ts)?)
+    }
+
+    /// Applies `guard`'s query limits (one guard per node, shared by every
+    /// query surface) instead of a default one of this engine's own.
+    pub fn with_guard(mut self, guard: Arc<crate::limits::QueryGuard>) -> Self {
+        self.guard = guard;
+        self
+    }
+
+    /// The query limits: length and depth are checked by every evaluation;
+    /// the HTTP API runs evaluations through it (slot, thread, deadline).
+    pub fn guard(&self) -> &Arc<crate::limits::QueryGuard> {
+        &self.guard
+    }
+
+    /// Parses `query` within the length and depth limits.
+    pub(crate) fn parse(&self, query: &str) -> Result<promql_parser::parser::Expr, PromError> {
+        self.guard.check_length(query).map_err(PromError::Refused)?;
+        let expr = parse(query)?;
+        self.guard.check_promql(&expr).map_err(PromError::Refused)?;
+        Ok(expr)
     }
 
     /// Latencies and failures of [`Self::instant`] and [`Self::range`].
@@ -227,16 +256,41 @@ impl PromEngine {
     /// # Errors
     /// [`PromError`]: parse errors, unsupported constructs, limits.
     pub fn instant_answer(&self, query: &str, time_ms: i64) -> Result<Answer, PromError> {
+        self.instant_answer_until(query, time_ms, crate::limits::Deadline::never())
+    }
+
+    /// [`Self::instant_answer`] that stops at `deadline`.
+    ///
+    /// # Errors
+    /// As [`Self::instant_answer`], and [`PromError::Refused`] at the deadline.
+    pub fn instant_answer_until(
+        &self,
+        query: &str,
+        time_ms: i64,
+        deadline: crate::limits::Deadline,
+    ) -> Result<Answer, PromError> {
         let started = std::time::Instant::now();
-        let result = self.run_instant(query, time_ms);
+        let result = self.run_instant(query, time_ms, deadline);
         self.metrics.observe(started.elapsed(), result.is_ok());
+        self.count_timeout(&result);
         result
     }
 
-    fn run_instant(&self, query: &str, time_ms: i64) -> Result<Answer, PromError> {
+    fn count_timeout<T>(&self, result: &Result<T, PromError>) {
+        if let Err(PromError::Refused(crate::limits::Refusal::Timeout { .. })) = result {
+            self.guard.count_timeout();
+        }
+    }
+
+    fn run_instant(
+        &self,
+        query: &str,
+        time_ms: i64,
+        deadline: crate::limits::Deadline,
+    ) -> Result<Answer, PromError> {
         check_time(time_ms)?;
-        let expr = parse(query)?;
-        let ev = eval::Evaluator::new(self, time_ms, time_ms, 0)?;
+        let expr = self.parse(query)?;
+        let ev = eval::Evaluator::new(self, time_ms, time_ms, 0, deadline)?;
         let value = ev.instant(&expr)?;
         Ok(Answer {
             value,
@@ -273,9 +327,31 @@ impl PromEngine {
         end_ms: i64,
         step_ms: i64,
     ) -> Result<Answer, PromError> {
+        self.range_answer_until(
+            query,
+            start_ms,
+            end_ms,
+            step_ms,
+            crate::limits::Deadline::never(),
+        )
+    }
+
+    /// [`Self::range_answer`] that stops at `deadline`.
+    ///
+    /// # Errors
+    /// As [`Self::range_answer`], and [`PromError::Refused`] at the deadline.
+    pub fn range_answer_until(
+        &self,
+        query: &str,
+        start_ms: i64,
+        end_ms: i64,
+        step_ms: i64,
+        deadline: crate::limits::Deadline,
+    ) -> Result<Answer, PromError> {
         let started = std::time::Instant::now();
-        let result = self.run_range(query, start_ms, end_ms, step_ms);
+        let result = self.run_range(query, start_ms, end_ms, step_ms, deadline);
         self.metrics.observe(started.elapsed(), result.is_ok());
+        self.count_timeout(&result);
         result
     }
 
@@ -285,6 +361,7 @@ impl PromEngine {
         start_ms: i64,
         end_ms: i64,
         step_ms: i64,
+        deadline: crate::limits::Deadline,
     ) -> Result<Answer, PromError> {
         check_time(start_ms)?;
         check_time(end_ms)?;
@@ -303,8 +380,8 @@ impl PromEngine {
                 "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)".into(),
             ));
         }
-        let expr = parse(query)?;
-        let ev = eval::Evaluator::new(self, start_ms, end_ms, step_ms)?;
+        let expr = self.parse(query)?;
+        let ev = eval::Evaluator::new(self, start_ms, end_ms, step_ms, deadline)?;
         let value = ev.range(&expr)?;
         Ok(Answer {
             value,
