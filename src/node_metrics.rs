@@ -244,7 +244,7 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
         &mut out,
         "gpulse_storage_series_evicted_total",
         "counter",
-        "Series that left the head at a flush because they took no sample since the previous one.",
+        "Series that left the head at a flush because they took no sample for series_idle (15 min).",
         m.storage.metrics().series_evicted.load(Relaxed),
     );
     metric(

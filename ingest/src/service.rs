@@ -251,6 +251,9 @@ struct StreamState {
     stream_labels: Vec<Label>,
     /// Stream-local series id -> storage series.
     refs: HashMap<u32, SeriesRef>,
+    /// Stream-local series id -> its key, to resolve a series again after it
+    /// left the head (idle through a flush: `storage::Error::SeriesEvicted`).
+    keys: HashMap<u32, SeriesKey>,
 }
 
 impl IngestService {
@@ -359,6 +362,7 @@ impl IngestService {
             host: hello.host.clone(),
             stream_labels,
             refs: HashMap::new(),
+            keys: HashMap::new(),
         })
     }
 
@@ -475,6 +479,9 @@ impl IngestService {
         }
         if !keys.is_empty() {
             let (ids, keys): (Vec<u32>, Vec<SeriesKey>) = keys.into_iter().unzip();
+            state
+                .keys
+                .extend(ids.iter().copied().zip(keys.iter().cloned()));
             let refs = self.storage.series_refs(keys).map_err(BatchError::from)?;
             state.refs.extend(ids.into_iter().zip(refs));
         }
@@ -486,10 +493,25 @@ impl IngestService {
             producer: &producer,
             seq: batch.seq,
         });
-        let out = self
+        let mut out = self
             .storage
-            .append_from(origin, &refs, &batch.timestamps_ms, &batch.values)
-            .map_err(BatchError::from)?;
+            .append_from(origin, &refs, &batch.timestamps_ms, &batch.values);
+        if let Err(storage::Error::SeriesEvicted { .. }) = out {
+            // Series of this stream went idle and left the head at a flush:
+            // resolve the batch's series again and retry once (nothing was
+            // stored). A second failure asks the agent to retry.
+            let mut ids = batch.series_ids.clone();
+            ids.sort_unstable();
+            ids.dedup();
+            let keys = ids.iter().map(|id| state.keys[id].clone()).collect();
+            let fresh = self.storage.series_refs(keys).map_err(BatchError::from)?;
+            state.refs.extend(ids.into_iter().zip(fresh));
+            let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
+            out = self
+                .storage
+                .append_from(origin, &refs, &batch.timestamps_ms, &batch.values);
+        }
+        let out = out.map_err(BatchError::from)?;
         Ok(Ack {
             seq: batch.seq,
             accepted: out.accepted,

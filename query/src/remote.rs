@@ -424,6 +424,18 @@ fn write_blocking(remote: &Remote, body: &[u8], forwarded: bool) -> Result<(), H
 /// the others are stored (Prometheus drops a request on 4xx and never
 /// retries it).
 fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<(), HttpError> {
+    store_attempt(remote, w, only, true)
+}
+
+/// [`store`]; `may_retry`: a cached ref whose series left the head (idle
+/// through a flush) empties the cache and the request is resolved again once.
+/// Nothing is stored or counted before the append, so the retry is clean.
+fn store_attempt(
+    remote: &Remote,
+    w: &wire::RawWrite,
+    only: Option<&[usize]>,
+    may_retry: bool,
+) -> Result<(), HttpError> {
     let picked = |i: usize| only.is_none_or(|o| o.binary_search(&i).is_ok());
     let storage = &remote.storage;
     let metrics = &remote.metrics;
@@ -436,7 +448,10 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
         .map(|(_, s)| s.samples.len())
         .sum();
     // 0. The time window: `keep` stays empty while every sample is inside.
+    // Refusals are counted once the request is settled (it may be resolved
+    // again after an eviction).
     let bounds = remote.limits.window.bounds_now();
+    let window_refused = RejectCounters::default();
     let mut keep: Vec<bool> = Vec::new();
     let mut refused = 0usize;
     let mut first_refused: Option<(usize, i64)> = None;
@@ -448,10 +463,7 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
             let t = w.timestamps[j];
             if let Some(reason) = bounds.reason(t) {
                 if keep.is_empty() {
-    // Refusals are counted once the request is settled (it may be resolved
-    // again after an eviction).
                     keep = vec![true; w.timestamps.len()];
-    let window_refused = RejectCounters::default();
                 }
                 keep[j] = false;
                 window_refused.add(reason, 1);
@@ -545,6 +557,11 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
         }
     }
     let mut problems = Vec::new();
+    let count_refused = || {
+        for r in storage::admission::Reason::ALL {
+            metrics.write_samples_rejected.add(r, window_refused.get(r));
+        }
+    };
     if let Some((i, t)) = first_refused {
         let e = bounds
             .check(t)
@@ -557,16 +574,20 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
              the first: series {i} {name}: {e}"
         ));
     }
-    let count_refused = || {
-        for r in storage::admission::Reason::ALL {
-            metrics.write_samples_rejected.add(r, window_refused.get(r));
-        }
-    };
     if !refs.is_empty() {
-        let outcome = storage.append(&refs, &ts, &vals).map_err(|e| match e {
-            storage::Error::BadBatch { .. } => bad(e.to_string()),
-            e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
-        })?;
+        let outcome = match storage.append(&refs, &ts, &vals) {
+            Err(storage::Error::SeriesEvicted { .. }) if may_retry => {
+                *remote.cache.map.lock().expect("BUG: series cache poisoned") = CacheMap::default();
+                return store_attempt(remote, w, only, false);
+            }
+            r => r.map_err(|e| match e {
+                storage::Error::BadBatch { .. } => bad(e.to_string()),
+                storage::Error::SeriesEvicted { .. } => {
+                    HttpError(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+                }
+                e => HttpError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            })?,
+        };
         metrics
             .write_samples_accepted
             .fetch_add(u64::from(outcome.accepted), Relaxed);
@@ -584,6 +605,8 @@ fn store(remote: &Remote, w: &wire::RawWrite, only: Option<&[usize]>) -> Result<
             ));
         }
     }
+    // Settled (stored, or nothing to store): count the window's refusals once.
+    count_refused();
     if problems.is_empty() {
         return Ok(());
     }
@@ -605,8 +628,6 @@ fn describe_labels(labels: &[(String, String)]) -> String {
             out.push_str(", ");
         }
         let v: String = v.chars().take(64).collect();
-    // Settled (stored, or nothing to store): count the window's refusals once.
-    count_refused();
         let _ = write!(out, "{n}={v:?}");
     }
     out.push('}');

@@ -63,7 +63,13 @@ pub struct StorageConfig {
     /// Samples per head chunk before it is sealed. Default 240 (4 min at 1 Hz).
     pub max_chunk_samples: u32,
     /// Most series the head holds; more are rejected. Default 5,000,000.
+    /// Counts live series: see `series_idle`.
     pub max_series: usize,
+    /// A series that stored no sample since a flush at least this long ago
+    /// leaves the head at the next flush (its samples stay in segments; a
+    /// ref held for it gets [`crate::Error::SeriesEvicted`]). Default 15 min;
+    /// zero: idle through one whole flush period.
+    pub series_idle: std::time::Duration,
     /// When a WAL write (and so an append) counts as done. Default [`SyncPolicy::Os`].
     pub wal_sync: SyncPolicy,
     /// Size at which a WAL segment is closed and the next one started. Default 128 MiB.
@@ -104,6 +110,7 @@ impl StorageConfig {
             data_dir: data_dir.into(),
             max_chunk_samples: 240,
             max_series: 5_000_000,
+            series_idle: std::time::Duration::from_secs(15 * 60),
             wal_sync: SyncPolicy::Os,
             wal_segment_bytes: 128 << 20,
             retention: Some(std::time::Duration::from_secs(7 * DAY_S)),
@@ -143,6 +150,9 @@ pub struct StorageMetrics {
     pub rollup_read_errors: AtomicU64,
     /// Rollup files written by merges (compaction and downsampling).
     pub rollup_compactions: AtomicU64,
+    /// Series that left the head at a flush because they took no sample
+    /// for `series_idle` ([`crate::head::Head::evict_idle`]).
+    pub series_evicted: AtomicU64,
     /// Flushes that failed: I/O (the data stays in memory and the next
     /// flush retries it), or data a writer refused (set aside, see
     /// `samples_set_aside`). Each failure is counted; the log says it once
@@ -256,6 +266,20 @@ struct State {
 }
 
 impl State {
+    /// The newest timestamp of `key` in the segments and the flush in
+    /// progress, if any.
+    fn newest_flushed(&self, key: &SeriesKey) -> Option<i64> {
+        let in_segments = self.segments.iter().filter_map(|s| {
+            let ord = s.find_series(key)?;
+            s.chunks(ord).iter().map(|c| c.max_ts).max()
+        });
+        let in_frozen = self.frozen.as_deref().and_then(|f| {
+            let i = f.binary_search_by(|(k, _)| k.as_ref().cmp(key)).ok()?;
+            f[i].1.iter().map(|c| c.max_ts).max()
+        });
+        in_segments.chain(in_frozen).max()
+    }
+
     /// Whether a segment or the flush in progress holds a sample of `key` at `ts_ms`.
     fn has_sample(&self, key: &SeriesKey, ts_ms: i64) -> bool {
         self.frozen
@@ -475,14 +499,28 @@ impl Storage {
             return Ok(out.into_iter().flatten().collect());
         }
         let _gate = lock!(self.gate.read());
+        // A series new to the head may have been in it before (evicted when
+        // idle): its newest flushed timestamp restores the order check, as
+        // replay does, so a re-sent sample is still a duplicate.
+        let flushed: Vec<Option<i64>> = {
+            let state = lock!(self.state.read());
+            keys.iter()
+                .zip(&out)
+                .map(|(k, slot)| slot.is_none().then(|| state.newest_flushed(k)).flatten())
+                .collect()
+        };
         let mut head = lock!(self.head.write());
         let (mut buf, mut logged_now, mut failed) = (Vec::new(), Vec::new(), None);
-        for (slot, key) in out.iter_mut().zip(keys) {
+        for ((slot, key), flushed) in out.iter_mut().zip(keys).zip(flushed) {
             if slot.is_some() {
                 continue;
             }
             match head.get_or_create(key) {
                 Ok(r) => {
+                    if let Some(t) = flushed {
+                        head.raise_last_ts(r, t);
+                        head.raise_flushed(r, t);
+                    }
                     if !head.is_logged(r) && !logged_now.contains(&r) {
                         record::encode_series(&mut buf, r.0, head.key(r));
                         logged_now.push(r);
@@ -577,12 +615,24 @@ impl Storage {
                 reason: OUT_OF_RANGE,
             });
         }
-        // Series are never removed, so the largest ref decides; one lock, not one per sample.
-        let max_ref = refs.iter().map(|r| r.0).max();
-        if max_ref.is_some_and(|m| !lock!(self.head.read()).contains(SeriesRef(m))) {
-            return Err(Error::BadBatch {
-                reason: "unknown series ref",
-            });
+        // Idle series leave the head at a flush (`Head::evict_idle`, under
+        // the exclusive gate, which this append holds shared until its samples
+        // are in): every distinct ref is checked, under one lock.
+        {
+            let head = lock!(self.head.read());
+            let mut prev = None;
+            for &r in refs {
+                if prev != Some(r) && !head.contains(r) {
+                    return Err(if head.was_issued(r) {
+                        Error::SeriesEvicted { series_ref: r.0 }
+                    } else {
+                        Error::BadBatch {
+                            reason: "unknown series ref",
+                        }
+                    });
+                }
+                prev = Some(r);
+            }
         }
         let wal_refs: Vec<u32> = refs.iter().map(|r| r.0).collect();
         let mut buf = Vec::with_capacity(refs.len() * 12 + 48);
@@ -689,6 +739,10 @@ impl Storage {
             let mut head = lock!(self.head.write());
             let mut fresh = head.freeze();
             let fresh_rollup = head.take_rollups();
+            // Idle series leave before the checkpoint, so the next WAL
+            // generation does not define them.
+            let evicted = head.evict_idle(Instant::now(), self.config.series_idle) as u64;
+            self.metrics.series_evicted.fetch_add(evicted, Relaxed);
             let mut checkpoint = Vec::new();
             head.checkpoint(&mut checkpoint);
             drop(head);
@@ -1628,6 +1682,11 @@ fn replay_wal(
     // crash came between a flush and the WAL truncation. Skip them.
     let skip_below = segments.iter().map(|s| s.wal_cut()).max().unwrap_or(0);
     let mut refs: HashMap<u32, SeriesRef> = HashMap::new();
+    // Definitions not yet used by a sample: a series is created at its first
+    // sample, so one the WAL only defines (a checkpoint entry of a series
+    // that has since gone idle, its samples all in segments) stays out of
+    // the head and does not count against `max_series`.
+    let mut defs: HashMap<u32, SeriesKey> = HashMap::new();
     let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
     // Samples storage cannot hold, written by a version that let them in:
     // set aside rather than replayed, so that they cannot wedge every flush.
@@ -1637,17 +1696,9 @@ fn replay_wal(
     // file and its segment): they refill the head but not the rollups.
     let report = wal::replay(data_dir, skip_below, |n, rec| match rec {
         Record::Series { wal_ref, key } => {
-            let until = flushed_until.get(&key).copied();
-            match head.get_or_create(key) {
-                Ok(r) => {
-                    if let Some(t) = until {
-                        head.raise_last_ts(r, t);
-                        head.raise_flushed(r, t);
-                    }
-                    refs.insert(wal_ref, r);
-                }
-                Err(_) => refused += 1,
-            }
+            // A later definition of a ref replaces an earlier one.
+            refs.remove(&wal_ref);
+            defs.insert(wal_ref, key);
         }
         Record::Samples {
             refs: rs,
@@ -1655,6 +1706,21 @@ fn replay_wal(
             values,
         } => {
             for ((wr, t), v) in rs.iter().zip(ts_ms).zip(values) {
+                if !refs.contains_key(wr)
+                    && let Some(key) = defs.remove(wr)
+                {
+                    let until = flushed_until.get(&key).copied();
+                    match head.get_or_create(key) {
+                        Ok(r) => {
+                            if let Some(t) = until {
+                                head.raise_last_ts(r, t);
+                                head.raise_flushed(r, t);
+                            }
+                            refs.insert(*wr, r);
+                        }
+                        Err(_) => refused += 1,
+                    }
+                }
                 match refs.get(wr) {
                     Some(&r) if !crate::ts_storable(t) => {
                         unstorable.push(sample_line(head.key(r), t, v));

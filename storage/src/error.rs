@@ -94,6 +94,12 @@ pub enum Error {
     BadBatch { reason: &'static str },
     #[error("series limit reached: the head holds {limit} series")]
     SeriesLimit { limit: usize },
+    /// The batch names a series ref whose series left the head (idle
+    /// through a flush). Nothing was stored; resolve the series again
+    /// ([`crate::Storage::series_refs`]) and retry. Refs are never reused,
+    /// so a stale ref never names another series.
+    #[error("series ref {series_ref} is stale: its series left the head after a flush")]
+    SeriesEvicted { series_ref: u32 },
     /// A writer refused data that its reader would reject (a sample or
     /// record outside what the format holds); nothing was written. Not
     /// retryable: the same data fails the same way, so a flush sets it aside
@@ -117,6 +123,6 @@ impl Error {
 
     /// True for environment errors that may succeed when retried.
     pub fn is_retryable(&self) -> bool {
-        matches!(self, Self::Io { .. })
+        matches!(self, Self::Io { .. } | Self::SeriesEvicted { .. })
     }
 }

@@ -6,6 +6,15 @@
 //! writes them to a segment; the series themselves stay, so [`SeriesRef`]s held
 //! by ingest streams remain valid and the per-series order check survives.
 //!
+//! Series churn: a series that took no sample since a flush at least
+//! `series_idle` ago (and so holds nothing unflushed) leaves the head at the
+//! next flush ([`Head::evict_idle`]), so `max_series` counts live series only. Its
+//! samples are in segments; if it comes back it is created again, under a
+//! new ref, with its order check restored from the segments by the caller.
+//! Refs are never reused within a process: a ref a cache still holds after
+//! its series left names no series at all ([`Head::was_issued`] tells such a
+//! stale ref from one never handed out), never a different one.
+//!
 //! Ordering policy, per series (`docs/format/column.md` has the read side):
 //! - a sample after the series' newest timestamp is appended in order;
 //! - a sample with a timestamp the head already holds is a duplicate and is
@@ -25,17 +34,43 @@
 //! a series whose samples are not in order ([`crate::db::normalize`]); the
 //! common, in-order case costs one pass that checks it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::gorilla::{GorillaDecoder, GorillaEncoder};
 use crate::rollup::{RollupDelta, RollupGroup, SeriesRollup};
 use crate::series::SeriesKey;
 use crate::{Error, Result};
 
-/// Handle of a series in the head, valid for the life of the process.
+/// Handle of a series in the head. Valid while the series is in the head;
+/// never reused for another series within the process (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct SeriesRef(pub u32);
+
+/// Hashes a ref (a small, dense integer) with one multiplication
+/// (Fibonacci hashing): the ref lookup is on the path of every sample.
+#[derive(Debug, Default, Clone, Copy)]
+struct RefHasher(u64);
+
+impl Hasher for RefHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ b as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = (n as u64 ^ 0x5bd1_e995).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type RefMap<V> = HashMap<u32, V, BuildHasherDefault<RefHasher>>;
 
 /// A sealed, immutable Gorilla chunk held in memory.
 #[derive(Debug, Clone)]
@@ -48,6 +83,7 @@ pub struct MemChunk {
 
 #[derive(Debug)]
 struct HeadSeries {
+    r: SeriesRef,
     key: Arc<SeriesKey>,
     closed: Vec<MemChunk>,
     open: GorillaEncoder,
@@ -64,6 +100,9 @@ struct HeadSeries {
     /// Newest timestamp the series has in segments (or in a flush in
     /// progress); an older sample may duplicate a flushed one.
     flushed_max: Option<i64>,
+    /// The flush period ([`Head::evict_idle`] calls so far) in which the
+    /// series was created or last stored a sample.
+    active_period: u64,
 }
 
 impl HeadSeries {
@@ -139,8 +178,17 @@ pub(crate) type FrozenSeries = (Arc<SeriesKey>, Vec<MemChunk>);
 
 #[derive(Debug)]
 pub(crate) struct Head {
+    /// Live series in ref order (creation order; eviction keeps the order).
     series: Vec<HeadSeries>,
+    /// Ref -> index in `series`.
+    slots: RefMap<u32>,
     by_key: HashMap<Arc<SeriesKey>, SeriesRef>,
+    /// The ref the next new series gets; refs are never reused.
+    next_ref: u32,
+    /// Flush periods so far: [`Self::evict_idle`] ends one.
+    period: u64,
+    /// When recent periods ended, oldest first.
+    period_ends: VecDeque<(u64, Instant)>,
     max_chunk_samples: u32,
     max_series: usize,
     ooo_window_ms: i64,
@@ -151,7 +199,11 @@ impl Head {
     pub(crate) fn new(max_chunk_samples: u32, max_series: usize, ooo_window_ms: i64) -> Self {
         Self {
             series: Vec::new(),
+            slots: RefMap::default(),
             by_key: HashMap::new(),
+            next_ref: 0,
+            period: 0,
+            period_ends: VecDeque::new(),
             max_chunk_samples: max_chunk_samples.max(1),
             max_series,
             ooo_window_ms: ooo_window_ms.max(0),
@@ -161,6 +213,20 @@ impl Head {
 
     pub(crate) fn lookup(&self, key: &SeriesKey) -> Option<SeriesRef> {
         self.by_key.get(key).copied()
+    }
+
+    /// The live series of `r`.
+    ///
+    /// # Panics
+    /// If `r` is not live (callers check with [`Self::contains`]).
+    fn get(&self, r: SeriesRef) -> &HeadSeries {
+        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        &self.series[i as usize]
+    }
+
+    fn get_mut(&mut self, r: SeriesRef) -> &mut HeadSeries {
+        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        &mut self.series[i as usize]
     }
 
     /// Returns the series' handle, creating the series if it is new.
@@ -173,9 +239,20 @@ impl Head {
                 limit: self.max_series,
             });
         }
-        let r = SeriesRef(self.series.len() as u32);
+        // 2^32 series created in one process (at a million new series an
+        // hour, 490 years) would exhaust the refs; refuse rather than reuse.
+        let Some(next) = self.next_ref.checked_add(1) else {
+            return Err(Error::SeriesLimit {
+                limit: self.max_series,
+            });
+        };
+        let r = SeriesRef(self.next_ref);
+        self.next_ref = next;
         let key = Arc::new(key);
+        self.slots.insert(r.0, self.series.len() as u32);
         self.series.push(HeadSeries {
+            r,
+            active_period: self.period,
             group: Arc::new(RollupGroup::of_series(&key)),
             rollup: SeriesRollup::default(),
             flushed_max: None,
@@ -192,48 +269,108 @@ impl Head {
     }
 
     pub(crate) fn key(&self, r: SeriesRef) -> &SeriesKey {
-        &self.series[r.0 as usize].key
+        &self.get(r).key
     }
 
     pub(crate) fn is_logged(&self, r: SeriesRef) -> bool {
-        self.series[r.0 as usize].logged
+        self.get(r).logged
     }
 
     pub(crate) fn set_logged(&mut self, r: SeriesRef) {
-        self.series[r.0 as usize].logged = true;
+        self.get_mut(r).logged = true;
     }
 
     /// Samples at or before `ts_ms` will be dropped as duplicates.
     pub(crate) fn raise_last_ts(&mut self, r: SeriesRef, ts_ms: i64) {
-        let s = &mut self.series[r.0 as usize];
+        let s = self.get_mut(r);
         s.last_ts = Some(s.last_ts.map_or(ts_ms, |t| t.max(ts_ms)));
     }
 
     /// The series has flushed samples up to `ts_ms` (WAL replay at open).
     pub(crate) fn raise_flushed(&mut self, r: SeriesRef, ts_ms: i64) {
-        let s = &mut self.series[r.0 as usize];
+        let s = self.get_mut(r);
         s.flushed_max = Some(s.flushed_max.map_or(ts_ms, |t| t.max(ts_ms)));
     }
 
     /// Whether a sample of `r` at `ts_ms` may duplicate a flushed one, so that
     /// [`Self::append_with`] will ask. Changes only at a freeze.
     pub(crate) fn maybe_flushed(&self, r: SeriesRef, ts_ms: i64) -> bool {
-        self.series[r.0 as usize]
-            .flushed_max
-            .is_some_and(|m| ts_ms <= m)
+        self.get(r).flushed_max.is_some_and(|m| ts_ms <= m)
     }
 
     /// Encodes a WAL series record for every series (their refs as WAL refs)
     /// and marks them all logged: the checkpoint that starts a WAL segment.
     pub(crate) fn checkpoint(&mut self, dst: &mut Vec<u8>) {
-        for (i, s) in self.series.iter_mut().enumerate() {
-            crate::wal::record::encode_series(dst, i as u32, &s.key);
+        for s in &mut self.series {
+            crate::wal::record::encode_series(dst, s.r.0, &s.key);
             s.logged = true;
         }
     }
 
+    /// Whether `r` names a live series.
     pub(crate) fn contains(&self, r: SeriesRef) -> bool {
-        (r.0 as usize) < self.series.len()
+        self.slots.contains_key(&r.0)
+    }
+
+    /// Whether this head ever handed out `r`: a ref that was issued but is
+    /// not [`Self::contains`] belongs to a series that was evicted.
+    pub(crate) fn was_issued(&self, r: SeriesRef) -> bool {
+        r.0 < self.next_ref
+    }
+
+    /// Ends a flush period (call at a flush, after [`Self::freeze`] and
+    /// [`Self::take_rollups`]) and evicts every series that stored no sample
+    /// since a flush at least `idle` before `now`, holding nothing unflushed
+    /// (no chunk, no out-of-order buffer, no rollup). With `idle` zero, that
+    /// is every series idle through the whole period before this one; a
+    /// series created in the period ending now always stays. Returns how
+    /// many left. Their refs are not reused; their samples are in segments.
+    pub(crate) fn evict_idle(&mut self, now: Instant, idle: Duration) -> usize {
+        self.period_ends.push_back((self.period, now));
+        self.period += 1;
+        // Series last active in a period that ended at least `idle` ago
+        // (before the one ending now) go.
+        let Some(idle_up_to) = self
+            .period_ends
+            .iter()
+            .take_while(|(p, end)| {
+                p + 1 < self.period && now.saturating_duration_since(*end) >= idle
+            })
+            .map(|(p, _)| *p)
+            .last()
+        else {
+            return 0;
+        };
+        while self
+            .period_ends
+            .front()
+            .is_some_and(|(p, _)| *p < idle_up_to)
+        {
+            self.period_ends.pop_front();
+        }
+        let before = self.series.len();
+        let by_key = &mut self.by_key;
+        self.series.retain(|s| {
+            let holds = !s.closed.is_empty()
+                || s.open.count() > 0
+                || !s.ooo.is_empty()
+                || !s.rollup.is_empty();
+            let keep = s.active_period > idle_up_to || holds;
+            if !keep {
+                by_key.remove(&s.key);
+            }
+            keep
+        });
+        let evicted = before - self.series.len();
+        if evicted > 0 {
+            self.slots.clear();
+            for (i, s) in self.series.iter().enumerate() {
+                self.slots.insert(s.r.0, i as u32);
+            }
+            self.slots.shrink_to_fit();
+            self.by_key.shrink_to_fit();
+        }
+        evicted
     }
 
     /// Appends one sample under the ordering policy in the module docs.
@@ -257,8 +394,9 @@ impl Head {
         fold: bool,
         flushed: impl FnOnce(&SeriesKey, i64) -> bool,
     ) -> Appended {
-        let max = self.max_chunk_samples;
-        let s = &mut self.series[r.0 as usize];
+        let (max, period) = (self.max_chunk_samples, self.period);
+        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        let s = &mut self.series[i as usize];
         if let Some(last) = s.last_ts
             && ts_ms <= last
         {
@@ -280,6 +418,7 @@ impl Head {
             if s.ooo.len() >= max as usize {
                 s.seal_ooo();
             }
+            s.active_period = period;
             self.samples += 1;
             return Appended::OutOfOrder;
         }
@@ -291,6 +430,7 @@ impl Head {
         }
         s.open.append(ts_ms, value);
         s.last_ts = Some(ts_ms);
+        s.active_period = period;
         if fold {
             s.rollup.add(ts_ms, value);
         }
@@ -525,4 +665,108 @@ mod tests {
         // An existing series is still found at the limit.
         assert!(h.get_or_create(key("1")).is_ok());
     }
+
+    /// Issue #14: a series idle through a flush leaves the head at the next
+    /// one; the limit then counts live series only, and refs are never
+    /// reused (a stale ref is told from one never issued).
+    #[test]
+    fn idle_series_leave_and_refs_are_not_reused() {
+        let mut h = Head::new(100, 2, 0);
+        let a = h.get_or_create(key("a")).unwrap();
+        let b = h.get_or_create(key("b")).unwrap();
+        h.append(a, 1, 1.0);
+        // Flush 1: a took a sample, b is new: both stay.
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
+        h.append(a, 2, 2.0);
+        // Flush 2: a is active, b took nothing since flush 1: b leaves.
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
+        assert!(h.contains(a) && !h.contains(b) && h.was_issued(b));
+        assert_eq!(h.lookup(&key("b")), None);
+        assert_eq!(h.num_series(), 1);
+        // Room for one more (limit - 1 live, then limit, then limit + 1).
+        let c = h.get_or_create(key("c")).unwrap();
+        assert!(matches!(
+            h.get_or_create(key("d")),
+            Err(Error::SeriesLimit { limit: 2 })
+        ));
+        assert_ne!(c, b, "refs are never reused");
+        assert!(!h.was_issued(SeriesRef(c.0 + 1)));
+        // The checkpoint names the live series under their own refs.
+        let mut cp = Vec::new();
+        h.checkpoint(&mut cp);
+        let mut pos = 0;
+        let mut named = Vec::new();
+        while pos < cp.len() {
+            let (rec, len) = crate::wal::record::decode(&cp[pos..]).unwrap();
+            if let crate::wal::record::Record::Series { wal_ref, key } = rec {
+                named.push((wal_ref, key));
+            }
+            pos += len;
+        }
+        assert_eq!(named, [(a.0, key("a")), (c.0, key("c"))]);
+        // Samples after the eviction land on the right series.
+        assert_eq!(h.append(c, 5, 5.0), Appended::InOrder);
+        let mut seen = Vec::new();
+        h.for_each_series(
+            |_| true,
+            |k, ch| seen.push((k.as_ref().clone(), decode_all(&ch))),
+        );
+        assert_eq!(seen, [(key("c"), vec![(5, 5.0)])]);
+        // Flush 3 and 4 with no samples: both leave; nothing is left.
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(
+            h.evict_idle(Instant::now(), Duration::ZERO),
+            1,
+            "a took no sample since flush 2"
+        );
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
+        assert_eq!(h.num_series(), 0);
+        let b2 = h.get_or_create(key("b")).unwrap();
+        assert!(b2.0 > c.0, "a series that comes back gets a new ref");
+    }
+
+    /// With a minimum idle time, back-to-back flushes evict nothing: a
+    /// series goes once its last sample is behind a flush that long ago.
+    #[test]
+    fn idle_time_is_measured_from_the_flush_after_the_last_sample() {
+        let mut h = Head::new(100, 10, 0);
+        let a = h.get_or_create(key("a")).unwrap();
+        h.append(a, 1, 1.0);
+        let t0 = Instant::now();
+        let idle = Duration::from_secs(600);
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        for s in [0, 1, 2, 300, 599] {
+            h.freeze();
+            h.take_rollups();
+            assert_eq!(h.evict_idle(at(s), idle), 0, "{s} s after");
+        }
+        // The sample came before the flush at 0 s; 600 s later it goes.
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(at(600), idle), 1);
+        assert!(!h.contains(a));
+    }
+
+    /// A series with samples not yet frozen is never evicted, whatever its
+    /// flags say (the freeze is what empties it).
+    #[test]
+    fn a_series_holding_samples_stays() {
+        let mut h = Head::new(100, 10, 0);
+        let a = h.get_or_create(key("a")).unwrap();
+        h.append(a, 1, 1.0);
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
+        // No freeze in between: the sample is still in the head.
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
+        assert!(h.contains(a));
+    }
 }
+
+#[cfg(test)]
+mod churn_tests;
