@@ -180,7 +180,9 @@ impl PgWireServerHandlers for Handlers {
     }
 
     fn error_handler(&self) -> Arc<impl ErrorHandler> {
-        Arc::new(SqlStateErrors)
+        Arc::new(SqlStateErrors {
+            guard: self.service.guard.clone(),
+        })
     }
 
     fn cancel_handler(&self) -> Arc<impl CancelHandler> {
@@ -514,13 +516,23 @@ impl QueryHook for ReadOnlyHook {
 
 /// Gives DataFusion and parser errors a PostgreSQL SQLSTATE and the same
 /// message as the HTTP API; other errors keep pgwire's mapping.
-struct SqlStateErrors;
+struct SqlStateErrors {
+    guard: Arc<QueryGuard>,
+}
 
 impl ErrorHandler for SqlStateErrors {
     fn on_error<C>(&self, _client: &C, error: &mut PgWireError)
     where
         C: ClientInfo,
     {
+        // A query past its memory pool: 53200, counted as over HTTP.
+        if let PgWireError::ApiError(e) = error
+            && let Some(e) = e.downcast_ref::<DataFusionError>()
+            && let Some(r) = self.guard.memory_refusal(e)
+        {
+            *error = refusal_error(&r);
+            return;
+        }
         with_sqlstate(error);
     }
 }
