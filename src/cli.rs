@@ -207,6 +207,15 @@ pub(crate) struct NodeArgs {
     /// never spill to disk.
     #[arg(long, env = "GPULSE_QUERY_MEMORY_LIMIT", default_value = "1GiB", value_parser = parse_size)]
     pub(crate) query_memory_limit: u64,
+    /// Most samples one PromQL query may load from storage plus the points
+    /// it produces (Prometheus's --query.max-samples): 422 `execution`.
+    #[arg(long, env = "GPULSE_QUERY_MAX_SAMPLES", default_value = "50000000", value_parser = positive_count)]
+    pub(crate) query_max_samples: u64,
+    /// Most live series in the head; a batch that would create a series past
+    /// it is refused (gRPC batch Reject, remote write 400). Series that took
+    /// no sample since the previous flush leave the head at a flush.
+    #[arg(long, env = "GPULSE_MAX_SERIES", default_value = "5000000", value_parser = positive_count)]
+    pub(crate) max_series: u64,
     /// How often the in-memory head is sealed into a segment file (and the
     /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]

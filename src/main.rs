@@ -138,6 +138,11 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
             max_concurrent: usize::try_from(node.max_concurrent_queries).unwrap_or(usize::MAX),
             memory_limit: usize::try_from(node.query_memory_limit).unwrap_or(usize::MAX),
         },
+        prom: query::promql::PromLimits {
+            max_samples: usize::try_from(node.query_max_samples).unwrap_or(usize::MAX),
+            ..query::promql::PromLimits::default()
+        },
+        max_series: usize::try_from(node.max_series).unwrap_or(usize::MAX),
         flush_interval: node.flush_interval,
         retention: Some(node.retention),
         retention_1m: Some(node.retention_1m),

@@ -29,6 +29,10 @@ pub(crate) struct ServeConfig {
     pub(crate) limits: query::ResultLimits,
     /// Length, depth, time, concurrency and memory of queries.
     pub(crate) query: query::limits::QueryLimits,
+    /// PromQL's cap on samples held (`--query-max-samples`).
+    pub(crate) prom: query::promql::PromLimits,
+    /// Most live series in the head (`--max-series`).
+    pub(crate) max_series: usize,
     pub(crate) flush_interval: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
@@ -207,6 +211,7 @@ impl Server {
         storage_config.retention_1h = config.retention_1h;
         storage_config.retention_1d = config.retention_1d;
         storage_config.ooo_window = config.ooo_window;
+        storage_config.max_series = config.max_series;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
@@ -316,7 +321,7 @@ impl Server {
                     ),
                     query::promql::PromEngine::with_cluster(
                         reader.clone(),
-                        query::promql::PromLimits::default(),
+                        config.prom,
                     ),
                     query::remote::router_with_cluster(
                         reader,
@@ -328,7 +333,7 @@ impl Server {
             }
             _ => (
                 query::QueryEngine::with_limits(storage.clone(), config.limits),
-                query::promql::PromEngine::new(storage.clone()),
+                query::promql::PromEngine::with_limits(storage.clone(), config.prom),
                 query::remote::router(storage.clone(), remote_limits, remote_metrics.clone()),
                 None,
             ),
