@@ -212,8 +212,9 @@ pub(crate) struct NodeArgs {
     #[arg(long, env = "GPULSE_QUERY_MAX_SAMPLES", default_value = "50000000", value_parser = positive_count)]
     pub(crate) query_max_samples: u64,
     /// Most live series in the head; a batch that would create a series past
-    /// it is refused (gRPC batch Reject, remote write 400). Series that took
-    /// no sample since the previous flush leave the head at a flush.
+    /// it is refused (gRPC batch Reject, remote write 400). A series idle for
+    /// 15 minutes with nothing unflushed leaves the head at the next flush,
+    /// so the limit counts live series.
     #[arg(long, env = "GPULSE_MAX_SERIES", default_value = "5000000", value_parser = positive_count)]
     pub(crate) max_series: u64,
     /// How often the in-memory head is sealed into a segment file (and the
