@@ -226,6 +226,10 @@ pub(crate) struct NodeArgs {
     /// survives a crash of the process (kill -9) but not of the machine.
     #[arg(long, env = "GPULSE_WAL_FSYNC")]
     pub(crate) wal_fsync: bool,
+    /// Span of time, aligned to the Unix epoch, whose segments (and rollup
+    /// files) compaction merges into one once a later flush has moved past it.
+    #[arg(long, env = "GPULSE_COMPACTION_WINDOW", default_value = "2h", value_parser = duration)]
+    pub(crate) compaction_window: Duration,
     /// Delete raw samples older than this; their 1 min / 1 h / 1 d rollups stay.
     #[arg(long, env = "GPULSE_RETENTION", default_value = "7d", value_parser = duration)]
     pub(crate) retention: Duration,

@@ -34,6 +34,8 @@ pub(crate) struct ServeConfig {
     /// Most live series in the head (`--max-series`).
     pub(crate) max_series: usize,
     pub(crate) flush_interval: Duration,
+    /// Segments and rollup files of one such span are merged (`--compaction-window`).
+    pub(crate) compaction_window: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
     pub(crate) retention: Option<Duration>,
     pub(crate) retention_1m: Option<Duration>,
@@ -211,6 +213,7 @@ impl Server {
         storage_config.retention_1h = config.retention_1h;
         storage_config.retention_1d = config.retention_1d;
         storage_config.ooo_window = config.ooo_window;
+        storage_config.compaction_window = config.compaction_window;
         storage_config.max_series = config.max_series;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
