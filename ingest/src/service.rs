@@ -521,6 +521,63 @@ impl IngestService {
     }
 }
 
+impl IngestService {
+    /// Test seam for the `ingest_stream` fuzz target (fuzz/): runs one agent
+    /// stream over `messages` with no network, as [`Ingest::stream`] does:
+    /// the first message must be a hello, then batches are stored and
+    /// answered, backlogs noted, and a second hello or an empty message ends
+    /// the stream with an error. Returns the replies sent before the stream
+    /// ended, and how it ended. Not an API: use the gRPC service.
+    #[doc(hidden)]
+    pub fn run_messages(
+        &self,
+        messages: impl IntoIterator<Item = AgentMessage>,
+    ) -> (Vec<IngestReply>, Result<(), Status>) {
+        let mut replies = Vec::new();
+        let mut messages = messages.into_iter();
+        let hello = match messages.next() {
+            Some(AgentMessage {
+                msg: Some(agent_message::Msg::Hello(h)),
+            }) => h,
+            Some(_) => {
+                let e = Status::invalid_argument("the first message of a stream must be a hello");
+                return (replies, Err(e));
+            }
+            None => return (replies, Ok(())),
+        };
+        let mut state = match self.open_stream(&hello) {
+            Ok(s) => s,
+            Err(e) => {
+                self.metrics.streams_bad_hello.fetch_add(1, Relaxed);
+                return (replies, Err(e));
+            }
+        };
+        self.storage
+            .inventory()
+            .observe(inventory(&hello), now_ms());
+        for msg in messages {
+            match msg.msg {
+                Some(agent_message::Msg::Batch(batch)) => match self.on_batch(&mut state, batch) {
+                    Ok(reply) => replies.push(reply),
+                    Err(e) => return (replies, Err(e)),
+                },
+                Some(agent_message::Msg::Backlog(_)) => {}
+                Some(agent_message::Msg::Hello(_)) => {
+                    let e = Status::invalid_argument("hello sent twice on one stream");
+                    return (replies, Err(e));
+                }
+                None => {
+                    return (
+                        replies,
+                        Err(Status::invalid_argument("empty agent message")),
+                    );
+                }
+            }
+        }
+        (replies, Ok(()))
+    }
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
