@@ -66,8 +66,13 @@ impl Node {
             } else {
                 &["--retention", "36500d"][..]
             })
-            .args(["--retention-1m", "36500d"])
-            .args(["--retention-1h", "36500d", "--retention-1d", "36500d"])
+            // The rollup tiers likewise, unless the test sets its own.
+            .args(
+                ["--retention-1m", "--retention-1h", "--retention-1d"]
+                    .into_iter()
+                    .filter(|flag| !extra.contains(flag))
+                    .flat_map(|flag| [flag, "36500d"]),
+            )
             .env("RUST_LOG", "info")
             .stdout(Stdio::piped())
             .stderr(
