@@ -107,7 +107,7 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     );
 
     let s = m.storage.metrics();
-    let counters: [(&str, &str, &AtomicU64); 17] = [
+    let counters: [(&str, &str, &AtomicU64); 18] = [
         (
             "gpulse_storage_flush_failures_total",
             "Flushes that failed (I/O: retried by the next flush; data a writer refused: set aside in quarantine/).",
@@ -162,6 +162,11 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
             "gpulse_storage_segments_expired_total",
             "Segments deleted by retention.",
             &s.segments_expired,
+        ),
+        (
+            "gpulse_storage_rollup_merges_total",
+            "Rollup files written by merges (compaction, and retention of the 1-minute tier).",
+            &s.rollup_compactions,
         ),
         (
             "gpulse_storage_segments_quarantined_total",

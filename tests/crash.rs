@@ -357,9 +357,10 @@ struct Shared {
 }
 
 /// Counters of `/metrics` that the upkeep-on test watches.
-const WATCHED: [&str; 9] = [
+const WATCHED: [&str; 10] = [
     "gpulse_storage_flushes_total",
     "gpulse_storage_compactions_total",
+    "gpulse_storage_rollup_merges_total",
     "gpulse_storage_segments_expired_total",
     "gpulse_storage_flush_failures_total",
     "gpulse_storage_segments_quarantined_total",
@@ -590,6 +591,8 @@ struct Expected {
     /// Batches below this are absent and past the retention: never looked
     /// at again.
     gone: usize,
+    /// 1-minute rollup windows absent at the last check, past their retention.
+    expired_1m: usize,
 }
 
 impl Expected {
@@ -781,6 +784,9 @@ fn check_upkeep(node: &Node, shared: &Shared, exp: &mut Expected, what: &str) ->
                     "{what}: {g:?} is not the fold {sure:?} of its stored samples"
                 );
             }
+            if t == 0 && level == "gpu" {
+                exp.expired_1m = windows.len();
+            }
             for ws in windows {
                 assert!(
                     expired(ws),
@@ -853,8 +859,16 @@ fn acked_samples_survive_sigkill_with_upkeep() {
         node = start(&shared);
         drain(&shared, &writer);
         let what = format!("kill {} of {kills} (seed {seed:#x})", round + 1);
-        check_upkeep(&node, &shared, &mut exp, &what);
+        let present = check_upkeep(&node, &shared, &mut exp, &what);
         shared.control.lock().unwrap().pause = false;
+        if (round + 1) % 25 == 0 {
+            eprintln!(
+                "crash with upkeep: {what}: {:.0?}, {} batches sent, {present} there, {} expired",
+                started.elapsed(),
+                shared.ledger.lock().unwrap().ts.len(),
+                exp.gone
+            );
+        }
     }
     // The end: stop the writer with every batch answered, kill once more
     // with nothing in flight, and check again.
@@ -882,14 +896,16 @@ fn acked_samples_survive_sigkill_with_upkeep() {
     let c = |name: &str| shared.counter(name);
     let summary = format!(
         "{kills} kills in {:.0?}: {sent} batches ({} samples) sent, {acked} acked, {refused} refused, \
-         {present} batches present at the end ({} expired); {} admin flushes; flushes {}, \
-         compactions {}, segments expired {}",
+         {present} batches present at the end ({} expired, and {} 1-minute rollup windows); \
+         {} admin flushes; flushes {}, compactions {}, rollup merges {}, segments expired {}",
         started.elapsed(),
         sent * SERIES as usize,
         exp.gone,
+        exp.expired_1m,
         shared.admin_flushes.load(Ordering::Relaxed),
         c("gpulse_storage_flushes_total"),
         c("gpulse_storage_compactions_total"),
+        c("gpulse_storage_rollup_merges_total"),
         c("gpulse_storage_segments_expired_total"),
     );
     eprintln!("crash with upkeep (seed {seed:#x}): {summary}");
@@ -903,6 +919,7 @@ fn acked_samples_survive_sigkill_with_upkeep() {
     for moved in [
         "gpulse_storage_flushes_total",
         "gpulse_storage_compactions_total",
+        "gpulse_storage_rollup_merges_total",
         "gpulse_storage_segments_expired_total",
     ] {
         assert!(c(moved) > 0, "{moved} never moved: {summary}");
