@@ -25,15 +25,13 @@
 //! reads back, now and after a restart. If even the cut-back fails, the file
 //! is closed and the next batch starts a new one.
 
-#[cfg(test)]
-pub(crate) mod fault;
-
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use fileio::FileIo;
 use gpulse_proto::v1::{Batch, SeriesDef};
 use prost::Message;
 use tracing::{error, info, warn};
@@ -51,32 +49,6 @@ const FRAME_LEN: usize = 8;
 const MAX_RECORD_BYTES: usize = 64 << 20;
 /// Sequence numbers reserved per state write.
 const SEQ_BLOCK: u64 = 100_000;
-
-/// The spool's file writes: plain `std::fs` calls, which tests route through
-/// a [`fault::Fault`] that cuts writes short with `ENOSPC`.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct FileIo {
-    #[cfg(test)]
-    pub(crate) fault: Option<std::sync::Arc<fault::Fault>>,
-}
-
-impl FileIo {
-    fn write_all(&self, f: &mut File, bytes: &[u8]) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(fault) = &self.fault {
-            return fault.write_all(f, bytes);
-        }
-        f.write_all(bytes)
-    }
-
-    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(fault) = &self.fault {
-            fault.check_set_len()?;
-        }
-        f.set_len(len)
-    }
-}
 
 /// A batch the agent holds until ingest acks it. `ids` index the shipper's
 /// series table.

@@ -19,8 +19,6 @@
 //! replay on their own; once the flushed segment file is durable, every WAL
 //! segment before the cut is deleted.
 
-#[cfg(test)]
-pub(crate) mod fault;
 pub mod record;
 
 use std::fs::{self, File, OpenOptions};
@@ -31,6 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::thread::JoinHandle;
 
 use crossbeam::channel::{Receiver, Sender, bounded, unbounded};
+use fileio::FileIo;
 use tracing::{error, warn};
 
 use crate::files::{self, WAL_DIR};
@@ -76,32 +75,6 @@ pub(crate) struct Wal {
     thread: Option<JoinHandle<()>>,
     /// Writes that failed (disk full, I/O error) and were refused.
     write_errors: Arc<AtomicU64>,
-}
-
-/// The file operations of the writer thread: plain `std::fs` calls, which
-/// tests route through a [`fault::Fault`] that cuts writes short with `ENOSPC`.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct FileIo {
-    #[cfg(test)]
-    pub(crate) fault: Option<Arc<fault::Fault>>,
-}
-
-impl FileIo {
-    fn write_all(&self, f: &mut File, bytes: &[u8]) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(fault) = &self.fault {
-            return fault.write_all(f, bytes);
-        }
-        f.write_all(bytes)
-    }
-
-    fn set_len(&self, f: &File, len: u64) -> io::Result<()> {
-        #[cfg(test)]
-        if let Some(fault) = &self.fault {
-            fault.check_set_len()?;
-        }
-        f.set_len(len)
-    }
 }
 
 /// A copy of `e` for each waiting writer; an OS error keeps its code

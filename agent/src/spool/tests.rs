@@ -232,7 +232,7 @@ fn issue_14_enospc_mid_record_loses_no_stored_batch() {
         for budget in 0..one + HEADER_LEN + 2 {
             let ctx = format!("file_bytes {file_bytes}, budget {budget}");
             let dir = tempfile::tempdir().unwrap();
-            let fault = std::sync::Arc::new(fault::Fault::default());
+            let fault = std::sync::Arc::new(fileio::Fault::default());
             let mut s = open(dir.path(), 1 << 20, file_bytes).spool;
             s.io.fault = Some(fault.clone());
             let mut stored = Vec::new();
@@ -297,7 +297,7 @@ fn issue_14_enospc_mid_record_loses_no_stored_batch() {
 #[test]
 fn issue_14_failed_cut_back_starts_a_new_file() {
     let dir = tempfile::tempdir().unwrap();
-    let fault = std::sync::Arc::new(fault::Fault::default());
+    let fault = std::sync::Arc::new(fileio::Fault::default());
     let mut s = open(dir.path(), 1 << 20, 1 << 20).spool;
     s.io.fault = Some(fault.clone());
     for seq in 1..=2 {

@@ -229,7 +229,7 @@ fn issue_14_enospc_mid_record_loses_no_acked_record() {
     let (probe, _) = samples_record(3);
     for budget in 0..probe.len() as u64 + 3 {
         let dir = tempfile::tempdir().unwrap();
-        let fault = Arc::new(fault::Fault::default());
+        let fault = Arc::new(fileio::Fault::default());
         let io = FileIo {
             fault: Some(fault.clone()),
         };
@@ -281,7 +281,7 @@ fn issue_14_enospc_mid_record_loses_no_acked_record() {
 #[test]
 fn issue_14_failed_cut_back_rolls_to_a_new_segment() {
     let dir = tempfile::tempdir().unwrap();
-    let fault = Arc::new(fault::Fault::default());
+    let fault = Arc::new(fileio::Fault::default());
     let io = FileIo {
         fault: Some(fault.clone()),
     };
@@ -331,7 +331,7 @@ fn issue_14_failed_cut_back_rolls_to_a_new_segment() {
 #[test]
 fn issue_14_failed_cut_keeps_the_open_segment() {
     let dir = tempfile::tempdir().unwrap();
-    let fault = Arc::new(fault::Fault::default());
+    let fault = Arc::new(fileio::Fault::default());
     let io = FileIo {
         fault: Some(fault.clone()),
     };
