@@ -610,6 +610,20 @@ impl Expected {
     }
 }
 
+/// Files a killed node left half written (`*.tmp` of a segment or rollup
+/// file): the kill landed in a flush, a compaction or a rollup merge.
+fn half_written(data: &std::path::Path) -> usize {
+    ["segments", "rollups"]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(data.join(d)).ok())
+        .flatten()
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        })
+        .count()
+}
+
 /// Pauses the writer and waits until every batch it sent has an answer.
 fn drain(shared: &Shared, writer: &std::thread::JoinHandle<()>) {
     let epoch = {
@@ -850,12 +864,31 @@ fn acked_samples_survive_sigkill_with_upkeep() {
     let agent = http_agent();
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut exp = Expected::default();
+    let mut mid_write_kills = 0;
     for round in 0..kills {
         // Up to 1.5 s: kills land in periodic flushes (every second), in
         // admin flushes, in compactions and retention rounds, and in ingest.
         std::thread::sleep(Duration::from_millis(rng.random_range(30..1500)));
         shared.scrape(&agent);
+        // Every third kill aims at an upkeep round: an admin flush is asked
+        // for, and the node is killed 0 to 40 ms later, while it flushes,
+        // compacts, merges rollup files or applies retention.
+        if round % 3 == 2 {
+            let url = format!("{}/api/v1/admin/flush", shared.endpoint().http);
+            let agent = agent.clone();
+            std::thread::spawn(move || {
+                // The node dies under this request: no answer is expected.
+                let _ = agent
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .send_empty();
+            });
+            std::thread::sleep(Duration::from_millis(rng.random_range(0..40)));
+        }
         node.kill9();
+        if half_written(&data) > 0 {
+            mid_write_kills += 1;
+        }
         node = start(&shared);
         drain(&shared, &writer);
         let what = format!("kill {} of {kills} (seed {seed:#x})", round + 1);
@@ -894,10 +927,14 @@ fn acked_samples_survive_sigkill_with_upkeep() {
         (l.ts.len(), count(Fate::Acked), count(Fate::Refused))
     };
     let c = |name: &str| shared.counter(name);
+    // Kills between a merge's rename and the deletion of its sources.
+    let log = std::fs::read_to_string(data.with_extension("log")).unwrap_or_default();
+    let leftover_sources = log.matches("leftover source").count();
     let summary = format!(
         "{kills} kills in {:.0?}: {sent} batches ({} samples) sent, {acked} acked, {refused} refused, \
          {present} batches present at the end ({} expired, and {} 1-minute rollup windows); \
-         {} admin flushes; flushes {}, compactions {}, rollup merges {}, segments expired {}",
+         {} admin flushes; flushes {}, compactions {}, rollup merges {}, segments expired {}; \
+         {mid_write_kills} kills left a half-written file, {leftover_sources} a merge's sources",
         started.elapsed(),
         sent * SERIES as usize,
         exp.gone,
@@ -909,6 +946,16 @@ fn acked_samples_survive_sigkill_with_upkeep() {
         c("gpulse_storage_segments_expired_total"),
     );
     eprintln!("crash with upkeep (seed {seed:#x}): {summary}");
+    // Nothing was found corrupt or set aside.
+    let quarantined: Vec<_> = std::fs::read_dir(data.join("quarantine"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok().map(|e| e.file_name()))
+        .collect();
+    assert!(
+        quarantined.is_empty(),
+        "quarantine/ holds {quarantined:?}: {summary}"
+    );
     let errors = shared.admin_errors.lock().unwrap().clone();
     assert!(errors.is_empty(), "admin flushes failed: {errors:?}");
     assert!(
