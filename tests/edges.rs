@@ -13,40 +13,7 @@ use gpulse_proto::prometheus::{Label as PromLabel, Sample, TimeSeries, WriteRequ
 use gpulse_proto::v1::{AgentMessage, Batch, Hello, Label, SeriesDef, agent_message, ingest_reply};
 use prost::Message;
 
-use crate::support::{Node, open_stream};
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .build()
-        .into()
-}
-
-/// POSTs `body` to `path` with `headers`; (status, body).
-fn post(node: &Node, path: &str, headers: &[(&str, &str)], body: &[u8]) -> (u16, String) {
-    let mut req = agent().post(&format!("{}{path}", node.http_url));
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let mut resp = req.send(body).expect("HTTP request");
-    (
-        resp.status().as_u16(),
-        resp.body_mut().read_to_string().unwrap_or_default(),
-    )
-}
-
-const PROTOBUF: &[(&str, &str)] = &[
-    ("content-type", "application/x-protobuf"),
-    ("content-encoding", "snappy"),
-    ("x-prometheus-remote-write-version", "0.1.0"),
-];
+use crate::support::{Node, PROTOBUF, http, now_ms, open_stream, post};
 
 /// A snappy-compressed remote-write body of one series `name` (plus
 /// `labels`) with `samples`.
@@ -77,7 +44,7 @@ fn write_body(name: &str, labels: &[(&str, &str)], samples: &[(i64, f64)]) -> Ve
 
 /// The value of the metric line that starts with `line` (name and labels).
 fn metric(node: &Node, line: &str) -> u64 {
-    let mut resp = agent()
+    let mut resp = http()
         .get(&format!("{}/metrics", node.http_url))
         .call()
         .unwrap();

@@ -305,3 +305,52 @@ impl Fold {
         out
     }
 }
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// An HTTP client that hands error statuses back as answers.
+pub(crate) fn http() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// POSTs `body` to `path` of `node` with `headers`: (status, body). Status
+/// 0 when the server closed the connection instead (a body it refuses).
+pub(crate) fn post(
+    node: &Node,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
+    let mut req = http().post(&format!("{}{path}", node.http_url));
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    match req.send(body) {
+        Ok(mut resp) => (
+            resp.status().as_u16(),
+            resp.body_mut()
+                .with_config()
+                .limit(64 << 20)
+                .read_to_string()
+                .unwrap_or_default(),
+        ),
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+/// The headers of a Prometheus remote-write request.
+pub(crate) const PROTOBUF: &[(&str, &str)] = &[
+    ("content-type", "application/x-protobuf"),
+    ("content-encoding", "snappy"),
+    ("x-prometheus-remote-write-version", "0.1.0"),
+];
