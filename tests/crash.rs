@@ -903,9 +903,27 @@ fn acked_samples_survive_sigkill_with_upkeep() {
             );
         }
     }
+    // A short run on a fast machine may end before the first segment has
+    // passed the retention: go on ingesting (and flushing) until upkeep has
+    // compacted, merged rollup files and expired a segment, or the time is
+    // up (then the assertions below fail).
+    std::thread::sleep(Duration::from_millis(300));
+    let upkept = || {
+        [
+            "gpulse_storage_compactions_total",
+            "gpulse_storage_rollup_merges_total",
+            "gpulse_storage_segments_expired_total",
+        ]
+        .iter()
+        .all(|name| shared.counter(name) > 0)
+    };
+    let deadline = Duration::from_millis(RETENTION_MS as u64 * 2 + 60_000);
+    while !upkept() && started.elapsed() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        shared.scrape(&agent);
+    }
     // The end: stop the writer with every batch answered, kill once more
     // with nothing in flight, and check again.
-    std::thread::sleep(Duration::from_millis(300));
     shared.control.lock().unwrap().stop = true;
     writer.join().expect("writer");
     shared.scrape(&agent);
