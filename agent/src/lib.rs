@@ -173,7 +173,10 @@ pub async fn run_with_metrics(
         move |tx, stop, counters| {
             std::thread::Builder::new()
                 .name("gpulse-sampler".into())
-                .spawn(move || sample_loop(source, tx, interval, max_polls, &stop, &counters))
+                .spawn(move || {
+                    let sleep = std::thread::sleep;
+                    sample_loop(source, tx, interval, max_polls, &stop, &counters, sleep)
+                })
         },
     )
     .await?;
@@ -259,7 +262,8 @@ enum Delivery {
 }
 
 /// Polls `source` on a fixed schedule (`start + k * interval`), never
-/// blocking on the queue: a full queue drops the poll and counts it.
+/// blocking on the queue: a full queue drops the poll and counts it. Waits
+/// for the next tick with `sleep` (`std::thread::sleep`; tests oversleep).
 fn sample_loop(
     mut source: Box<dyn GpuSource>,
     tx: mpsc::Sender<Poll>,
@@ -267,23 +271,31 @@ fn sample_loop(
     max_polls: Option<u64>,
     stop: &AtomicBool,
     counters: &AgentMetrics,
+    mut sleep: impl FnMut(Duration),
 ) {
     let start = Instant::now();
     let mut k: u32 = 0;
+    let mut last_ts_ms = i64::MIN;
     let mut last_drop_log = Instant::now() - Duration::from_secs(60);
     while !stop.load(Relaxed) && max_polls.is_none_or(|m| counters.polls.load(Relaxed) < m) {
         let due = start + interval * k;
         let now = Instant::now();
         if due > now {
             // Sleep in short steps so that shutdown is prompt at long intervals.
-            std::thread::sleep((due - now).min(Duration::from_millis(100)));
+            sleep((due - now).min(Duration::from_millis(100)));
             continue;
         }
         k += 1;
-        let ts_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
+        // Never two polls in one millisecond: each series would get two
+        // values at one timestamp, and storage keeps only the first. A tick
+        // can fall within a millisecond of a late one, however they are
+        // scheduled, so wait for the clock to move on (under a millisecond).
+        let mut ts_ms = wall_clock_ms();
+        while ts_ms == last_ts_ms {
+            std::thread::sleep(Duration::from_micros(100));
+            ts_ms = wall_clock_ms();
+        }
+        last_ts_ms = ts_ms;
         let mut readings =
             Vec::with_capacity(source.inventory().len() * catalog::Metric::ALL.len());
         let sampled = source.sample(&mut readings);
@@ -306,9 +318,26 @@ fn sample_loop(
             }
             Err(mpsc::error::TrySendError::Closed(_)) => return,
         }
-        // After a stall (suspended process, slow NVML), skip the missed ticks
-        // instead of sampling in a burst.
-        let behind = start.elapsed().as_nanos() / interval.as_nanos().max(1);
-        k = k.max(behind as u32);
+        // After a stall (suspended process, slow NVML, a late wake-up), skip
+        // the missed ticks instead of sampling in a burst.
+        k = next_tick(k, start.elapsed(), interval);
     }
 }
+
+/// The tick to poll after a poll that ended `elapsed` after the start: `k`,
+/// unless it is already due (the poll was more than an interval late), then
+/// the first tick still ahead.
+fn next_tick(k: u32, elapsed: Duration, interval: Duration) -> u32 {
+    let due = elapsed.as_nanos() / interval.as_nanos().max(1);
+    k.max(u32::try_from(due + 1).unwrap_or(u32::MAX))
+}
+
+fn wall_clock_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests;
