@@ -322,10 +322,7 @@ impl Server {
                         config.limits,
                         reader.clone(),
                     ),
-                    query::promql::PromEngine::with_cluster(
-                        reader.clone(),
-                        config.prom,
-                    ),
+                    query::promql::PromEngine::with_cluster(reader.clone(), config.prom),
                     query::remote::router_with_cluster(
                         reader,
                         remote_limits,
