@@ -1,0 +1,1 @@
+SELECT metric, avg(value) FROM samples WHERE ts > now() - INTERVAL '1 hour' GROUP BY metric

@@ -1,0 +1,1 @@
+SELECT * FROM rollup(now() - INTERVAL '1 day', now(), INTERVAL '1 hour') LIMIT 1

@@ -1,0 +1,1 @@
+SELECT * FROM pg_catalog.pg_tables

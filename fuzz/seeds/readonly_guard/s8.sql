@@ -1,0 +1,1 @@
+EXPLAIN ANALYZE SELECT count(*) FROM samples
