@@ -355,14 +355,25 @@ impl Storage {
             .write(true)
             .open(&lock_path)
             .map_err(|e| Error::io(&lock_path, e))?;
-        match lock.try_lock() {
-            Ok(()) => {}
-            Err(fs::TryLockError::WouldBlock) => {
-                return Err(Error::Locked {
-                    path: config.data_dir.clone(),
-                });
+        // A lock held a moment longer than its holder (a process that is
+        // exiting, or a child forked by another thread that has not yet
+        // exec'd and so not yet closed the inherited descriptor) is waited
+        // for, briefly; a directory in use by a running node is refused.
+        let mut tries = 0;
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if tries < 20 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(Error::Locked {
+                        path: config.data_dir.clone(),
+                    });
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
             }
-            Err(fs::TryLockError::Error(e)) => return Err(Error::io(&lock_path, e)),
         }
         let metrics = StorageMetrics::default();
         let started = Instant::now();
