@@ -48,7 +48,15 @@ pub mod fuzzing {
 
     /// Reads `bytes` as an Arrow IPC stream of a peer's select answer, as
     /// the reader takes Flight data; true if every batch is accepted.
+    ///
+    /// A node gets a peer's answer as Flight messages, each bounded by the
+    /// gRPC message limit before Arrow sees it. A raw IPC stream carries
+    /// its own lengths instead, so they are checked against the input
+    /// first: Arrow's reader allocates what a length prefix declares.
     pub fn answer(bytes: &[u8]) -> bool {
+        if !ipc_lengths_fit(bytes) {
+            return false;
+        }
         let Ok(reader) =
             arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
         else {
@@ -62,6 +70,52 @@ pub mod fuzzing {
             }
         }
         let _ = decoder.finish();
+        true
+    }
+
+    /// Whether every message of the IPC stream `bytes` (continuation
+    /// marker, metadata length, metadata, body) declares lengths that lie
+    /// within `bytes`.
+    fn ipc_lengths_fit(bytes: &[u8]) -> bool {
+        let i32_at = |at: usize| {
+            bytes
+                .get(at..at + 4)
+                .map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        };
+        let mut at = 0usize;
+        while at < bytes.len() {
+            let Some(mut len) = i32_at(at) else {
+                return false;
+            };
+            at += 4;
+            if len == -1 {
+                let Some(l) = i32_at(at) else {
+                    return false;
+                };
+                len = l;
+                at += 4;
+            }
+            if len == 0 {
+                return true;
+            }
+            let Ok(len) = usize::try_from(len) else {
+                return false;
+            };
+            let Some(meta) = bytes.get(at..at.saturating_add(len)) else {
+                return false;
+            };
+            let Ok(message) = arrow::ipc::root_as_message(meta) else {
+                return false;
+            };
+            at += len;
+            let Ok(body) = usize::try_from(message.bodyLength()) else {
+                return false;
+            };
+            if body > bytes.len() - at {
+                return false;
+            }
+            at += body;
+        }
         true
     }
 }

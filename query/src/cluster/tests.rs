@@ -1436,3 +1436,30 @@ async fn rollups_across_an_epoch_change_warn_about_the_split_window() {
         .collect();
     assert_eq!(got, want);
 }
+
+/// fuzz/crashes/flight_answer: a 4-byte input whose first word, read as an
+/// IPC metadata length, declared about 2 GB, which Arrow's reader then
+/// allocated. Lengths are checked against the input first; a whole answer
+/// still reads.
+#[test]
+fn a_raw_answer_that_declares_more_than_it_holds_is_refused_before_reading() {
+    use super::fuzzing::answer;
+    assert!(!answer(&[0x01, 0xb5, 0x01, 0x7e]));
+    // A body length past the end: a real schema message, cut after its
+    // metadata.
+    let key = storage::SeriesKey::new("power", vec![storage::Label::new("gpu", "0")]).unwrap();
+    let mut b = super::wire::BatchBuilder::new();
+    b.push(&key, &[1_000, 2_000], &[1.5, -0.0]);
+    let batch = b.finish();
+    let mut whole = Vec::new();
+    {
+        let mut w =
+            arrow::ipc::writer::StreamWriter::try_new(&mut whole, &super::wire::schema()).unwrap();
+        w.write(&batch).unwrap();
+        w.finish().unwrap();
+    }
+    assert!(answer(&whole));
+    for cut in [8, whole.len() / 2, whole.len() - 9] {
+        assert!(!answer(&whole[..cut]), "cut at {cut} of {}", whole.len());
+    }
+}
