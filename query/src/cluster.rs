@@ -57,20 +57,25 @@ pub mod fuzzing {
         if !ipc_lengths_fit(bytes) {
             return false;
         }
-        let Ok(reader) =
-            arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-        else {
-            return false;
-        };
-        let mut decoder = super::wire::AnswerDecoder::default();
-        for batch in reader {
-            match batch {
-                Ok(b) if decoder.push(&b).is_ok() => {}
-                _ => return false,
+        // As the reader does, a panic inside Arrow's decoder is a malformed
+        // answer.
+        std::panic::catch_unwind(|| {
+            let Ok(reader) =
+                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            else {
+                return false;
+            };
+            let mut decoder = super::wire::AnswerDecoder::default();
+            for batch in reader {
+                match batch {
+                    Ok(b) if decoder.push(&b).is_ok() => {}
+                    _ => return false,
+                }
             }
-        }
-        let _ = decoder.finish();
-        true
+            let _ = decoder.finish();
+            true
+        })
+        .unwrap_or(false)
     }
 
     /// Whether every message of the IPC stream `bytes` (continuation

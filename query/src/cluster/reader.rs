@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use ingest::cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
 use storage::{
     Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
@@ -593,23 +593,36 @@ impl ClusterReader {
             .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
         let mut decoder = AnswerDecoder::default();
         loop {
-            match tokio::time::timeout(idle, stream.next()).await {
+            // Arrow's IPC decoder panics on some malformed schemas (arrow-ipc
+            // 59.3.2 unwraps a schema's field list): a peer's answer is input,
+            // so a panic there is a malformed answer, not a failed query task.
+            let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
+            match tokio::time::timeout(idle, next).await {
                 Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
-                Ok(None) => break,
-                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
-                Ok(Some(Ok(batch))) => {
-                    let before = decoder.samples();
-                    decoder.push(&batch).map_err(|e| {
-                        metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                        format!("{addr} sent a malformed answer: {e}")
-                    })?;
-                    let added = decoder.samples() - before;
-                    if received.fetch_add(added, Relaxed) + added
-                        > self.inner.config.max_peer_samples
-                    {
-                        return Err(FetchError::TooLarge);
-                    }
+                Ok(Err(_panic)) => {
+                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                    return Err(format!(
+                        "{addr} sent a malformed answer (Arrow could not decode it)"
+                    )
+                    .into());
                 }
+                Ok(Ok(next)) => match next {
+                    None => break,
+                    Some(Err(e)) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
+                    Some(Ok(batch)) => {
+                        let before = decoder.samples();
+                        decoder.push(&batch).map_err(|e| {
+                            metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                            format!("{addr} sent a malformed answer: {e}")
+                        })?;
+                        let added = decoder.samples() - before;
+                        if received.fetch_add(added, Relaxed) + added
+                            > self.inner.config.max_peer_samples
+                        {
+                            return Err(FetchError::TooLarge);
+                        }
+                    }
+                },
             }
         }
         metrics
