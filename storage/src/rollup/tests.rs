@@ -492,6 +492,48 @@ fn every_truncation_and_flip_is_detected() {
     }
 }
 
+/// The rollup format is stable: the same tables encode to exactly the
+/// committed file, which also seeds the `rollup_open` fuzz target. After a
+/// deliberate format change, regenerate it with `GPULSE_BLESS=1`.
+#[test]
+fn encoding_matches_the_committed_golden_file() {
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/seeds/rollup_open/golden.groll");
+    let mut tables = empty_tables();
+    for (gpu, host) in [("0", "h0"), ("1", "h0"), ("0", "h1")] {
+        let g = RollupGroup {
+            metric: "DCGM_FI_DEV_GPU_TEMP".into(),
+            cluster: "c0".into(),
+            host: host.into(),
+            gpu: gpu.into(),
+            ..Default::default()
+        };
+        add_to_tables(
+            &mut tables,
+            &g,
+            &[
+                RollupRecord::of_sample(60_000, 61_000, 41.0),
+                RollupRecord::of_sample(120_000, 150_000, f64::NAN),
+                RollupRecord::of_sample(3_600_000, 3_600_500, -0.0),
+            ],
+        );
+    }
+    let bytes = file::encode(9, &[(3, 5)], &tables);
+    if std::env::var_os("GPULSE_BLESS").is_some() {
+        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
+        std::fs::write(&golden, &bytes).unwrap();
+    }
+    let committed = std::fs::read(&golden).unwrap();
+    assert!(
+        committed == bytes,
+        "rollup encoding changed ({} bytes, was {}); bless it with GPULSE_BLESS=1 if intended",
+        bytes.len(),
+        committed.len()
+    );
+    let f = file::RollupFile::from_bytes(&committed).unwrap();
+    assert_eq!((f.wal_cut(), f.covers()), (9, &[(3, 5)][..]));
+}
+
 #[test]
 fn merge_is_order_independent_on_ties() {
     let a = RollupRecord::of_sample(0, 5, 1.0);
