@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Runs every fuzz target of fuzz/Cargo.toml for SECONDS each (default 600),
-# one after the other, and prints per target: runs, execs/s, coverage, CPU
-# seconds and new crashes. Exits non-zero if any target crashed (or failed
-# to build or run).
+# Runs every fuzz target of fuzz/Cargo.toml for SECONDS of CPU time each
+# (default 600), one after the other, and prints per target: runs, execs/s,
+# coverage, CPU seconds and new crashes. Exits non-zero if any target crashed
+# (or failed to build or run).
 #
 #   fuzz/run.sh [SECONDS] [TARGET...]
+#
+# SECONDS is CPU time (user + system of the fuzzer process, all its threads),
+# not wall time, so that a run on a loaded machine still fuzzes as long as
+# it says; a target is also stopped at 3 x SECONDS + 60 of wall time.
 #
 # Corpus: fuzz/corpus/<target> (kept between runs, not in git), seeded from
 # fuzz/seeds/<target> (in git) when that exists; fuzz/dict/<target>.dict is
@@ -13,7 +17,7 @@
 #   cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run $FUZZ_BUILD <target> artifacts/<target>/<file>
 #
 # Environment:
-#   FUZZ_BUILD   cargo-fuzz build flags (default: "-O -s none --codegen-units 16";
+#   FUZZ_BUILD   cargo-fuzz build flags (default: "-O -a -s none --codegen-units 16";
 #                fuzz/README.md says why)
 #   FUZZ_ARGS    extra libFuzzer flags for every target
 # Works on the stable toolchain (RUSTC_BOOTSTRAP=1: cargo-fuzz needs -Z flags).
@@ -22,7 +26,7 @@ cd "$(dirname "$0")"
 export RUSTC_BOOTSTRAP=1
 seconds=${1:-600}
 shift || true
-build=${FUZZ_BUILD:--O -s none --codegen-units 16}
+build=${FUZZ_BUILD:--O -a -s none --codegen-units 16}
 read -r -a build_flags <<<"$build"
 read -r -a extra <<<"${FUZZ_ARGS:-}"
 
@@ -48,6 +52,16 @@ if ! cargo fuzz build "${build_flags[@]}" >logs/build.log 2>&1; then
   exit 2
 fi
 echo "build ($build): $(($(date +%s) - start)) s"
+profile=release
+[[ " $build " == *" --dev "* || " $build " == *" -D "* ]] && profile=debug
+bindir=target/$(rustc -vV | sed -n 's/^host: //p')/$profile
+tick=$(getconf CLK_TCK)
+
+# CPU seconds (user + system, all threads) of a live process.
+cpu_of() {
+  awk -v tick="$tick" '{ print int(($14 + $15) / tick) }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
 failed=0
 printf '%-18s %10s %9s %8s %8s %8s %s\n' target runs execs/s cov ft cpu_s crashes
 for t in "${targets[@]}"; do
@@ -60,19 +74,31 @@ for t in "${targets[@]}"; do
   [[ -f dict/$t.dict ]] && dict=("-dict=dict/$t.dict")
   before=$(find "$artifacts" -type f | wc -l)
   log=logs/$t.log
-  rc=0
   # -timeout: one input running 30 s is a hang (the targets bound their own
   # work far below that). -rss_limit_mb: 2 GiB, libFuzzer's default, stated.
-  /usr/bin/time -f '%U %S' -o "logs/$t.time" \
-    cargo fuzz run "${build_flags[@]}" "$t" "${dirs[@]}" -- \
-    -max_total_time="$seconds" -timeout=30 -rss_limit_mb=2048 -max_len=4096 \
-    -print_final_stats=1 "${dict[@]}" "${extra[@]}" >"$log" 2>&1 || rc=$?
+  # -max_total_time is only the wall-time backstop; the CPU budget below
+  # ends the run with SIGINT, after which libFuzzer prints its final stats.
+  "$bindir/$t" -artifact_prefix="$artifacts/" \
+    -max_total_time=$((3 * seconds + 60)) -timeout=30 -rss_limit_mb=2048 -max_len=4096 \
+    -print_final_stats=1 -interrupted_exitcode=0 "${dict[@]}" "${extra[@]}" \
+    "${dirs[@]}" >"$log" 2>&1 &
+  pid=$!
+  cpu=0
+  while kill -0 "$pid" 2>/dev/null; do
+    cpu=$(cpu_of "$pid")
+    if ((cpu >= seconds)); then
+      kill -INT "$pid" 2>/dev/null || true
+      break
+    fi
+    sleep 1
+  done
+  rc=0
+  wait "$pid" || rc=$?
   after=$(find "$artifacts" -type f | wc -l)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
   cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
   ft=$(grep -o 'ft: [0-9]*' "$log" | tail -n 1 | cut -d' ' -f2)
-  cpu=$(tail -n 1 "logs/$t.time" 2>/dev/null | awk '{printf "%.0f", $1 + $2}')
   new=$((after - before))
   printf '%-18s %10s %9s %8s %8s %8s %s\n' "$t" "${runs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "$cpu" "$new"
   if ((rc != 0 || new > 0)); then
