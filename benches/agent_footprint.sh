@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# Agent footprint: CPU (% of one core) and RSS of `gpulse agent` on a simulated
+# Agent footprint: CPU (% of one core) and RSS of `gpulse-agent` on a simulated
 # node of 8 GPUs x all fields, streaming to a local `gpulse serve`, at 1 s and
-# at 100 ms sampling. Issue #4 targets at 1 s: CPU <= 0.5 %, RSS <= 20 MiB.
+# at 100 ms sampling. Targets at 1 s: CPU <= 0.5 % (issue #4), peak RSS
+# <= 12 MiB (issue #15).
 #
 #   cargo build --release && benches/agent_footprint.sh [SECONDS]
+#
+# GPULSE_BIN is the serve binary (default target/release/gpulse), AGENT_BIN
+# the agent (default target/release/gpulse-agent; `gpulse` itself measures
+# `gpulse agent`, the agent inside the node binary).
 #
 # CPU is utime + stime of the agent process from /proc/PID/stat over the
 # measuring window (after a 5 s warm-up), divided by the window's wall time.
@@ -12,7 +17,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
 bin="${GPULSE_BIN:-target/release/gpulse}"
-[[ -x "$bin" ]] || { echo "build first: cargo build --release ($bin missing)" >&2; exit 1; }
+agent_bin="${AGENT_BIN:-target/release/gpulse-agent}"
+for b in "$bin" "$agent_bin"; do
+  [[ -x "$b" ]] || { echo "build first: cargo build --release ($b missing)" >&2; exit 1; }
+done
+agent_cmd=("$agent_bin")
+[[ "$(basename "$agent_bin")" == gpulse ]] && agent_cmd+=(agent)
 tmp="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 hz="$(getconf CLK_TCK)"
@@ -28,7 +38,7 @@ status_kib() { awk -v k="$2:" '$1 == k {print $2}' "/proc/$1/status"; }
 printf '| interval | GPUs | samples/s | agent CPU (%% of one core) | RSS end (MiB) | RSS peak (MiB) |\n'
 printf '| --- | --- | --- | --- | --- | --- |\n'
 for interval in 1s 100ms; do
-  "$bin" agent --simulate --gpus 8 --interval "$interval" --ingest "$grpc" \
+  "${agent_cmd[@]}" --simulate --gpus 8 --interval "$interval" --ingest "$grpc" \
     --spool-dir "$tmp/spool-$interval" --metrics-listen 127.0.0.1:0 \
     >"$tmp/agent-$interval.out" 2>"$tmp/agent-$interval.log" &
   pid=$!

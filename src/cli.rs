@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use agent::replay::ReplaySpeed;
+use agent::cmd::{AgentArgs, parse_duration, parse_size};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::server::DEFAULT_PG_LISTEN;
@@ -54,7 +54,7 @@ pub(crate) struct ClusterStatusArgs {
     #[arg(long, env = "GPULSE_CLUSTER_FILE")]
     pub(crate) cluster: PathBuf,
     /// Time between the two status rounds the ingest rate is computed from.
-    #[arg(long, default_value = "1s", value_parser = duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub(crate) interval: Duration,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -87,10 +87,6 @@ pub(crate) struct StatsArgs {
     pub(crate) by_metric: bool,
 }
 
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    duration(s)
-}
-
 /// A rate: a positive number with an optional k or M suffix (`500k`, `1.5M`).
 pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
     let t = s.trim();
@@ -108,25 +104,6 @@ pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
         return Err("must be greater than zero".into());
     }
     Ok(v * mult)
-}
-
-/// A byte size: a number with an optional KiB/MiB/GiB (or K/M/G) suffix.
-pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a size (e.g. 512MiB)"))?;
-    let mult: u64 = match unit.trim() {
-        "" | "B" => 1,
-        "K" | "KiB" => 1 << 10,
-        "M" | "MiB" => 1 << 20,
-        "G" | "GiB" => 1 << 30,
-        u => return Err(format!("unknown size unit {u:?} (use B, KiB, MiB or GiB)")),
-    };
-    n.checked_mul(mult)
-        .ok_or_else(|| format!("{s:?} is too large"))
 }
 
 /// A listen address, or `off` for none.
@@ -151,14 +128,6 @@ fn positive_count(s: &str) -> Result<u64, String> {
         return Err("must be greater than zero".into());
     }
     Ok(n)
-}
-
-fn duration(s: &str) -> Result<Duration, String> {
-    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
-    if d.is_zero() {
-        return Err("must be greater than zero".into());
-    }
-    Ok(d)
 }
 
 #[derive(Debug, Clone, Args)]
@@ -196,7 +165,7 @@ pub(crate) struct NodeArgs {
     pub(crate) max_query_depth: u64,
     /// Longest a query may run, waiting for a slot included (SQL, PromQL,
     /// remote read, Flight): 503 `timeout` / SQLSTATE 57014.
-    #[arg(long, env = "GPULSE_QUERY_TIMEOUT", default_value = "2m", value_parser = duration)]
+    #[arg(long, env = "GPULSE_QUERY_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub(crate) query_timeout: Duration,
     /// Most queries running at once over every surface; the others wait
     /// for a slot within their --query-timeout.
@@ -219,7 +188,7 @@ pub(crate) struct NodeArgs {
     pub(crate) max_series: u64,
     /// How often the in-memory head is sealed into a segment file (and the
     /// WAL truncated).
-    #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = duration)]
+    #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub(crate) flush_interval: Duration,
     /// fsync the WAL before acknowledging a batch, so acked samples survive
     /// power loss. Without it an ack means the batch reached the OS, which
@@ -228,19 +197,19 @@ pub(crate) struct NodeArgs {
     pub(crate) wal_fsync: bool,
     /// Span of time, aligned to the Unix epoch, whose segments (and rollup
     /// files) compaction merges into one once a later flush has moved past it.
-    #[arg(long, env = "GPULSE_COMPACTION_WINDOW", default_value = "2h", value_parser = duration)]
+    #[arg(long, env = "GPULSE_COMPACTION_WINDOW", default_value = "2h", value_parser = parse_duration)]
     pub(crate) compaction_window: Duration,
     /// Delete raw samples older than this; their 1 min / 1 h / 1 d rollups stay.
-    #[arg(long, env = "GPULSE_RETENTION", default_value = "7d", value_parser = duration)]
+    #[arg(long, env = "GPULSE_RETENTION", default_value = "7d", value_parser = parse_duration)]
     pub(crate) retention: Duration,
     /// Delete 1-minute rollup records older than this (1 h and 1 d records stay).
-    #[arg(long = "retention-1m", env = "GPULSE_RETENTION_1M", default_value = "30d", value_parser = duration)]
+    #[arg(long = "retention-1m", env = "GPULSE_RETENTION_1M", default_value = "30d", value_parser = parse_duration)]
     pub(crate) retention_1m: Duration,
     /// Delete 1-hour rollup records older than this.
-    #[arg(long = "retention-1h", env = "GPULSE_RETENTION_1H", default_value = "400d", value_parser = duration)]
+    #[arg(long = "retention-1h", env = "GPULSE_RETENTION_1H", default_value = "400d", value_parser = parse_duration)]
     pub(crate) retention_1h: Duration,
     /// Delete 1-day rollup records older than this.
-    #[arg(long = "retention-1d", env = "GPULSE_RETENTION_1D", default_value = "1825d", value_parser = duration)]
+    #[arg(long = "retention-1d", env = "GPULSE_RETENTION_1D", default_value = "1825d", value_parser = parse_duration)]
     pub(crate) retention_1d: Duration,
     /// How far behind a series' newest sample a late sample is still stored;
     /// older ones are dropped and counted. Equal timestamps: the first write wins.
@@ -250,7 +219,7 @@ pub(crate) struct NodeArgs {
     /// remote write): a future-dated sample would pin its segment against
     /// retention. Samples older than --retention are refused too. Default
     /// 10m, as Grafana Mimir's create grace period.
-    #[arg(long, env = "GPULSE_MAX_FUTURE", default_value = "10m", value_parser = duration)]
+    #[arg(long, env = "GPULSE_MAX_FUTURE", default_value = "10m", value_parser = parse_duration)]
     pub(crate) max_future: Duration,
     /// Most labels of one series (topology labels included, metric name
     /// not), for gRPC ingest and remote write alike.
@@ -267,11 +236,11 @@ pub(crate) struct NodeArgs {
     /// HTTP: close a connection whose request headers are not complete
     /// within this long of connecting or of the previous response (slow
     /// clients, and idle keep-alive connections).
-    #[arg(long, env = "GPULSE_HTTP_HEADER_TIMEOUT", default_value = "30s", value_parser = duration)]
+    #[arg(long, env = "GPULSE_HTTP_HEADER_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub(crate) http_header_timeout: Duration,
     /// gRPC: close an agent stream (DEADLINE_EXCEEDED) that has not sent
     /// its hello within this long.
-    #[arg(long, env = "GPULSE_GRPC_HELLO_TIMEOUT", default_value = "10s", value_parser = duration)]
+    #[arg(long, env = "GPULSE_GRPC_HELLO_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     pub(crate) grpc_hello_timeout: Duration,
     /// gRPC: most concurrent streams on one HTTP/2 connection (an agent
     /// opens one); the client waits for a free one.
@@ -319,136 +288,6 @@ pub(crate) struct ServeArgs {
     pub(crate) node_id: Option<String>,
 }
 
-#[derive(Debug, Args)]
-pub(crate) struct AgentArgs {
-    /// Ingest endpoint. With --sharded: seed nodes of the cluster,
-    /// comma-separated.
-    #[arg(
-        long,
-        env = "GPULSE_INGEST_URL",
-        default_value = "grpc://127.0.0.1:7400"
-    )]
-    pub(crate) ingest: String,
-    /// Cluster mode: ask a node of --ingest (each in turn) which nodes own
-    /// this host's shard (its rack), and deliver every batch to each of them,
-    /// with a memory buffer and a spool (a subdirectory of --spool-dir) per
-    /// owner. The owners are asked again as the nodes direct.
-    #[arg(long, env = "GPULSE_SHARDED")]
-    pub(crate) sharded: bool,
-    /// Use the simulated GPU source even if NVML is available.
-    #[arg(long)]
-    pub(crate) simulate: bool,
-    /// GPUs of the simulated source.
-    #[arg(long, env = "GPULSE_SIM_GPUS", default_value_t = 8)]
-    pub(crate) gpus: u32,
-    /// Seed of the simulated source.
-    #[arg(long, env = "GPULSE_SIM_SEED", default_value_t = 1)]
-    pub(crate) seed: u64,
-    /// Time between polls, e.g. 1s or 100ms.
-    #[arg(long, env = "GPULSE_INTERVAL", default_value = "1s", value_parser = duration)]
-    pub(crate) interval: Duration,
-    /// Host name reported as the Hostname label (default: the OS host name).
-    #[arg(long, env = "GPULSE_HOST")]
-    pub(crate) host: Option<String>,
-    #[arg(long, env = "GPULSE_CLUSTER", default_value = "")]
-    pub(crate) cluster: String,
-    #[arg(long, env = "GPULSE_ROW", default_value = "")]
-    pub(crate) row: String,
-    #[arg(long, env = "GPULSE_RACK", default_value = "")]
-    pub(crate) rack: String,
-    /// Stop after this many polls (default: run until interrupted).
-    #[arg(long)]
-    pub(crate) polls: Option<u64>,
-    /// TOML file with any of these options (keys are the flag names with `_`);
-    /// flags and GPULSE_* variables win over it.
-    #[arg(long, env = "GPULSE_CONFIG")]
-    pub(crate) config: Option<PathBuf>,
-    /// Agent identity for de-duplication at ingest (default: the host name).
-    #[arg(long, env = "GPULSE_AGENT_ID")]
-    pub(crate) agent_id: Option<String>,
-    /// CSV of `host,cluster,row,rack`; the agent takes its own host's line.
-    #[arg(long, env = "GPULSE_TOPOLOGY_FILE")]
-    pub(crate) topology_file: Option<PathBuf>,
-    /// Directory of the disk spool, which keeps unacked batches across
-    /// restarts and outages longer than the memory buffer holds.
-    #[arg(long, env = "GPULSE_SPOOL_DIR", default_value = "./gpulse-agent-spool")]
-    pub(crate) spool_dir: PathBuf,
-    /// Keep unacked batches in memory only (lost on restart).
-    #[arg(long, env = "GPULSE_NO_SPOOL")]
-    pub(crate) no_spool: bool,
-    /// Unacked samples held in memory before the oldest go to the spool.
-    #[arg(long, env = "GPULSE_BUFFER_SAMPLES", default_value_t = 131_072)]
-    pub(crate) buffer_samples: usize,
-    /// Largest spool; when full, its oldest batches are dropped and counted.
-    #[arg(long, env = "GPULSE_SPOOL_MAX_BYTES", default_value = "1GiB", value_parser = parse_size)]
-    pub(crate) spool_max_bytes: u64,
-    /// Address of the agent's /metrics endpoint (Prometheus text), or `off`.
-    #[arg(long, env = "GPULSE_METRICS_LISTEN", default_value = "127.0.0.1:9401")]
-    pub(crate) metrics_listen: String,
-    /// How long shutdown waits for acks before spooling what is left.
-    #[arg(long, env = "GPULSE_DRAIN_TIMEOUT", default_value = "5s", value_parser = duration)]
-    pub(crate) drain_timeout: Duration,
-    /// Append every sample produced to this file, in the CSV format of
-    /// `gpulse import` (a trace to keep or replay).
-    #[arg(long, env = "GPULSE_RECORD")]
-    pub(crate) record: Option<PathBuf>,
-    /// Inject faults into the simulated source (implies --simulate): thermal
-    /// throttling, stragglers, XID 79, XID 48, row-remap growth and zombie
-    /// GPUs, about one per GPU per hour, on a schedule seeded by --seed.
-    #[arg(long, env = "GPULSE_SIM_FAULTS")]
-    pub(crate) sim_faults: bool,
-    /// At shutdown, write the faults --sim-faults injected to FILE (CSV for
-    /// a .csv name, JSON Lines otherwise), to score health detection.
-    #[arg(
-        long,
-        env = "GPULSE_GROUND_TRUTH",
-        value_name = "FILE",
-        requires = "sim_faults"
-    )]
-    pub(crate) ground_truth: Option<PathBuf>,
-    /// Stream a recorded long-format CSV (the `gpulse import` format)
-    /// instead of sampling GPUs; stops at the end of the file. Polls follow
-    /// the recording's timestamps (--interval is not used).
-    #[arg(long, env = "GPULSE_REPLAY", value_name = "FILE", conflicts_with_all = ["simulate", "sim_faults"])]
-    pub(crate) replay: Option<PathBuf>,
-    /// Pace of --replay: `recorded`, `max` (as fast as ingest acks), or a
-    /// speed-up such as `10x`.
-    #[arg(long, default_value = "recorded", value_parser = replay_speed)]
-    pub(crate) replay_speed: ReplaySpeed,
-    /// Timestamps of --replay: `shift` moves the whole recording so that its
-    /// first poll is now (storage drops samples older than a series' newest
-    /// by more than --ooo-window, and duplicates); `recorded` keeps them.
-    #[arg(long, value_enum, default_value = "shift")]
-    pub(crate) replay_timestamps: ReplayTimestampsArg,
-    /// With --replay: only the rows of this host (`Hostname` or `host`
-    /// label); required when the file has several hosts.
-    #[arg(long)]
-    pub(crate) replay_host: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub(crate) enum ReplayTimestampsArg {
-    Shift,
-    Recorded,
-}
-
-fn replay_speed(s: &str) -> Result<ReplaySpeed, String> {
-    match s {
-        "recorded" => Ok(ReplaySpeed::Scaled(1.0)),
-        "max" => Ok(ReplaySpeed::Max),
-        _ => {
-            let factor: f64 =
-                s.strip_suffix('x').unwrap_or(s).parse().map_err(|_| {
-                    format!("expected recorded, max or a factor like 10x; found {s:?}")
-                })?;
-            if !(factor.is_finite() && factor > 0.0) {
-                return Err(format!("the factor must be positive; found {s:?}"));
-            }
-            Ok(ReplaySpeed::Scaled(factor))
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, ValueEnum)]
 pub(crate) enum OutputFormat {
     Table,
@@ -472,7 +311,7 @@ pub(crate) struct DemoArgs {
     #[command(flatten)]
     pub(crate) node: NodeArgs,
     /// Poll interval of the simulated agents.
-    #[arg(long, default_value = "1s", value_parser = duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
     pub(crate) interval: Duration,
     /// Seed of the simulated fleet.
     #[arg(long, default_value_t = 1)]
@@ -482,48 +321,6 @@ pub(crate) struct DemoArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn replay_speeds() {
-        assert_eq!(replay_speed("recorded"), Ok(ReplaySpeed::Scaled(1.0)));
-        assert_eq!(replay_speed("max"), Ok(ReplaySpeed::Max));
-        assert_eq!(replay_speed("10x"), Ok(ReplaySpeed::Scaled(10.0)));
-        assert_eq!(replay_speed("0.5"), Ok(ReplaySpeed::Scaled(0.5)));
-        assert!(replay_speed("0x").is_err());
-        assert!(replay_speed("fast").is_err());
-    }
-
-    #[test]
-    fn agent_flags() {
-        let cli =
-            Cli::try_parse_from(["gpulse", "agent", "--sim-faults", "--ground-truth", "t.csv"])
-                .unwrap();
-        let Command::Agent(a) = cli.command else {
-            panic!("not agent")
-        };
-        assert!(a.sim_faults && a.ground_truth.is_some() && a.replay.is_none());
-        // --ground-truth only makes sense with injected faults.
-        assert!(Cli::try_parse_from(["gpulse", "agent", "--ground-truth", "t.csv"]).is_err());
-        assert!(
-            Cli::try_parse_from(["gpulse", "agent", "--replay", "r.csv", "--simulate"]).is_err()
-        );
-        let cli = Cli::try_parse_from([
-            "gpulse",
-            "agent",
-            "--replay",
-            "r.csv",
-            "--replay-speed",
-            "max",
-            "--replay-timestamps",
-            "recorded",
-        ])
-        .unwrap();
-        let Command::Agent(a) = cli.command else {
-            panic!("not agent")
-        };
-        assert_eq!(a.replay_speed, ReplaySpeed::Max);
-        assert!(matches!(a.replay_timestamps, ReplayTimestampsArg::Recorded));
-    }
 
     #[test]
     fn serve_flags() {

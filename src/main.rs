@@ -6,7 +6,6 @@
 // A command-line program: printing to stdout is its job.
 #![allow(clippy::print_stdout)]
 
-mod agent_cmd;
 mod bench;
 mod cli;
 mod cluster;
@@ -18,13 +17,14 @@ mod stats;
 use std::io::Write;
 use std::time::Duration;
 
-use agent::sim::{FaultConfig, SimConfig, SimulatedSource};
+use agent::sim::{SimConfig, SimulatedSource};
 use agent::{AgentConfig, Topology};
 use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches};
 use tracing::warn;
 
-use cli::{AgentArgs, Cli, Command, DemoArgs, NodeArgs, OutputFormat, ServeArgs, SqlArgs};
+use agent::cmd::shutdown_signal;
+use cli::{Cli, Command, DemoArgs, NodeArgs, OutputFormat, ServeArgs, SqlArgs};
 use server::{ServeConfig, Server};
 
 fn main() -> std::process::ExitCode {
@@ -50,10 +50,7 @@ fn run() -> anyhow::Result<()> {
         .init();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if matches!(cli.command, Command::Agent(_)) {
-        // The agent's async work is one gRPC stream and /metrics: two workers
-        // are plenty, and one per core (64 on a big GPU node) would only cost
-        // memory on a node whose cores belong to the jobs.
-        builder.worker_threads(2);
+        builder.worker_threads(agent::cmd::WORKER_THREADS);
     }
     let rt = builder
         .enable_all()
@@ -63,7 +60,7 @@ fn run() -> anyhow::Result<()> {
         match cli.command {
             Command::Serve(a) => serve(a).await,
             Command::Agent(a) => {
-                agent_cmd::run_agent(*a, matches.subcommand_matches("agent")).await
+                agent::cmd::run_agent(*a, matches.subcommand_matches("agent")).await
             }
             Command::Sql(a) => sql(a).await,
             Command::Demo(a) => demo(a).await,
@@ -97,22 +94,6 @@ fn run() -> anyhow::Result<()> {
             }
         }
     })
-}
-
-/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("BUG: installing a SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }
 
 pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
@@ -193,15 +174,6 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     shutdown_signal().await;
     server.shutdown().await
-}
-
-pub(crate) fn sim_config(args: &AgentArgs) -> SimConfig {
-    let mut c = SimConfig::new(args.seed, args.gpus);
-    c.interval_ms = args.interval.as_millis() as u64;
-    if args.sim_faults {
-        c.faults = FaultConfig::typical();
-    }
-    c
 }
 
 async fn sql(args: SqlArgs) -> anyhow::Result<()> {

@@ -13,6 +13,7 @@
 
 pub mod catalog;
 mod cluster;
+pub mod cmd;
 pub mod metrics;
 pub mod nvml;
 mod outbox;

@@ -29,7 +29,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::{parse_duration, parse_rate};
+use crate::cli::parse_rate;
+use agent::cmd::parse_duration;
 use load::{LoadConfig, LoadStats, Protocol};
 use probe::Probe;
 

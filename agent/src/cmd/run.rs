@@ -1,4 +1,4 @@
-//! `gpulse agent`: configuration (flags, `GPULSE_*` environment, an optional
+//! The agent command (`gpulse-agent`, and `gpulse agent`): configuration (flags, `GPULSE_*` environment, an optional
 //! TOML file, a topology file) and the run itself, with `/metrics`.
 //!
 //! Precedence, highest first: a flag, its environment variable, the TOML
@@ -24,16 +24,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use agent::replay::{ReplayConfig, ReplayOptions, ReplaySource, ReplayTimestamps};
-use agent::sim::{GroundTruth, GroundTruthFormat, SimulatedSource};
-use agent::{AgentConfig, AgentMetrics, AgentReport, GpuSource, Reading, SourceError, Topology};
+use crate::replay::{ReplayConfig, ReplayOptions, ReplaySource, ReplayTimestamps};
+use crate::sim::{FaultConfig, GroundTruth, GroundTruthFormat, SimConfig, SimulatedSource};
+use crate::{AgentConfig, AgentMetrics, AgentReport, GpuSource, Reading, SourceError, Topology};
 use anyhow::{Context, bail};
 use clap::ArgMatches;
 use clap::parser::ValueSource;
 use serde::Deserialize;
 use tracing::{info, warn};
 
-use crate::cli::{AgentArgs, parse_duration, parse_size};
+use super::args::{AgentArgs, ReplayTimestampsArg, parse_duration, parse_size};
 
 /// The TOML configuration file; every key is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -199,10 +199,7 @@ fn metrics_addr(s: &str) -> anyhow::Result<Option<SocketAddr>> {
         .with_context(|| format!("--metrics-listen {s:?}: expected host:port or off"))
 }
 
-pub(crate) async fn run_agent(
-    mut args: AgentArgs,
-    matches: Option<&ArgMatches>,
-) -> anyhow::Result<()> {
+pub async fn run_agent(mut args: AgentArgs, matches: Option<&ArgMatches>) -> anyhow::Result<()> {
     if let Some(path) = args.config.clone() {
         let file = read_file(&path)?;
         if let Some(m) = matches {
@@ -215,7 +212,7 @@ pub(crate) async fn run_agent(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = match metrics_listen {
         Some(addr) => {
-            let listener = agent::metrics::bind(addr)
+            let listener = crate::metrics::bind(addr)
                 .await
                 .with_context(|| format!("binding the metrics listener {addr}"))?;
             let local = listener.local_addr()?;
@@ -223,7 +220,7 @@ pub(crate) async fn run_agent(
             println!("agent metrics  http://{local}/metrics");
             let mut stop = stop_rx.clone();
             let m = metrics.clone();
-            Some(tokio::spawn(agent::metrics::serve(
+            Some(tokio::spawn(crate::metrics::serve(
                 listener,
                 m,
                 async move {
@@ -267,6 +264,32 @@ pub(crate) async fn run_agent(
     Ok(())
 }
 
+/// The simulated source's configuration from the agent's flags.
+pub fn sim_config(args: &AgentArgs) -> SimConfig {
+    let mut c = SimConfig::new(args.seed, args.gpus);
+    c.interval_ms = args.interval.as_millis() as u64;
+    if args.sim_faults {
+        c.faults = FaultConfig::typical();
+    }
+    c
+}
+
+/// Resolves on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("BUG: installing a SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
 /// Samples the live source (NVML, else the simulator) until shutdown.
 async fn sample(
     args: &AgentArgs,
@@ -279,7 +302,7 @@ async fn sample(
             faults = args.sim_faults,
             "simulated GPU source selected by --simulate or --sim-faults"
         );
-        let sim = SimulatedSource::new(crate::sim_config(args));
+        let sim = SimulatedSource::new(sim_config(args));
         match &args.ground_truth {
             Some(path) => {
                 let clocked = Clocked::new(sim);
@@ -293,15 +316,15 @@ async fn sample(
             None => Box::new(sim),
         }
     } else {
-        match agent::nvml::NvmlSource::open() {
+        match crate::nvml::NvmlSource::open() {
             Ok(s) => Box::new(s),
             Err(e) => {
                 warn!(reason = %e, "NVML is not available; using the simulated GPU source");
-                Box::new(SimulatedSource::new(crate::sim_config(args)))
+                Box::new(SimulatedSource::new(sim_config(args)))
             }
         }
     };
-    let report = agent::run_with_metrics(config, source, metrics, crate::shutdown_signal()).await?;
+    let report = crate::run_with_metrics(config, source, metrics, shutdown_signal()).await?;
     if let Some((path, truth, ticks_ms)) = ground_truth {
         let n = write_ground_truth(&path, &truth, &ticks_ms)?;
         info!(path = %path.display(), faults = n, "ground truth written");
@@ -341,7 +364,7 @@ impl GpuSource for Clocked {
         self.inner.name()
     }
 
-    fn inventory(&self) -> &[agent::GpuInfo] {
+    fn inventory(&self) -> &[crate::GpuInfo] {
         self.inner.inventory()
     }
 
@@ -367,7 +390,7 @@ fn write_ground_truth(
     }
     let f = std::fs::File::create(path)
         .with_context(|| format!("creating the ground-truth file {}", path.display()))?;
-    agent::sim::write_ground_truth(
+    crate::sim::write_ground_truth(
         &events,
         GroundTruthFormat::for_path(path),
         std::io::BufWriter::new(f),
@@ -395,13 +418,12 @@ async fn replay(
     let options = ReplayOptions {
         speed: args.replay_speed,
         timestamps: match args.replay_timestamps {
-            crate::cli::ReplayTimestampsArg::Shift => ReplayTimestamps::Shift,
-            crate::cli::ReplayTimestampsArg::Recorded => ReplayTimestamps::Recorded,
+            ReplayTimestampsArg::Shift => ReplayTimestamps::Shift,
+            ReplayTimestampsArg::Recorded => ReplayTimestamps::Recorded,
         },
-        max_future: agent::replay::DEFAULT_MAX_FUTURE,
+        max_future: crate::replay::DEFAULT_MAX_FUTURE,
     };
-    let report =
-        agent::replay::run(config, source, options, metrics, crate::shutdown_signal()).await?;
+    let report = crate::replay::run(config, source, options, metrics, shutdown_signal()).await?;
     let st = &report.stats;
     println!(
         "replayed {} polls, {} readings from {} rows; skipped {} rows of metrics not in the catalog, {} without a GPU, {} of other hosts, {} bad",
@@ -422,28 +444,21 @@ async fn replay(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::{Cli, Command};
+    use crate::cmd::AgentCli;
     use clap::{CommandFactory, FromArgMatches};
 
     fn parse(argv: &[&str], toml_text: &str) -> anyhow::Result<AgentArgs> {
-        let matches = Cli::command().try_get_matches_from(argv)?;
-        let Command::Agent(args) = Cli::from_arg_matches(&matches)?.command else {
-            panic!("not the agent command");
-        };
-        let mut args = *args;
+        let matches = AgentCli::command().try_get_matches_from(argv)?;
+        let mut args = AgentCli::from_arg_matches(&matches)?.args;
         let file: AgentFile = toml::from_str(toml_text)?;
-        apply_file(
-            &mut args,
-            matches.subcommand_matches("agent").unwrap(),
-            file,
-        )?;
+        apply_file(&mut args, &matches, file)?;
         Ok(args)
     }
 
     #[test]
     fn a_flag_beats_the_file_and_the_file_beats_the_default() {
         let args = parse(
-            &["gpulse", "agent", "--interval", "250ms"],
+            &["gpulse-agent", "--interval", "250ms"],
             "interval = \"5s\"\nrack = \"r7\"\nspool_max_bytes = \"2MiB\"\nbuffer_samples = 10",
         )
         .unwrap();
@@ -458,8 +473,7 @@ mod tests {
     fn cluster_mode_takes_seed_nodes() {
         let args = parse(
             &[
-                "gpulse",
-                "agent",
+                "gpulse-agent",
                 "--sharded",
                 "--ingest",
                 "grpc://n1:7400,grpc://n2:7400",
@@ -472,19 +486,19 @@ mod tests {
         assert_eq!(c.ingest_url, "grpc://n1:7400,grpc://n2:7400");
         // Off by default; the file can turn it on.
         assert!(
-            !agent_config(&parse(&["gpulse", "agent"], "").unwrap())
+            !agent_config(&parse(&["gpulse-agent"], "").unwrap())
                 .unwrap()
                 .sharded
         );
-        let file = parse(&["gpulse", "agent"], "sharded = true").unwrap();
+        let file = parse(&["gpulse-agent"], "sharded = true").unwrap();
         assert!(agent_config(&file).unwrap().sharded);
     }
 
     #[test]
     fn bad_config_files_are_clear_errors() {
-        let unknown = parse(&["gpulse", "agent"], "intervall = \"1s\"").unwrap_err();
+        let unknown = parse(&["gpulse-agent"], "intervall = \"1s\"").unwrap_err();
         assert!(unknown.to_string().contains("intervall"), "{unknown}");
-        let bad = parse(&["gpulse", "agent"], "interval = \"soon\"").unwrap_err();
+        let bad = parse(&["gpulse-agent"], "interval = \"soon\"").unwrap_err();
         assert!(bad.to_string().contains("config: interval"), "{bad}");
     }
 
@@ -510,7 +524,7 @@ mod tests {
         // A flag overrides the file's field; the file fills the rest.
         std::fs::write(&path, "node-1,c1,row-a,rack-3\n").unwrap();
         let mut args = parse(
-            &["gpulse", "agent", "--host", "node-1", "--rack", "rack-X"],
+            &["gpulse-agent", "--host", "node-1", "--rack", "rack-X"],
             "",
         )
         .unwrap();
