@@ -388,6 +388,20 @@ fn concurrent_upkeep_under_load_keeps_every_sample_once() {
                     st.series_ref(key("b", w)).unwrap(),
                 ];
                 for b in 0..BATCHES {
+                    if w == 0 && b == BATCHES / 2 {
+                        // Halfway, wait for a compaction to have run while
+                        // the others keep appending: on a loaded machine the
+                        // compacting thread may otherwise not get a turn
+                        // before retention drops its inputs. Retention's
+                        // "now" is the slowest writer's, so it waits too.
+                        let deadline =
+                            std::time::Instant::now() + std::time::Duration::from_secs(120);
+                        while st.metrics().compactions.load(Relaxed) == 0
+                            && std::time::Instant::now() < deadline
+                        {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
                     let ts: Vec<i64> = (0..PER_BATCH)
                         .map(|i| (b * PER_BATCH + i) * STEP_MS)
                         .collect();
