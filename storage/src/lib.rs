@@ -15,6 +15,8 @@ pub mod column;
 mod db;
 pub mod error;
 pub mod files;
+#[cfg(test)]
+mod golden;
 pub mod gorilla;
 mod head;
 pub mod inventory;

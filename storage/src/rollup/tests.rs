@@ -497,8 +497,6 @@ fn every_truncation_and_flip_is_detected() {
 /// deliberate format change, regenerate it with `GPULSE_BLESS=1`.
 #[test]
 fn encoding_matches_the_committed_golden_file() {
-    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/seeds/rollup_open/golden.groll");
     let mut tables = empty_tables();
     for (gpu, host) in [("0", "h0"), ("1", "h0"), ("0", "h1")] {
         let g = RollupGroup {
@@ -519,17 +517,7 @@ fn encoding_matches_the_committed_golden_file() {
         );
     }
     let bytes = file::encode(9, &[(3, 5)], &tables);
-    if std::env::var_os("GPULSE_BLESS").is_some() {
-        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
-        std::fs::write(&golden, &bytes).unwrap();
-    }
-    let committed = std::fs::read(&golden).unwrap();
-    assert!(
-        committed == bytes,
-        "rollup encoding changed ({} bytes, was {}); bless it with GPULSE_BLESS=1 if intended",
-        bytes.len(),
-        committed.len()
-    );
+    let committed = crate::golden::check("rollup_open", "golden.groll", &bytes);
     let f = file::RollupFile::from_bytes(&committed).unwrap();
     assert_eq!((f.wal_cut(), f.covers()), (9, &[(3, 5)][..]));
 }

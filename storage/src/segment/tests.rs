@@ -185,21 +185,9 @@ fn from_bytes_reads_what_open_reads() {
 /// change (a new VERSION), regenerate it with `GPULSE_BLESS=1`.
 #[test]
 fn encoding_matches_the_committed_golden_file() {
-    let golden =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/segment_open/golden.gseg");
     let dir = tempfile::tempdir().unwrap();
     let bytes = std::fs::read(write(dir.path())).unwrap();
-    if std::env::var_os("GPULSE_BLESS").is_some() {
-        std::fs::create_dir_all(golden.parent().unwrap()).unwrap();
-        std::fs::write(&golden, &bytes).unwrap();
-    }
-    let committed = std::fs::read(&golden).unwrap();
-    assert!(
-        committed == bytes,
-        "segment encoding changed ({} bytes, was {}); bless it with GPULSE_BLESS=1 if intended",
-        bytes.len(),
-        committed.len()
-    );
+    let committed = crate::golden::check("segment_open", "golden.gseg", &bytes);
     // And the committed file reads back as what was written.
     let seg = Segment::from_bytes(&committed).unwrap();
     assert_eq!((seg.num_series(), seg.num_samples()), (4, 751));
