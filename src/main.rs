@@ -41,13 +41,7 @@ fn main() -> std::process::ExitCode {
 fn run() -> anyhow::Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agent::cmd::init_logging();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if matches!(cli.command, Command::Agent(_)) {
         builder.worker_threads(agent::cmd::WORKER_THREADS);

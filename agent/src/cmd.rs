@@ -12,6 +12,18 @@ mod run;
 pub use args::{AgentArgs, AgentCli, ReplayTimestampsArg, parse_duration, parse_size};
 pub use run::{run_agent, shutdown_signal, sim_config};
 
+/// Logs to stderr, filtered by `RUST_LOG` (default `info`): the setup of both
+/// binaries, `gpulse` and `gpulse-agent`.
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+}
+
 /// Tokio worker threads of the agent: its async work is one gRPC stream (one
 /// per owner in cluster mode) and `/metrics`, so two are plenty; one per core
 /// (64 on a big GPU node) would only cost memory on a machine whose cores

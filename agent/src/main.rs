@@ -12,13 +12,7 @@ use clap::{CommandFactory, FromArgMatches};
 fn main() -> ExitCode {
     let matches = AgentCli::command().get_matches();
     let cli = AgentCli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    agent::cmd::init_logging();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()
