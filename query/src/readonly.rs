@@ -335,6 +335,24 @@ pub async fn check_pg_statement(
             }
             Ok(())
         }
+        // SQL prepared statements are refused by kind: HTTP refuses their
+        // plans, and over PostgreSQL a statement's re-printed text may not
+        // plan at all (an `EXECUTE` of a name the dialects print differently).
+        SqlStatement::Prepare { name, .. } => Err(Refusal {
+            what: format!("PREPARE {name}"),
+            why: SHARED_PLANS,
+        }),
+        SqlStatement::Execute { name, .. } => Err(Refusal {
+            what: match name {
+                Some(name) => format!("EXECUTE {name}"),
+                None => "EXECUTE".to_owned(),
+            },
+            why: SHARED_PLANS,
+        }),
+        SqlStatement::Deallocate { name, .. } => Err(Refusal {
+            what: format!("DEALLOCATE {name}"),
+            why: SHARED_PLANS,
+        }),
         SqlStatement::Set(_) => {
             // The refusal of the plan, for the same text as over HTTP; any
             // other SET by its statement text.

@@ -362,3 +362,31 @@ async fn postgres_session_statements_are_decided_on_the_statement() {
         assert_eq!(r.what, what, "{sql}");
     }
 }
+
+/// fuzz/crashes/readonly_guard/crash-4bc374…: `EXECUTE` of a name with `#`
+/// and non-ASCII letters. HTTP plans it and refuses it; over PostgreSQL the
+/// statement's re-printed text did not plan, so it passed the check (and
+/// then failed to run). SQL PREPARE, EXECUTE and DEALLOCATE are refused
+/// over PostgreSQL by kind, planned or not, as HTTP refuses their plans.
+#[tokio::test]
+async fn postgres_refuses_sql_prepared_statements_by_kind() {
+    let (_dir, engine) = engine();
+    let ctx = engine.context();
+    let crash = "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\tEXECUTE\t\t\tT#EETO\u{76a}";
+    let http = http_refusal(&engine, crash).await;
+    assert!(http.to_string().contains("EXECUTE"), "{http}");
+    for sql in [
+        crash,
+        "EXECUTE nowhere",
+        "EXECUTE p(1, 2)",
+        "PREPARE q AS SELECT 1",
+        "DEALLOCATE q",
+    ] {
+        let statement = pg_statement(sql);
+        let pg = check_pg_statement(ctx, &statement).await.expect_err(sql);
+        assert!(
+            pg.to_string().contains("SQL PREPARE keeps its plan"),
+            "{sql}: {pg}"
+        );
+    }
+}
