@@ -1445,14 +1445,22 @@ async fn rollups_across_an_epoch_change_warn_about_the_split_window() {
 fn a_raw_answer_that_declares_more_than_it_holds_is_refused_before_reading() {
     use super::fuzzing::answer;
     assert!(!answer(&[0x01, 0xb5, 0x01, 0x7e]));
-    // fuzz/crashes/flight_answer/crash-b546e…: a schema message without a
-    // field list, on which arrow-ipc 59.3.2 panics: a malformed answer.
-    let crash = std::fs::read(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../fuzz/crashes/flight_answer/crash-b546e512366145571bff09ccf80cfa576fd08727"),
-    )
-    .unwrap();
-    assert!(!answer(&crash));
+    // Every input the fuzzer crashed on (fuzz/crashes/flight_answer/):
+    // the OOM above, and schema messages without a field list, on which
+    // arrow-ipc 59.3.2 panics: each is a malformed answer.
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/crashes/flight_answer");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert!(
+            !answer(&std::fs::read(&path).unwrap()),
+            "{}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 3, "the crash inputs are in {}", dir.display());
     // A body length past the end: a real schema message, cut after its
     // metadata.
     let key = storage::SeriesKey::new("power", vec![storage::Label::new("gpu", "0")]).unwrap();
