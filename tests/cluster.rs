@@ -10,19 +10,7 @@ use prost::Message;
 use serde_json::Value;
 
 use super::remote::post;
-use super::support::Node;
-
-/// Free loopback ports, four per node (gRPC, HTTP, Flight, spare). The
-/// listeners are closed again before the nodes bind them.
-fn free_ports(n: usize) -> Vec<u16> {
-    let listeners: Vec<std::net::TcpListener> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().unwrap().port())
-        .collect()
-}
+use super::support::{Node, listen_ports};
 
 pub(crate) struct Cluster {
     pub(crate) dir: tempfile::TempDir,
@@ -35,7 +23,7 @@ impl Cluster {
     /// Writes a cluster file for `n` nodes (ids a, b, c, ...) and starts them.
     pub(crate) fn start(n: usize, rf: usize) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(3 * n);
+        let ports = listen_ports(3 * n);
         let ids: Vec<String> = (0..n)
             .map(|i| ((b'a' + i as u8) as char).to_string())
             .collect();

@@ -239,14 +239,6 @@ impl Drop for Prometheus {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn agent() -> ureq::Agent {
     ureq::Agent::config_builder()
         .http_status_as_error(false)
@@ -275,7 +267,7 @@ fn start_prometheus(dir: &Path, input: &Path) -> Prometheus {
         "global:\n  scrape_interval: 15s\n  evaluation_interval: 1m\n",
     )
     .unwrap();
-    let port = free_port();
+    let port = super::support::listen_ports(1)[0];
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let child = Command::new(PROMETHEUS)
         .arg(format!("--config.file={}", config.display()))

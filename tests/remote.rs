@@ -419,11 +419,7 @@ fn start_prometheus(gpulse: &str, dir: &Path) -> Option<Prometheus> {
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = super::support::listen_ports(1)[0];
     let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
     let child = Command::new(bin)
         .arg(format!("--config.file={}", config.display()))

@@ -7,6 +7,47 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// `n` free loopback ports for processes that must bind the same port again
+/// after a restart (cluster nodes, Prometheus).
+///
+/// They are picked below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`), where no outgoing connection can take
+/// one while its listener is down: a port from `bind(:0)` lies inside that
+/// range, and once its node is killed any client socket on the machine may be
+/// handed it, after which the restarted node cannot bind it.
+pub(crate) fn listen_ports(n: usize) -> Vec<u16> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768)
+        .clamp(2048, 65535);
+    let span = low - 1024;
+    // Processes running tests at once start at different places; threads of
+    // one process take turns through the counter.
+    let start = std::process::id().wrapping_mul(7919) % span;
+    let mut ports = Vec::new();
+    while ports.len() < n {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(k < span, "no free port below {low}");
+        let port = (1024 + (start + k) % span) as u16;
+        // Bound and closed again: free now, and below the ephemeral range
+        // nobody but an explicit bind takes it later.
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            ports.push(port);
+        }
+    }
+    ports
+}
+
+/// The last lines of a node's log, for a failure message.
+pub(crate) fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(20)..].join("\n")
+}
+
 /// A `gpulse serve` child process on ephemeral ports.
 pub(crate) struct Node {
     child: Child,
@@ -103,18 +144,33 @@ impl Node {
             }
             assert!(
                 started.elapsed() < Duration::from_secs(60),
-                "serve did not become ready; see {}",
-                log.display()
+                "serve did not become ready; {}:\n{}",
+                log.display(),
+                log_tail(&log)
             );
         }
         Node {
             child,
-            grpc_url: grpc_url
-                .unwrap_or_else(|| panic!("no grpc:// endpoint printed; see {}", log.display())),
-            http_url: http_url
-                .unwrap_or_else(|| panic!("no http:// endpoint printed; see {}", log.display())),
+            grpc_url: grpc_url.unwrap_or_else(|| {
+                panic!(
+                    "no grpc:// endpoint printed; {}:\n{}",
+                    log.display(),
+                    log_tail(&log)
+                )
+            }),
+            http_url: http_url.unwrap_or_else(|| {
+                panic!(
+                    "no http:// endpoint printed; {}:\n{}",
+                    log.display(),
+                    log_tail(&log)
+                )
+            }),
             pg_url: pg_url.unwrap_or_else(|| {
-                panic!("no postgres:// endpoint printed; see {}", log.display())
+                panic!(
+                    "no postgres:// endpoint printed; {}:\n{}",
+                    log.display(),
+                    log_tail(&log)
+                )
             }),
             log,
         }
