@@ -34,8 +34,6 @@ pub(crate) enum Command {
     Import(ImportArgs),
     /// Print series, samples and bytes on disk (per sample) of a data directory.
     Stats(StatsArgs),
-    /// Benchmarks: load generator, query set, comparison report.
-    Bench(crate::bench::BenchArgs),
     /// Sharded cluster operations.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -85,25 +83,6 @@ pub(crate) struct StatsArgs {
     /// Also break bytes per sample down by metric.
     #[arg(long)]
     pub(crate) by_metric: bool,
-}
-
-/// A rate: a positive number with an optional k or M suffix (`500k`, `1.5M`).
-pub(crate) fn parse_rate(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.strip_suffix(['k', 'K']) {
-        Some(n) => (n, 1e3),
-        None => match t.strip_suffix('M') {
-            Some(n) => (n, 1e6),
-            None => (t, 1.0),
-        },
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a rate (e.g. 500k or 1.5M samples/s)"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err("must be greater than zero".into());
-    }
-    Ok(v * mult)
 }
 
 /// A listen address, or `off` for none.

@@ -6,7 +6,6 @@
 // A command-line program: printing to stdout is its job.
 #![allow(clippy::print_stdout)]
 
-mod bench;
 mod cli;
 mod cluster;
 mod import;
@@ -71,7 +70,6 @@ fn run() -> anyhow::Result<()> {
                 }
                 Ok(())
             }
-            Command::Bench(a) => bench::run(a).await,
             Command::Cluster(cli::ClusterCommand::Status(a)) => {
                 let lines = cluster::status(&a.cluster, a.interval).await?;
                 if a.json {

@@ -1,25 +1,47 @@
-//! `gpulse bench`: the load generator delivers the whole simulated fleet over
+//! `gpulse-bench`: the load generator delivers the whole simulated fleet over
 //! both protocols (the same samples either way), measures the server, and
 //! the query set and report run over what it loaded.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
 
 use crate::support::Node;
 
-fn gpulse(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+/// The `gpulse-bench` binary of the same build as `gpulse`: another package
+/// of the workspace, so cargo builds it for `cargo test --workspace` (its own
+/// tests need it) but not for `cargo test --test e2e`; then it is built here.
+fn bench_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = Path::new(env!("CARGO_BIN_EXE_gpulse")).with_file_name("gpulse-bench");
+            if !exe.is_file() {
+                let status = Command::new(env!("CARGO"))
+                    .args(["build", "-p", "gpulse-bench", "--bin", "gpulse-bench"])
+                    .status()
+                    .expect("run cargo build -p gpulse-bench");
+                assert!(status.success(), "cargo build -p gpulse-bench failed");
+            }
+            assert!(exe.is_file(), "{} was not built", exe.display());
+            exe
+        })
+        .clone()
+}
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(bench_binary())
         .args(args)
+        .env("GPULSE_BIN", env!("CARGO_BIN_EXE_gpulse"))
         .env("RUST_LOG", "warn")
         .output()
-        .expect("run gpulse");
+        .expect("run gpulse-bench");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "gpulse {args:?} failed: {stdout}\n{}",
+        "gpulse-bench {args:?} failed: {stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
     stdout
@@ -88,7 +110,6 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
         let pid = node.pid().to_string();
         let flush = format!("{}/api/v1/admin/flush", node.http_url);
         let mut args = vec![
-            "bench",
             "ingest",
             "--protocol",
             protocol,
@@ -104,7 +125,7 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
             results.to_str().unwrap(),
         ];
         args.extend(common);
-        let out = gpulse(&args);
+        let out = bench(&args);
         assert!(out.contains("samples acked"), "{out}");
     }
 
@@ -153,8 +174,7 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
     // The query set over A: every form answers, and the answers are the
     // fleet's shape (10 hottest GPUs, 1 rack, 3 hosts).
     let at = end.clone();
-    gpulse(&[
-        "bench",
+    bench(&[
         "query",
         "--url",
         &a.http_url,
@@ -183,8 +203,7 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
     assert_eq!(results_of("host_energy_rate_6h", "promql"), Some(3));
 
     let md = dir.path().join("B.md");
-    let out = gpulse(&[
-        "bench",
+    let out = bench(&[
         "report",
         results.to_str().unwrap(),
         "--markdown",

@@ -9,7 +9,8 @@
 #   GPUS=200 SPAN=2m benches/cluster/run.sh
 #
 # Settings (environment): GPUS, SPAN, REPS (query repetitions, default 10),
-# GPULSE_BIN (default: build `--profile peers`), OUT (default target/cluster-bench).
+# GPULSE_BIN (default: build `--profile peers`; gpulse-bench is the one beside
+# it, or BENCH_BIN), OUT (default target/cluster-bench).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -27,10 +28,12 @@ say() { printf '\n== %s\n' "$*"; }
 if [ -n "${GPULSE_BIN:-}" ]; then
   BIN=$GPULSE_BIN
 else
-  say "building gpulse (--profile peers)"
-  (cd "$ROOT" && cargo build --profile peers --bin gpulse)
+  say "building gpulse and gpulse-bench (--profile peers)"
+  (cd "$ROOT" && cargo build --profile peers --bin gpulse --bin gpulse-bench)
   BIN=$ROOT/target/peers/gpulse
 fi
+BENCH=${BENCH_BIN:-$(dirname "$BIN")/gpulse-bench}
+[ -x "$BENCH" ] || { echo "no gpulse-bench binary at $BENCH (cargo build -p gpulse-bench, or set BENCH_BIN)" >&2; exit 2; }
 mkdir -p "$OUT"
 
 FILE=$WORK/cluster.toml
@@ -62,7 +65,7 @@ for p in "${NODE_PIDS[@]}"; do CPU0[$p]=$(cpu_ticks "$p"); done
 
 END_MS=$(( $(date +%s) * 1000 ))
 say "loading $GPUS GPUs x $SPAN at 1 Hz into 3 nodes (RF 2), as fast as acked"
-"$BIN" bench ingest --cluster "$FILE" --gpus "$GPUS" --interval 1s --span "$SPAN" \
+"$BENCH" ingest --cluster "$FILE" --gpus "$GPUS" --interval 1s --span "$SPAN" \
   --end-ms "$END_MS" --json "$OUT/ingest.jsonl"
 
 TOTAL=0
@@ -85,7 +88,7 @@ print(f"ack latency:             p50 {r['ack_p50_ms']:.1f} ms, p99 {r['ack_p99_m
 PY
 
 say "query set through node a (answers for the whole cluster)"
-"$BIN" bench query --url http://127.0.0.1:37401 --sql --at-ms "$END_MS" --reps "$REPS" \
+"$BENCH" query --url http://127.0.0.1:37401 --sql --at-ms "$END_MS" --reps "$REPS" \
   --system gpulse-cluster --json "$OUT/query.jsonl"
 
 say "cluster status"

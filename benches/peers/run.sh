@@ -10,25 +10,26 @@
 # temporary data directory:
 #   1. installs Debian's victoria-metrics and prometheus (and curl, python3,
 #      fonts-dejavu-core) if they are missing;
-#   2. builds gpulse (`--profile peers`: gpulse's own crates and the ingest and
-#      PromQL paths' dependencies optimised, DataFusion and the rest not, so
-#      that a cold build fits the budget; the debug build for --quick), unless
-#      GPULSE_BIN names a binary;
+#   2. builds gpulse and gpulse-bench (`--profile peers`: gpulse's own crates
+#      and the ingest and PromQL paths' dependencies optimised, DataFusion and
+#      the rest not, so that a cold build fits the budget; the debug build for
+#      --quick), unless GPULSE_BIN names a binary (gpulse-bench is then the
+#      one beside it, or BENCH_BIN);
 #   3. loads the simulated fleet, then (into a fresh instance) the real DCGM
-#      recordings of ../shared/data/real, with `gpulse bench ingest`: the
+#      recordings of ../shared/data/real, with `gpulse-bench ingest`: the
 #      peers by Prometheus remote-write, gpulse by remote-write and by its
 #      agent protocol. CPU and RSS come from the server's /proc entries;
 #   4. makes each system flush and merge in its own way (gpulse
 #      /api/v1/admin/flush; VictoriaMetrics /internal/force_flush and
 #      /internal/force_merge; Prometheus a TSDB snapshot with its head) and
 #      measures its data directory;
-#   5. times the query set with `gpulse bench query` (PromQL on all three,
+#   5. times the query set with `gpulse-bench query` (PromQL on all three,
 #      SQL raw and over rollups on gpulse);
-#   6. `gpulse bench report` prints the table of ratios and writes the
+#   6. `gpulse-bench report` prints the table of ratios and writes the
 #      docs/BENCHMARKS.md section and the PNG charts (full run only).
 #
 # Settings (environment): GPUS (default 1000), SPAN (2h), INTERVAL (10s),
-# REPS (20), GPULSE_BIN, OUT (results directory, default target/peers).
+# REPS (20), GPULSE_BIN, BENCH_BIN, OUT (results directory, default target/peers).
 set -euo pipefail
 
 QUICK=0
@@ -72,15 +73,19 @@ PROM_VERSION="prometheus $(dpkg-query -W -f='${Version}' prometheus 2>/dev/null 
 # --- 2. gpulse -------------------------------------------------------------
 if [ -n "${GPULSE_BIN:-}" ]; then
   BIN=$GPULSE_BIN
+  BENCH=${BENCH_BIN:-$(dirname "$BIN")/gpulse-bench}
 elif ((QUICK)); then
-  say "building gpulse (debug)"
-  (cd "$ROOT" && cargo build --bin gpulse)
+  say "building gpulse and gpulse-bench (debug)"
+  (cd "$ROOT" && cargo build --bin gpulse --bin gpulse-bench)
   BIN=$ROOT/target/debug/gpulse
+  BENCH=$ROOT/target/debug/gpulse-bench
 else
-  say "building gpulse (--profile peers)"
-  (cd "$ROOT" && cargo build --profile peers --bin gpulse)
+  say "building gpulse and gpulse-bench (--profile peers)"
+  (cd "$ROOT" && cargo build --profile peers --bin gpulse --bin gpulse-bench)
   BIN=$ROOT/target/peers/gpulse
+  BENCH=$ROOT/target/peers/gpulse-bench
 fi
+[ -x "$BENCH" ] || { echo "no gpulse-bench binary at $BENCH (cargo build -p gpulse-bench, or set BENCH_BIN)" >&2; exit 2; }
 
 if ((QUICK)); then
   GPUS=${GPUS:-64} SPAN=${SPAN:-30m} INTERVAL=${INTERVAL:-10s} REPS=${REPS:-3}
@@ -150,7 +155,7 @@ start_prometheus() { # DIR
 
 ingest() { # SYSTEM PROTOCOL URL PID DISK FLUSH-ARGS... -- DATA-ARGS...
   local system=$1 protocol=$2 url=$3 pid=$4 disk=$5; shift 5
-  "$BIN" bench ingest --system "$system" --protocol "$protocol" --url "$url" \
+  "$BENCH" ingest --system "$system" --protocol "$protocol" --url "$url" \
     --server-pid "$pid" --disk-path "$disk" --json "$RESULTS" "$@"
 }
 
@@ -162,7 +167,7 @@ run_gpulse() { # PROTOCOL DATASET
   local data=("${SIM[@]}"); [ "$2" = sim ] || data=("${REAL[@]}")
   ingest gpulse "$1" "$url" "$PID" "$dir" --flush-url "http://$GP_HTTP/api/v1/admin/flush" "${data[@]}"
   if [ "$1-$2" = agent-sim ]; then
-    "$BIN" bench query --url "http://$GP_HTTP" --sql --at-ms "$END_MS" --reps "$REPS" \
+    "$BENCH" query --url "http://$GP_HTTP" --sql --at-ms "$END_MS" --reps "$REPS" \
       --system gpulse --json "$RESULTS"
   fi
   stop "$PID"
@@ -177,7 +182,7 @@ run_vm() { # DATASET
     --flush-url "http://$VM_HTTP/internal/force_merge" \
     --settle-metric "http://$VM_HTTP/metrics#vm_active_force_merges" "${data[@]}"
   if [ "$1" = sim ]; then
-    "$BIN" bench query --url "http://$VM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
+    "$BENCH" query --url "http://$VM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
       --system victoria-metrics --json "$RESULTS" || echo "(some VictoriaMetrics queries failed; see the report)"
   fi
   stop "$PID"
@@ -190,7 +195,7 @@ run_prometheus() { # DATASET
   ingest prometheus remote-write "http://$PROM_HTTP/api/v1/write" "$PID" "$dir/snapshots" \
     --flush-url "http://$PROM_HTTP/api/v1/admin/tsdb/snapshot" "${data[@]}"
   if [ "$1" = sim ]; then
-    "$BIN" bench query --url "http://$PROM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
+    "$BENCH" query --url "http://$PROM_HTTP" --at-ms "$END_MS" --reps "$REPS" \
       --system prometheus --json "$RESULTS" || echo "(some Prometheus queries failed; see the report)"
   fi
   stop "$PID"
@@ -215,9 +220,9 @@ Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and serve
 per-core figures divide by the server's own CPU time. Unless GPULSE_BIN named another binary, gpulse is built with \
 \`--profile peers\`: DataFusion is unoptimised there, so the gpulse sql columns are slower than in an optimised build."
 if ((QUICK)); then
-  "$BIN" bench report "$RESULTS" --markdown "$OUT/report.md" --charts "$OUT/charts" --note "$NOTE"
+  "$BENCH" report "$RESULTS" --markdown "$OUT/report.md" --charts "$OUT/charts" --note "$NOTE"
 else
-  "$BIN" bench report "$RESULTS" --markdown "$ROOT/docs/BENCHMARKS.md" --charts "$ROOT/docs/bench" \
+  "$BENCH" report "$RESULTS" --markdown "$ROOT/docs/BENCHMARKS.md" --charts "$ROOT/docs/bench" \
     --charts-link bench --note "$NOTE"
 fi
 say "done"

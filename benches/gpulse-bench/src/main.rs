@@ -1,16 +1,21 @@
-//! `gpulse bench`: the end-to-end load generator and query benchmark, and
+//! `gpulse-bench`: the end-to-end load generator and query benchmark, and
 //! the report that compares gpulse with its peers (`benches/peers/run.sh`).
+//! A binary of its own, so that `gpulse serve` links none of it.
 //!
-//! * `bench ingest` drives simulated agents (or a recorded CSV) over real gRPC
-//!   or Prometheus remote-write into a server, and measures the server from
-//!   `/proc`: CPU-seconds per million samples, RSS, and bytes on disk per
-//!   sample after a flush. Without `--url` it starts a `gpulse serve` of this
-//!   binary over a temporary directory and measures that.
-//! * `bench query` runs the fixed query set ([`queries`]) as PromQL and SQL.
-//! * `bench report` turns the JSON lines both write into tables of ratios,
-//!   a `docs/BENCHMARKS.md` section and PNG charts.
+//! * `gpulse-bench ingest` drives simulated agents (or a recorded CSV) over
+//!   real gRPC or Prometheus remote-write into a server, and measures the
+//!   server from `/proc`: CPU-seconds per million samples, RSS, and bytes on
+//!   disk per sample after a flush. Without `--url` it starts `gpulse serve`
+//!   (`--gpulse`) over a temporary directory and measures that.
+//! * `gpulse-bench query` runs the fixed query set ([`queries`]) as PromQL
+//!   and SQL.
+//! * `gpulse-bench report` turns the JSON lines both write into tables of
+//!   ratios, a `docs/BENCHMARKS.md` section and PNG charts.
 //!
 //! Results are JSON lines (one object per measurement) appended to `--json`.
+
+// A command-line program: printing to stdout is its job.
+#![allow(clippy::print_stdout)]
 
 mod fleet;
 mod load;
@@ -26,18 +31,73 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use clap::{Args, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
-use crate::cli::parse_rate;
 use agent::cmd::parse_duration;
 use load::{LoadConfig, LoadStats, Protocol};
 use probe::Probe;
 
-#[derive(Debug, Args)]
+/// Load generator, query benchmark and report for gpulse and its peers.
+#[derive(Debug, Parser)]
+#[command(name = "gpulse-bench", version)]
 pub(crate) struct BenchArgs {
     #[command(subcommand)]
     pub(crate) command: BenchCommand,
+    /// The `gpulse` binary to start when no `--url` is given. Default:
+    /// `gpulse` beside this binary, else the one on `PATH`.
+    #[arg(long, global = true, env = "GPULSE_BIN", value_name = "PATH")]
+    pub(crate) gpulse: Option<PathBuf>,
+}
+
+fn main() -> std::process::ExitCode {
+    let args = BenchArgs::parse();
+    agent::cmd::init_logging();
+    let run = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")
+        .and_then(|rt| rt.block_on(run(args)));
+    match run {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // `{:#}` prints the whole context chain on one line.
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// A rate in samples per second, with an optional `k` or `M` suffix.
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.strip_suffix(['k', 'K']) {
+        Some(n) => (n, 1e3),
+        None => match t.strip_suffix('M') {
+            Some(n) => (n, 1e6),
+            None => (t, 1.0),
+        },
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate (e.g. 500k or 1.5M samples/s)"))?;
+    if !(v.is_finite() && v > 0.0) {
+        return Err("must be greater than zero".into());
+    }
+    Ok(v * mult)
+}
+
+/// The `gpulse` binary to start: `--gpulse`, else `gpulse` beside this
+/// binary (as cargo and the release archive put them), else `PATH`'s.
+fn gpulse_binary(flag: Option<&std::path::Path>) -> PathBuf {
+    if let Some(p) = flag {
+        return p.to_path_buf();
+    }
+    std::env::current_exe()
+        .ok()
+        .map(|exe| exe.with_file_name("gpulse"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("gpulse"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -224,11 +284,12 @@ pub(crate) struct QueryResult {
     pub(crate) error: Option<String>,
 }
 
-pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let gpulse = gpulse_binary(args.gpulse.as_deref());
     match args.command {
         BenchCommand::Ingest(a) => {
             let json = a.json.clone();
-            let r = ingest(a).await?;
+            let r = ingest(a, &gpulse).await?;
             print_ingest(&r);
             if let Some(path) = json {
                 append_json(&path, &r)?;
@@ -243,7 +304,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Query(a) => query(a).await,
+        BenchCommand::Query(a) => query(a, &gpulse).await,
         BenchCommand::Report(a) => tokio::task::spawn_blocking(move || report::run(&a)).await?,
     }
 }
@@ -265,7 +326,7 @@ fn append_json(path: &std::path::Path, value: &impl Serialize) -> anyhow::Result
         .with_context(|| format!("writing {}", path.display()))
 }
 
-async fn ingest(mut a: IngestArgs) -> anyhow::Result<IngestResult> {
+async fn ingest(mut a: IngestArgs, gpulse: &std::path::Path) -> anyhow::Result<IngestResult> {
     if a.quick {
         a.gpus = 64;
         a.span = Duration::from_secs(1800);
@@ -294,7 +355,7 @@ async fn ingest(mut a: IngestArgs) -> anyhow::Result<IngestResult> {
     }
     let started = match &a.url {
         Some(_) => None,
-        None => Some(server::Spawned::start().await?),
+        None => Some(server::Spawned::start(gpulse).await?),
     };
     let url = match (&a.url, &started) {
         (Some(u), _) => u.clone(),
@@ -627,13 +688,13 @@ fn print_ingest(r: &IngestResult) {
     );
 }
 
-async fn query(a: QueryArgs) -> anyhow::Result<()> {
+async fn query(a: QueryArgs, gpulse: &std::path::Path) -> anyhow::Result<()> {
     let reps = if a.quick { 3 } else { a.reps };
     // Without a URL: a started gpulse, loaded as `bench ingest --quick` loads it.
     let (started, base, at_ms) = match &a.url {
         Some(u) => (None, u.clone(), a.at_ms.unwrap_or_else(now_ms)),
         None => {
-            let s = server::Spawned::start().await?;
+            let s = server::Spawned::start(gpulse).await?;
             let end_ms = a.at_ms.unwrap_or_else(now_ms);
             let feeds = fleet::SimFleet {
                 gpus: 64,
@@ -759,6 +820,17 @@ async fn query(a: QueryArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rates_take_k_and_m_suffixes_and_refuse_nonsense() {
+        assert_eq!(parse_rate("500k"), Ok(500_000.0));
+        assert_eq!(parse_rate("1.5M"), Ok(1_500_000.0));
+        assert_eq!(parse_rate(" 20 "), Ok(20.0));
+        assert!(parse_rate("0").is_err());
+        assert!(parse_rate("-3k").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_rate("NaN").is_err());
+    }
 
     #[test]
     fn metric_values_are_read_from_the_text_format() {

@@ -1,5 +1,5 @@
 //! A `gpulse serve` child process for benchmarks that bring their own
-//! server: this binary, on free loopback ports, over a temporary directory.
+//! server: on free loopback ports, over a temporary directory.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -20,17 +20,17 @@ pub(crate) struct Spawned {
 
 impl Spawned {
     /// Starts the server and waits for its `gpulse ready` line.
-    pub(crate) async fn start() -> anyhow::Result<Self> {
-        tokio::task::spawn_blocking(Self::start_blocking).await?
+    pub(crate) async fn start(gpulse: &Path) -> anyhow::Result<Self> {
+        let gpulse = gpulse.to_path_buf();
+        tokio::task::spawn_blocking(move || Self::start_blocking(&gpulse)).await?
     }
 
-    fn start_blocking() -> anyhow::Result<Self> {
+    fn start_blocking(gpulse: &Path) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("gpulse-bench-")
             .tempdir()
             .context("creating a temporary data directory")?;
-        let exe = std::env::current_exe().context("finding this binary")?;
-        let mut child = Command::new(exe)
+        let mut child = Command::new(gpulse)
             .args([
                 "serve",
                 "--grpc-listen",
@@ -48,7 +48,12 @@ impl Spawned {
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
-            .context("starting gpulse serve")?;
+            .with_context(|| {
+                format!(
+                    "starting {} serve (give the gpulse binary with --gpulse or GPULSE_BIN)",
+                    gpulse.display()
+                )
+            })?;
         let pid = child.id();
         let stdout = child.stdout.take().expect("BUG: stdout is piped");
         let (mut grpc, mut http) = (None, None);
