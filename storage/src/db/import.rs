@@ -28,9 +28,12 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use super::{Result, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage};
+use super::Storage;
+use crate::Result;
 use crate::error::Error;
-use crate::rollup::{Table, Tables, empty_tables};
+use crate::rollup::{
+    RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables, empty_tables,
+};
 
 /// Most windows one tier of one import may span, so that no group's records
 /// outgrow a rollup file block (2^24 windows: 31 years of minutes).

@@ -1,6 +1,12 @@
 use super::*;
-use crate::series::Label;
+use crate::SegmentId;
+use crate::error::Error;
+use crate::files::{QUARANTINE_DIR, SEGMENTS_DIR};
+use crate::head::SeriesRef;
+use crate::series::{Label, Matcher};
+use crate::wal;
 use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
 
 fn key(metric: &str, gpu: u32) -> SeriesKey {
     SeriesKey::new(metric, vec![Label::new("gpu", gpu.to_string())]).unwrap()

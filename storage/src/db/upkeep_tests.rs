@@ -4,10 +4,16 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::AtomicI64;
+use std::sync::atomic::Ordering::Relaxed;
 
 use super::*;
+use crate::error::Error;
+use crate::files::{QUARANTINE_DIR, ROLLUPS_DIR};
+use crate::head::Appended;
 use crate::rollup::tests::{Model, check, config, key_of, slot_ts};
+use crate::rollup::{RollupFilter, RollupLevel};
 use crate::series::Label;
+use crate::wal;
 use crate::{MAX_TS_MS, MIN_TS_MS};
 
 fn key(metric: &str, gpu: u32) -> SeriesKey {

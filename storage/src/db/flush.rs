@@ -1,0 +1,229 @@
+//! Flushing: [`Storage::flush`] seals the head (and its rollups) into a new
+//! segment (and rollup file), then cuts the WAL.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Instant;
+
+use tracing::{debug, error, info, warn};
+
+use super::{Storage, normalize};
+use crate::error::Error;
+use crate::files;
+use crate::gorilla::GorillaDecoder;
+use crate::head::{FrozenSeries, MemChunk};
+use crate::segment::writer::{SegmentSummary, write_segment};
+use crate::series::SeriesKey;
+use crate::{Result, SegmentId};
+
+impl Storage {
+    /// Seals everything in the head into a new segment. Returns `None` if the
+    /// head was empty. One flush runs at a time; appends and queries go on
+    /// while it writes.
+    ///
+    /// # Errors
+    /// I/O errors: the frozen data then stays visible to queries and the next
+    /// flush retries it. Data that a writer refuses ([`Error::Unwritable`],
+    /// or a file that fails to open right after it was written) is set aside
+    /// instead: the offending samples or rollup records (all of the frozen
+    /// ones if they cannot be told apart) go to a `quarantine/set-aside-*.txt`
+    /// file, the rest stays for the next flush, and the error is returned.
+    /// Every failure is counted (`flush_failures`) and logged once per cause.
+    pub fn flush(&self) -> Result<Option<SegmentSummary>> {
+        let _upkeep = lock!(self.flush_lock.lock());
+        self.flush_locked()
+    }
+
+    /// [`Self::flush`], for a caller that holds the upkeep lock.
+    pub(super) fn flush_locked(&self) -> Result<Option<SegmentSummary>> {
+        let result = self.flush_inner();
+        let mut last = lock!(self.flush_error.lock());
+        match &result {
+            Ok(_) => {
+                if let Some(cause) = last.take() {
+                    info!(previous_error = %cause, "flush succeeded after failing");
+                }
+            }
+            Err(e) => {
+                self.metrics.flush_failures.fetch_add(1, Relaxed);
+                let cause = failure_cause(e);
+                if last.as_deref() == Some(cause.as_str()) {
+                    debug!(error = %e, "flush failed again, as before");
+                } else {
+                    error!(error = %e, "flush failed; the next flush retries (I/O) or the data was set aside in quarantine/ (data that cannot be written); counted in flush_failures");
+                    *last = Some(cause);
+                }
+            }
+        }
+        result
+    }
+
+    fn flush_inner(&self) -> Result<Option<SegmentSummary>> {
+        let (frozen, cut) = {
+            let _gate = lock!(self.gate.write());
+            let mut state = lock!(self.state.write());
+            let mut carried = state
+                .frozen
+                .take()
+                .map(|f| (*f).clone())
+                .unwrap_or_default();
+            let mut head = lock!(self.head.write());
+            let mut fresh = head.freeze();
+            let fresh_rollup = head.take_rollups();
+            // Idle series leave before the checkpoint, so the next WAL
+            // generation does not define them.
+            let evicted = head.evict_idle(Instant::now(), self.config.series_idle) as u64;
+            self.metrics.series_evicted.fetch_add(evicted, Relaxed);
+            let mut checkpoint = Vec::new();
+            head.checkpoint(&mut checkpoint);
+            drop(head);
+            self.producers.checkpoint(&mut checkpoint);
+            if carried.is_empty() {
+                carried = fresh;
+            } else if !fresh.is_empty() {
+                merge_frozen(&mut carried, &mut fresh);
+            }
+            let mut rollup = state
+                .frozen_rollup
+                .take()
+                .map(|f| (*f).clone())
+                .unwrap_or_default();
+            rollup.extend(fresh_rollup);
+            state.frozen_rollup = (!rollup.is_empty()).then(|| Arc::new(rollup));
+            if carried.is_empty() {
+                // Only rollups left over from a flush whose segment was set
+                // aside: nothing for a segment, the next flush writes them.
+                return Ok(None);
+            }
+            let frozen = Arc::new(carried);
+            state.frozen = Some(frozen.clone());
+            // Samples from here on go to WAL segments at or after `cut`.
+            let cut = self
+                .wal
+                .cut(checkpoint)
+                .map_err(|e| Error::io(self.wal_dir(), e))?;
+            (frozen, cut)
+        };
+
+        let started = Instant::now();
+        // Rollups first: a crash before the segment is durable leaves the WAL
+        // in place, and replay then refills the head but not the rollups (the
+        // WAL below this file's cut is counted in it).
+        let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
+        if let Some(delta) = frozen_rollup {
+            match self.write_rollups(cut, &crate::rollup::delta_tables(&delta), None) {
+                Ok(file) => {
+                    let mut state = lock!(self.state.write());
+                    state.rollups.push(Arc::new(file));
+                    state.frozen_rollup = None;
+                }
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) => {
+                    self.set_aside_rollups(&delta, &e)?;
+                    // The raw samples behind refused records would fail the
+                    // segment next: set aside those a segment cannot hold now,
+                    // so that the next flush writes the rest.
+                    if self.set_aside_samples(&frozen, &e, false)?
+                        && lock!(self.state.read()).frozen_rollup.is_none()
+                    {
+                        self.truncate_wal(cut);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
+        let tmp = files::segment_tmp_path(&self.config.data_dir, id);
+        let dst = files::segment_path(&self.config.data_dir, id);
+        let written = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen).and_then(|s| {
+            let opened = self.open_written_segment(&dst, id);
+            Ok((s, opened?))
+        });
+        let (summary, segment) = match written {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                if !e.is_retryable() && self.set_aside_samples(&frozen, &e, true)? {
+                    // Nothing of this flush is left to write: the WAL before
+                    // the cut is in segments, rollup files or quarantine/.
+                    self.truncate_wal(cut);
+                }
+                return Err(e);
+            }
+        };
+        let mut state = lock!(self.state.write());
+        state.segments.push(Arc::new(segment));
+        state.frozen = None;
+        drop(state);
+        // The segment is durable: the WAL before the cut is no longer needed.
+        self.truncate_wal(cut);
+        self.metrics.flushes.fetch_add(1, Relaxed);
+        info!(
+            segment = %dst.display(),
+            series = summary.series,
+            samples = summary.samples,
+            bytes = summary.bytes,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "flushed head to segment"
+        );
+        Ok(Some(summary))
+    }
+
+    fn truncate_wal(&self, cut: u64) {
+        if let Err(e) = self.wal.truncate(cut) {
+            warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
+        }
+    }
+}
+
+/// What makes two flush failures "the same" for the log: the kind of I/O
+/// error (paths change with every retry's file id), or the writer's reason.
+fn failure_cause(e: &Error) -> String {
+    match e {
+        Error::Io { source, .. } => format!("I/O: {:?}", source.kind()),
+        Error::Unwritable { what, .. } => format!("unwritable: {what}"),
+        Error::Corrupt { kind, .. } => format!("corrupt: {kind}"),
+        e => e.to_string(),
+    }
+}
+
+/// Appends `fresh` (newer) chunks to `carried` (older, from a failed flush),
+/// keeping the result sorted by key.
+fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) {
+    let mut map: std::collections::BTreeMap<Arc<SeriesKey>, Vec<MemChunk>> =
+        carried.drain(..).collect();
+    for (k, chunks) in fresh.drain(..) {
+        map.entry(k).or_default().extend(chunks);
+    }
+    carried.extend(map);
+}
+
+/// Writes frozen head chunks as a segment (see [`write_segment`]).
+fn write_frozen(
+    tmp: &Path,
+    dst: &Path,
+    seq: (u64, u64),
+    wal_cut: u64,
+    frozen: &[FrozenSeries],
+) -> Result<SegmentSummary> {
+    let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
+    write_segment(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
+        let (key, chunks) = &frozen[i];
+        for c in chunks {
+            for s in GorillaDecoder::new(&c.bytes, c.count) {
+                let (t, v) = s.map_err(|source| Error::ChunkDecode {
+                    path: PathBuf::from("<head>"),
+                    series: key.to_string(),
+                    chunk: 0,
+                    source,
+                })?;
+                ts.push(t);
+                vals.push(v);
+            }
+        }
+        normalize(ts, vals, 0);
+        Ok(())
+    })
+}

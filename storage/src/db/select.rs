@@ -1,0 +1,209 @@
+//! The read path: [`Storage::select`] for raw samples and
+//! [`Storage::select_rollups`] for rollup records, each merging the files,
+//! a flush in progress and the head.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use tracing::error;
+
+use super::{Storage, normalize};
+use crate::Result;
+use crate::error::Error;
+use crate::gorilla::GorillaDecoder;
+use crate::head::MemChunk;
+use crate::rollup::{Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
+use crate::segment::{ChunkRef, Segment};
+use crate::series::{Matcher, SeriesKey};
+
+impl Storage {
+    /// Every series matching all `matchers` with at least one chunk that
+    /// overlaps `[min_ts, max_ts]`, sorted by key. Chunks are in time order.
+    pub fn select(&self, matchers: &[Matcher], min_ts: i64, max_ts: i64) -> Vec<SelectedSeries> {
+        let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
+        let mut by_key: std::collections::BTreeMap<Arc<SeriesKey>, Vec<ChunkSource>> =
+            Default::default();
+        let state = lock!(self.state.read());
+        for seg in &state.segments {
+            let (lo, hi) = seg.time_range();
+            if !overlaps(lo, hi) {
+                continue;
+            }
+            for ord in seg.select(matchers) {
+                let chunks: Vec<ChunkSource> = seg
+                    .chunks(ord)
+                    .iter()
+                    .filter(|c| overlaps(c.min_ts, c.max_ts))
+                    .map(|c| ChunkSource::Segment(seg.clone(), *c))
+                    .collect();
+                if !chunks.is_empty() {
+                    by_key
+                        .entry(seg.series_key(ord).clone())
+                        .or_default()
+                        .extend(chunks);
+                }
+            }
+        }
+        let mem = |by_key: &mut std::collections::BTreeMap<_, Vec<_>>,
+                   key: &Arc<SeriesKey>,
+                   chunks: Vec<MemChunk>| {
+            let chunks: Vec<ChunkSource> = chunks
+                .into_iter()
+                .filter(|c| overlaps(c.min_ts, c.max_ts))
+                .map(ChunkSource::Mem)
+                .collect();
+            if !chunks.is_empty() {
+                by_key.entry(key.clone()).or_default().extend(chunks);
+            }
+        };
+        if let Some(frozen) = &state.frozen {
+            for (key, chunks) in frozen.iter() {
+                if matchers.iter().all(|m| m.matches(key)) {
+                    mem(&mut by_key, key, chunks.clone());
+                }
+            }
+        }
+        lock!(self.head.read()).for_each_series(
+            |k| matchers.iter().all(|m| m.matches(k)),
+            |key, chunks| mem(&mut by_key, key, chunks),
+        );
+        drop(state);
+        by_key
+            .into_iter()
+            .map(|(key, chunks)| SelectedSeries { key, chunks })
+            .collect()
+    }
+
+    /// Groups matching `filter` with their records whose window overlaps
+    /// `[min_ts, max_ts]`; groups sorted, records in window order. Merges the
+    /// rollup files, a flush in progress and the head, so it counts every
+    /// stored sample exactly once. A file block that fails to decode is
+    /// logged, counted (`rollup_read_errors`) and skipped.
+    pub fn select_rollups(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
+        let mut q = Query {
+            tier,
+            level,
+            filter,
+            min_ts,
+            max_ts,
+            out: Default::default(),
+        };
+        if min_ts > max_ts {
+            return Vec::new();
+        }
+        let state = lock!(self.state.read());
+        for f in &state.rollups {
+            let read = f.for_each_matching(
+                tier,
+                level,
+                tier.window_start(min_ts),
+                max_ts,
+                filter,
+                |g, r| {
+                    if q.overlaps(r.window_start_ms) {
+                        q.add_record(g, r);
+                    }
+                },
+            );
+            if let Err(e) = read {
+                error!(error = %e, "rollup file block does not decode; skipped");
+                self.metrics.rollup_read_errors.fetch_add(1, Relaxed);
+            }
+        }
+        if let Some(delta) = &state.frozen_rollup {
+            for (g, minutes) in delta.iter() {
+                q.add_minutes(g, minutes);
+            }
+        }
+        lock!(self.head.read()).for_each_rollup(|g, r| q.add_minutes(g, r.records()));
+        drop(state);
+        q.finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+enum ChunkSource {
+    Segment(Arc<Segment>, ChunkRef),
+    Mem(MemChunk),
+}
+
+/// One series selected by [`Storage::select`]: its key and chunk handles. The
+/// handles keep segments mapped while they live.
+#[derive(Debug, Clone)]
+pub struct SelectedSeries {
+    pub key: Arc<SeriesKey>,
+    chunks: Vec<ChunkSource>,
+}
+
+impl SelectedSeries {
+    /// Decodes the samples in `[min_ts, max_ts]` and appends them to `ts_ms`
+    /// and `values` in time order, one sample per timestamp (the first write
+    /// wins where out-of-order writes overlapped).
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] or [`Error::ChunkDecode`] if a chunk fails its
+    /// checksum or does not decode; nothing is appended for that chunk onward.
+    pub fn read_into(
+        &self,
+        min_ts: i64,
+        max_ts: i64,
+        ts_ms: &mut Vec<i64>,
+        values: &mut Vec<f64>,
+    ) -> Result<()> {
+        let start = ts_ms.len();
+        let (mut t_buf, mut v_buf) = (Vec::new(), Vec::new());
+        for (i, c) in self.chunks.iter().enumerate() {
+            match c {
+                ChunkSource::Segment(seg, r) if r.min_ts >= min_ts && r.max_ts <= max_ts => {
+                    seg.read_chunk(r, ts_ms, values)?;
+                }
+                ChunkSource::Segment(seg, r) => {
+                    t_buf.clear();
+                    v_buf.clear();
+                    seg.read_chunk(r, &mut t_buf, &mut v_buf)?;
+                    for (&t, &v) in t_buf.iter().zip(&v_buf) {
+                        if t >= min_ts && t <= max_ts {
+                            ts_ms.push(t);
+                            values.push(v);
+                        }
+                    }
+                }
+                ChunkSource::Mem(m) => {
+                    for s in GorillaDecoder::new(&m.bytes, m.count) {
+                        let (t, v) = s.map_err(|source| Error::ChunkDecode {
+                            path: PathBuf::from("<head>"),
+                            series: self.key.to_string(),
+                            chunk: i,
+                            source,
+                        })?;
+                        if t >= min_ts && t <= max_ts {
+                            ts_ms.push(t);
+                            values.push(v);
+                        }
+                    }
+                }
+            }
+        }
+        normalize(ts_ms, values, start);
+        Ok(())
+    }
+
+    /// Upper bound of the samples in the selected chunks.
+    pub fn max_samples(&self) -> usize {
+        self.chunks
+            .iter()
+            .map(|c| match c {
+                ChunkSource::Segment(_, r) => r.count as usize,
+                ChunkSource::Mem(m) => m.count as usize,
+            })
+            .sum()
+    }
+}
