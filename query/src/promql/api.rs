@@ -197,7 +197,7 @@ fn write_point(out: &mut String, t: i64, v: f64) {
     out.push('[');
     write_ts(out, t);
     out.push_str(",\"");
-    out.push_str(&super::eval::format_value(v));
+    out.push_str(&super::value::format_value(v));
     out.push_str("\"]");
 }
 
@@ -484,7 +484,7 @@ async fn label_values(
     Path(name): Path<String>,
     RawQuery(raw): RawQuery,
 ) -> Response {
-    if !super::eval::valid_label_name(&name) {
+    if !super::value::valid_label_name(&name) {
         return error(&bad(format!("invalid label name: {name:?}")));
     }
     let p = Params::from(raw, &HeaderMap::new(), &Bytes::new());

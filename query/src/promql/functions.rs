@@ -4,9 +4,10 @@ use std::sync::Arc;
 
 use promql_parser::parser::{Call, Expr};
 
-use super::eval::{
-    Elem, Evaluator, METRIC_NAME, Val, Vector, check_unique, drop_name, get, go_max, go_min,
-    quantile, set_label, unsupported, valid_label_name,
+use super::aggregate::quantile;
+use super::eval::{Evaluator, unsupported};
+use super::value::{
+    Elem, METRIC_NAME, Val, Vector, check_unique, drop_name, get, set_label, valid_label_name,
 };
 use super::{LabelSet, PromError};
 
@@ -505,7 +506,7 @@ fn histogram_quantile(q: f64, v: Vector) -> Vector {
             .filter(|(n, _)| n != "le")
             .cloned()
             .collect();
-        let k = super::eval::key_of(&key);
+        let k = super::value::key_of(&key);
         let i = *index.entry(k).or_insert_with(|| {
             let out: Vec<(String, String)> =
                 key.into_iter().filter(|(n, _)| n != METRIC_NAME).collect();
@@ -801,4 +802,22 @@ fn range_value(
         "quantile_over_time" => quantile(param.unwrap_or(f64::NAN), &mut vs.to_vec()),
         _ => return None,
     })
+}
+
+/// Go's `math.Max`: NaN wins.
+fn go_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
+}
+
+/// Go's `math.Min`: NaN wins.
+fn go_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
 }

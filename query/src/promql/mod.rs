@@ -16,9 +16,12 @@
 //! whole cluster; an answer that lacks a shard carries warnings
 //! ([`Answer::warnings`], the `warnings` field of the HTTP answer).
 
+mod aggregate;
 pub mod api;
+mod binary;
 mod eval;
 mod functions;
+mod value;
 
 use std::sync::Arc;
 
