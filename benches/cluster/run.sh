@@ -9,7 +9,7 @@
 #   GPUS=200 SPAN=2m benches/cluster/run.sh
 #
 # Settings (environment): GPUS, SPAN, REPS (query repetitions, default 10),
-# GPULSE_BIN (default: build `--profile peers`; gpulse-bench is the one beside
+# GPULSE_BIN (default: build `--release`; gpulse-bench is the one beside
 # it, or BENCH_BIN), OUT (default target/cluster-bench).
 set -euo pipefail
 
@@ -28,9 +28,9 @@ say() { printf '\n== %s\n' "$*"; }
 if [ -n "${GPULSE_BIN:-}" ]; then
   BIN=$GPULSE_BIN
 else
-  say "building gpulse and gpulse-bench (--profile peers)"
-  (cd "$ROOT" && cargo build --profile peers --bin gpulse --bin gpulse-bench)
-  BIN=$ROOT/target/peers/gpulse
+  say "building gpulse and gpulse-bench (--release)"
+  (cd "$ROOT" && cargo build --release --bin gpulse --bin gpulse-bench)
+  BIN=$ROOT/target/release/gpulse
 fi
 BENCH=${BENCH_BIN:-$(dirname "$BIN")/gpulse-bench}
 [ -x "$BENCH" ] || { echo "no gpulse-bench binary at $BENCH (cargo build -p gpulse-bench, or set BENCH_BIN)" >&2; exit 2; }

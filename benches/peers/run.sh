@@ -10,10 +10,9 @@
 # temporary data directory:
 #   1. installs Debian's victoria-metrics and prometheus (and curl, python3,
 #      fonts-dejavu-core) if they are missing;
-#   2. builds gpulse and gpulse-bench (`--profile peers`: gpulse's own crates
-#      and the ingest and PromQL paths' dependencies optimised, DataFusion and
-#      the rest not, so that a cold build fits the budget; the debug build for
-#      --quick), unless GPULSE_BIN names a binary (gpulse-bench is then the
+#   2. builds gpulse and gpulse-bench (`--release`: gpulse's own crates and
+#      the hot paths' dependencies optimised, SQL planning and the rest not,
+#      see the root Cargo.toml; the debug build for --quick), unless GPULSE_BIN names a binary (gpulse-bench is then the
 #      one beside it, or BENCH_BIN);
 #   3. loads the simulated fleet, then (into a fresh instance) the real DCGM
 #      recordings of ../shared/data/real, with `gpulse-bench ingest`: the
@@ -80,10 +79,10 @@ elif ((QUICK)); then
   BIN=$ROOT/target/debug/gpulse
   BENCH=$ROOT/target/debug/gpulse-bench
 else
-  say "building gpulse and gpulse-bench (--profile peers)"
-  (cd "$ROOT" && cargo build --profile peers --bin gpulse --bin gpulse-bench)
-  BIN=$ROOT/target/peers/gpulse
-  BENCH=$ROOT/target/peers/gpulse-bench
+  say "building gpulse and gpulse-bench (--release)"
+  (cd "$ROOT" && cargo build --release --bin gpulse --bin gpulse-bench)
+  BIN=$ROOT/target/release/gpulse
+  BENCH=$ROOT/target/release/gpulse-bench
 fi
 [ -x "$BENCH" ] || { echo "no gpulse-bench binary at $BENCH (cargo build -p gpulse-bench, or set BENCH_BIN)" >&2; exit 2; }
 
@@ -217,8 +216,8 @@ $(( $(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576 )) GiB; gpulse $
 (commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION} and ${PROM_VERSION} (Debian packages). \
 Data: simulated fleet of $GPUS GPUs, $SPAN at $INTERVAL (53 DCGM fields per GPU), and the real DCGM recordings. \
 Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and server share the machine's cores; \
-per-core figures divide by the server's own CPU time. Unless GPULSE_BIN named another binary, gpulse is built with \
-\`--profile peers\`: DataFusion is unoptimised there, so the gpulse sql columns are slower than in an optimised build."
+per-core figures divide by the server's own CPU time. Unless GPULSE_BIN named another binary, gpulse is the \
+release build: SQL planning is unoptimised there (root Cargo.toml), the operators and Arrow's kernels are not."
 if ((QUICK)); then
   "$BENCH" report "$RESULTS" --markdown "$OUT/report.md" --charts "$OUT/charts" --note "$NOTE"
 else
