@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::cluster::{ClusterState, ShardKey, ShardMap};
 use anyhow::{Context, bail};
-use ingest::cluster::{ClusterState, ShardKey, ShardMap};
 use storage::Storage;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -29,7 +29,7 @@ pub(crate) struct NodeConfig {
 }
 
 impl NodeConfig {
-    pub(crate) fn spec(&self) -> &ingest::cluster::NodeSpec {
+    pub(crate) fn spec(&self) -> &::cluster::NodeSpec {
         let i = self
             .map
             .node_index(&self.node_id)
@@ -109,7 +109,7 @@ pub(crate) async fn start(
 
     tasks.push((
         "cluster-peers",
-        tokio::spawn(ingest::cluster::poll_peers(
+        tokio::spawn(::cluster::poll_peers(
             state.clone(),
             PEER_POLL,
             stop.clone(),
@@ -136,7 +136,7 @@ pub(crate) async fn start(
     Ok(state)
 }
 
-fn reload(state: &ClusterState, file: &Path, spec: &ingest::cluster::NodeSpec) {
+fn reload(state: &ClusterState, file: &Path, spec: &::cluster::NodeSpec) {
     let map = match ShardMap::load(file) {
         Ok(m) => m,
         Err(e) => {

@@ -198,7 +198,7 @@ pub(crate) struct Server {
     pub(crate) pg_addr: Option<SocketAddr>,
     pub(crate) storage: Arc<Storage>,
     /// Cluster mode: this node's view of the cluster.
-    pub(crate) cluster: Option<Arc<ingest::cluster::ClusterState>>,
+    pub(crate) cluster: Option<Arc<::cluster::ClusterState>>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
 }

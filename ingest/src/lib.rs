@@ -8,7 +8,6 @@
 //! and answered with an ack (stored) or a reject (invalid, not retryable). A bad
 //! batch never closes the stream.
 
-pub mod cluster;
 mod service;
 
 pub use service::{IngestMetrics, IngestService};

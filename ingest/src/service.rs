@@ -17,7 +17,7 @@ use tonic::{Request, Response, Status, Streaming};
 use tracing::{error, info, warn};
 
 use crate::IngestConfig;
-use crate::cluster::{ClusterState, ShardKey};
+use cluster::{ClusterState, ShardKey};
 
 /// Counters of the ingest service (`gpulse_ingest_*` once exported).
 #[derive(Debug, Default)]

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use agent::sim::{SimConfig, SimulatedSource};
 use agent::{AgentConfig, AgentMetrics, AgentReport, OwnerMetrics};
-use ingest::cluster::{ClusterState, ShardKey, ShardMap};
+use cluster::{ClusterState, ShardKey, ShardMap};
 use ingest::{IngestConfig, IngestMetrics, IngestService};
 use storage::{Matcher, Storage, StorageConfig};
 use tokio::net::TcpListener;
@@ -617,7 +617,7 @@ async fn a_restarted_agent_delivers_what_it_spooled_for_a_former_owner() {
             let key = ShardKey::of(r, host);
             let mut scores: Vec<(u64, &str)> = ["a", "b", "c", "d"]
                 .into_iter()
-                .map(|n| (ingest::cluster::rendezvous_score(n, &key), n))
+                .map(|n| (cluster::rendezvous_score(n, &key), n))
                 .collect();
             scores.sort_unstable_by(|x, y| y.cmp(x));
             scores[..2].iter().any(|&(_, n)| n == "d")

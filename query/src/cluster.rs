@@ -4,7 +4,7 @@
 //! ([`serve_flight`], [`FlightNode`]; the ticket and schema are in
 //! `cluster/wire.rs`). A [`ClusterReader`] answers a select (label matchers
 //! and a time range) for the cluster: it plans one replica per shard and
-//! epoch of the range with [`ingest::cluster::ShardMap::plan_read`] (this
+//! epoch of the range with [`::cluster::ShardMap::plan_read`] (this
 //! node first, then by rendezvous rank, skipping peers the poller marks
 //! down), reads its own shards from storage and the others' over Flight in
 //! parallel, re-plans the shards of a node that fails onto the next replica,
@@ -33,8 +33,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 
+pub use ::cluster::{ClusterState, ShardKey};
 pub use flight::{FlightNode, serve_flight};
-pub use ingest::cluster::{ClusterState, ShardKey};
 pub use reader::{ClusterReader, ReaderConfig, RollupSelection};
 
 /// Entry points for the fuzz targets (`fuzz/fuzz_targets/flight_*.rs`): the
@@ -126,18 +126,10 @@ pub mod fuzzing {
 }
 use storage::{Label, Matcher, SelectedSeries, SeriesKey, Storage};
 
-/// The shard of a stored series: its `rack` label when it has one (and it is
-/// not empty), else its host: the `Hostname` label, or `hostname` when there
-/// is no `Hostname` (as the `host` column and the rollup groups read it),
-/// empty when both are absent. Whatever routes writes (agents, remote-write
-/// forwarding) must place a series on the owners of this key.
+/// The shard of a stored series, by the one placement rule
+/// ([`ShardKey::of_labels`]).
 pub fn shard_of(key: &SeriesKey) -> ShardKey {
-    ShardKey::of(
-        key.get("rack").unwrap_or(""),
-        key.get("Hostname")
-            .or_else(|| key.get("hostname"))
-            .unwrap_or(""),
-    )
+    ShardKey::of_labels(|name| key.get(name))
 }
 
 /// The shard of a rollup group at gpu or host level.

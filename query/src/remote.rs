@@ -208,7 +208,7 @@ struct Remote {
     metrics: Arc<RemoteMetrics>,
     cache: SeriesCache,
     /// Cluster mode: writes are split by shard and forwarded to the owners.
-    cluster: Option<Arc<ingest::cluster::ClusterState>>,
+    cluster: Option<Arc<cluster::ClusterState>>,
 }
 
 /// Most bytes of label sets [`SeriesCache`] holds before it starts over.
@@ -271,7 +271,7 @@ fn routes(
     source: Source,
     limits: RemoteLimits,
     metrics: Arc<RemoteMetrics>,
-    cluster: Option<Arc<ingest::cluster::ClusterState>>,
+    cluster: Option<Arc<cluster::ClusterState>>,
 ) -> Router {
     let remote = Arc::new(Remote {
         storage,

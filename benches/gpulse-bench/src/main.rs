@@ -420,7 +420,7 @@ async fn ingest_into(
     // A cluster: one copy of every host per replica, each to its owner.
     let mut targets = None;
     if let Some(file) = &a.cluster {
-        let map = ingest::cluster::ShardMap::load(file)?;
+        let map = cluster::ShardMap::load(file)?;
         let mut urls = Vec::new();
         let mut all = Vec::new();
         for rank in 0..map.replication_factor() {
@@ -431,7 +431,7 @@ async fn ingest_into(
             };
             for f in copy {
                 let h = f.host();
-                let key = ingest::cluster::ShardKey::of(&h.rack, &h.name);
+                let key = cluster::ShardKey::of(&h.rack, &h.name);
                 let owner = map.owners_at(&key, end_ms)[rank];
                 urls.push(format!("grpc://{}", map.nodes()[owner].grpc));
                 all.push(f);

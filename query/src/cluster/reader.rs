@@ -1,6 +1,7 @@
 //! [`ClusterReader`]: plans, fans out, fails over and merges one select.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -9,8 +10,8 @@ use std::time::Duration;
 
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
+use cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
 use futures::{FutureExt, StreamExt};
-use ingest::cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
 use storage::{
     Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
 };
@@ -89,7 +90,7 @@ struct Inner {
     /// The runtime that runs the reads of [`ClusterReader::select_blocking`].
     runtime: tokio::runtime::Handle,
     /// Status calls of the refresh before planning.
-    peers: Option<ingest::cluster::PeerClients>,
+    peers: Option<cluster::PeerClients>,
 }
 
 /// The answer of a cluster rollup read: groups sorted, records in window
@@ -102,6 +103,19 @@ pub struct RollupSelection {
 
 /// The answer of one node for some shards.
 type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
+
+/// What one cluster read plans over: the map, this node's index in it, the
+/// shards any node reported, the shards to read, and the time range to plan
+/// for.
+#[derive(Debug, Clone, Copy)]
+struct Round<'a> {
+    map: &'a ShardMap,
+    me: usize,
+    known: &'a BTreeSet<ShardKey>,
+    keys: &'a BTreeSet<ShardKey>,
+    min_ts: i64,
+    max_ts: i64,
+}
 
 impl ClusterReader {
     /// A reader over `state` with this node's `storage`, counting into
@@ -122,9 +136,7 @@ impl ClusterReader {
                 metrics,
                 channels: Mutex::default(),
                 runtime: tokio::runtime::Handle::current(),
-                peers: config
-                    .refresh_timeout
-                    .map(ingest::cluster::PeerClients::new),
+                peers: config.refresh_timeout.map(cluster::PeerClients::new),
                 config,
             }),
         }
@@ -209,7 +221,7 @@ impl ClusterReader {
         let inner = &self.inner;
         inner.metrics.selects.fetch_add(1, Relaxed);
         if let Some(peers) = &inner.peers {
-            ingest::cluster::refresh_peers(&inner.state, peers).await;
+            cluster::refresh_peers(&inner.state, peers).await;
         }
         inner.state.preflight().map_err(|e| {
             inner.metrics.selects_refused.fetch_add(1, Relaxed);
@@ -242,72 +254,45 @@ impl ClusterReader {
         let mut failed: BTreeMap<usize, String> = BTreeMap::new();
         let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
         let mut merged: BTreeMap<Arc<SeriesKey>, Vec<Part>> = BTreeMap::new();
-        let mut plan = self.plan(&map, &keys, min_ts, max_ts, me, &failed);
-        let mut first_round = true;
         let received = AtomicUsize::new(0);
-        loop {
-            for m in std::mem::take(&mut plan.missing) {
-                missing.entry(m.key).or_default().extend(m.owners);
-            }
-            let local_keys = plan.assignments.remove(&me);
-            let local = {
+        let round = Round {
+            map: &map,
+            me,
+            known: &known,
+            keys: &keys,
+            min_ts,
+            max_ts,
+        };
+        self.fan_out(
+            round,
+            &mut failed,
+            &mut missing,
+            |local_keys, unknown_too| {
                 let storage = inner.storage.clone();
                 let matchers = matchers.to_vec();
-                // In the first round, also this node's series of shards no
-                // one reported: better read twice (merged) than never.
-                let unknown_too = first_round.then(|| known.clone());
                 async move {
-                    if local_keys.is_none() && unknown_too.is_none() {
-                        return Ok(Vec::new());
-                    }
                     tokio::task::spawn_blocking(move || {
                         read_local(&storage, &matchers, min_ts, max_ts, local_keys, unknown_too)
                     })
                     .await
+                    .map_err(|e| {
+                        ClusterError::Internal(format!("reading this node's storage failed: {e}"))
+                    })
                 }
-            };
-            let remote =
-                futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
-                    let addr = map.nodes()[node].flight;
-                    let ticket = wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
-                    let received = &received;
-                    async move { (node, self.fetch(addr, ticket, received).await) }
-                }));
-            let (local, remote) = futures::join!(local, remote);
-            let local = local.map_err(|e| {
-                ClusterError::Internal(format!("reading this node's storage failed: {e}"))
-            })?;
-            for (key, part) in local {
-                merged.entry(key).or_default().push(part);
-            }
-            let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
-            for (node, answer) in remote {
-                match answer {
-                    Ok(series) => {
-                        for (key, part) in series {
-                            merged.entry(key).or_default().push(part);
-                        }
-                    }
-                    Err(FetchError::TooLarge) => {
-                        return Err(ClusterError::TooLarge(crate::LimitExceeded::PeerSamples {
-                            limit: inner.config.max_peer_samples as u64,
-                        }));
-                    }
-                    Err(FetchError::Failed(e)) => {
-                        let id = &map.nodes()[node].id;
-                        warn!(peer = %id, error = %e, "cluster read of a peer failed; trying other replicas");
-                        inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
-                        replan.extend(plan.assignments[&node].iter().cloned());
-                        failed.insert(node, e);
-                    }
+            },
+            |node, shards| {
+                let addr = map.nodes()[node].flight;
+                let ticket = wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
+                let received = &received;
+                async move { self.fetch(addr, ticket, received).await }
+            },
+            |series| {
+                for (key, part) in series {
+                    merged.entry(key).or_default().push(part);
                 }
-            }
-            if replan.is_empty() {
-                break;
-            }
-            plan = self.plan(&map, &replan, min_ts, max_ts, me, &failed);
-            first_round = false;
-        }
+            },
+        )
+        .await?;
 
         self.missing_warnings(&map, missing, &failed, &mut warnings);
         debug!(
@@ -430,21 +415,21 @@ impl ClusterReader {
                 ));
             }
             // Plan within this epoch alone.
-            let (plan_lo, plan_hi) = (lo.max(epoch_start), hi.max(lo.max(epoch_start)));
-            let mut plan = self.plan(&map, &keys, plan_lo, plan_hi, me, &failed);
-            let mut first_round = true;
-            loop {
-                for m in std::mem::take(&mut plan.missing) {
-                    missing.entry(m.key).or_default().extend(m.owners);
-                }
-                let local_keys = plan.assignments.remove(&me);
-                let unknown_too = first_round.then(|| known.clone());
-                let local = {
+            let round = Round {
+                map: &map,
+                me,
+                known: &known,
+                keys: &keys,
+                min_ts: lo.max(epoch_start),
+                max_ts: hi.max(lo.max(epoch_start)),
+            };
+            self.fan_out(
+                round,
+                &mut failed,
+                &mut missing,
+                |local_keys, unknown_too| {
                     let (storage, req) = (inner.storage.clone(), req.clone());
                     async move {
-                        if local_keys.is_none() && unknown_too.is_none() {
-                            return Ok(wire::RollupMap::new());
-                        }
                         tokio::task::spawn_blocking(move || {
                             crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
                                 local_keys.as_ref().is_some_and(|a| a.contains(k))
@@ -452,48 +437,31 @@ impl ClusterReader {
                             })
                         })
                         .await
+                        .map_err(|e| {
+                            ClusterError::Internal(format!(
+                                "reading this node's rollups failed: {e}"
+                            ))
+                        })
                     }
-                };
-                let remote =
-                    futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
-                        let addr = map.nodes()[node].flight;
-                        let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
-                        async move { (node, self.fetch_rollups(addr, ticket).await) }
-                    }));
-                let (local, remote) = futures::join!(local, remote);
-                let local = local.map_err(|e| {
-                    ClusterError::Internal(format!("reading this node's rollups failed: {e}"))
-                })?;
-                for (g, windows) in &local {
-                    for r in windows.values() {
-                        wire::merge_record(&mut merged, g, r);
+                },
+                |node, shards| {
+                    let addr = map.nodes()[node].flight;
+                    let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
+                    async move {
+                        self.fetch_rollups(addr, ticket)
+                            .await
+                            .map_err(FetchError::Failed)
                     }
-                }
-                let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
-                for (node, answer) in remote {
-                    match answer {
-                        Ok(part) => {
-                            for (g, windows) in &part {
-                                for r in windows.values() {
-                                    wire::merge_record(&mut merged, g, r);
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            let id = &map.nodes()[node].id;
-                            warn!(peer = %id, error = %e, "cluster rollup read of a peer failed; trying other replicas");
-                            inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
-                            replan.extend(plan.assignments[&node].iter().cloned());
-                            failed.insert(node, e);
+                },
+                |part| {
+                    for (g, windows) in &part {
+                        for r in windows.values() {
+                            wire::merge_record(&mut merged, g, r);
                         }
                     }
-                }
-                if replan.is_empty() {
-                    break;
-                }
-                plan = self.plan(&map, &replan, plan_lo, plan_hi, me, &failed);
-                first_round = false;
-            }
+                },
+            )
+            .await?;
         }
         self.missing_warnings(&map, missing, &failed, &mut warnings);
         Ok(RollupSelection {
@@ -503,6 +471,89 @@ impl ClusterReader {
                 .collect(),
             warnings,
         })
+    }
+
+    /// The fan-out/failover loop of every cluster read. Plans `keys` over
+    /// the owners that can be read, reads this node's share with `local`
+    /// (given the shards assigned here and, in the first round, the shards
+    /// nobody reported, whose series this node may hold too: better read
+    /// twice, merged, than never) and each peer's share with `remote`, all at
+    /// once, and hands every answer to `merge`. The shards of a peer that
+    /// failed are planned again onto their other replicas until every shard
+    /// is read or has no replica left; those are added to `missing`, and
+    /// every failed peer to `failed`.
+    async fn fan_out<A, L, LFut, R, RFut>(
+        &self,
+        round: Round<'_>,
+        failed: &mut BTreeMap<usize, String>,
+        missing: &mut BTreeMap<ShardKey, BTreeSet<usize>>,
+        mut local: L,
+        remote: R,
+        mut merge: impl FnMut(A),
+    ) -> Result<(), ClusterError>
+    where
+        L: FnMut(Option<BTreeSet<ShardKey>>, Option<BTreeSet<ShardKey>>) -> LFut,
+        LFut: Future<Output = Result<A, ClusterError>>,
+        R: Fn(usize, &BTreeSet<ShardKey>) -> RFut,
+        RFut: Future<Output = Result<A, FetchError>>,
+    {
+        let Round {
+            map,
+            me,
+            known,
+            keys,
+            min_ts,
+            max_ts,
+        } = round;
+        let mut plan = self.plan(map, keys, min_ts, max_ts, me, failed);
+        let mut first_round = true;
+        loop {
+            for m in std::mem::take(&mut plan.missing) {
+                missing.entry(m.key).or_default().extend(m.owners);
+            }
+            let local_keys = plan.assignments.remove(&me);
+            let unknown_too = first_round.then(|| known.clone());
+            let local_read = (local_keys.is_some() || unknown_too.is_some())
+                .then(|| local(local_keys, unknown_too));
+            let local_read = async move {
+                match local_read {
+                    Some(read) => read.await.map(Some),
+                    None => Ok(None),
+                }
+            };
+            let remote_reads =
+                futures::future::join_all(plan.assignments.iter().map(|(&node, shards)| {
+                    let read = remote(node, shards);
+                    async move { (node, read.await) }
+                }));
+            let (local_answer, remote_answers) = futures::join!(local_read, remote_reads);
+            if let Some(answer) = local_answer? {
+                merge(answer);
+            }
+            let mut replan: BTreeSet<ShardKey> = BTreeSet::new();
+            for (node, answer) in remote_answers {
+                match answer {
+                    Ok(answer) => merge(answer),
+                    Err(FetchError::TooLarge) => {
+                        return Err(ClusterError::TooLarge(crate::LimitExceeded::PeerSamples {
+                            limit: self.inner.config.max_peer_samples as u64,
+                        }));
+                    }
+                    Err(FetchError::Failed(e)) => {
+                        let id = &map.nodes()[node].id;
+                        warn!(peer = %id, error = %e, "cluster read of a peer failed; trying other replicas");
+                        self.inner.metrics.peer_read_failures.fetch_add(1, Relaxed);
+                        replan.extend(plan.assignments[&node].iter().cloned());
+                        failed.insert(node, e);
+                    }
+                }
+            }
+            if replan.is_empty() {
+                return Ok(());
+            }
+            plan = self.plan(map, &replan, min_ts, max_ts, me, failed);
+            first_round = false;
+        }
     }
 
     /// Reads one peer's rollup answer, all of it or nothing.

@@ -50,7 +50,7 @@ use arrow::array::{
 };
 use arrow::buffer::OffsetBuffer;
 use arrow::datatypes::{DataType, Field, Float64Type, Int64Type, Schema, SchemaRef, UInt64Type};
-use ingest::cluster::ShardKey;
+use cluster::ShardKey;
 use serde::{Deserialize, Serialize};
 use storage::{
     Label, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey,

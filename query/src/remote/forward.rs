@@ -14,8 +14,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use cluster::ShardKey;
 use gpulse_proto::prometheus::{Label as PromLabel, Sample, TimeSeries, WriteRequest};
-use ingest::cluster::ShardKey;
 use prost::Message;
 
 use super::{HttpError, Remote, bad, store, wire};
@@ -27,17 +27,14 @@ pub const FORWARDED_HEADER: &str = "x-gpulse-forwarded";
 /// How long a forward to one owner may take.
 const FORWARD_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The shard of a label set, as [`crate::cluster::shard_of`] reads a
-/// stored series: `rack`, else `Hostname`, else `hostname`.
+/// The shard of a label set, by the one placement rule.
 fn shard_key(labels: &[(String, String)]) -> ShardKey {
-    let get = |name: &str| {
+    ShardKey::of_labels(|name| {
         labels
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, v)| v.as_str())
-    };
-    let host = get("Hostname").or_else(|| get("hostname")).unwrap_or("");
-    ShardKey::of(get("rack").unwrap_or(""), host)
+    })
 }
 
 /// Stores a part another node forwarded here, noting its shards.

@@ -214,6 +214,21 @@ fn a_host_without_a_rack_is_its_own_key() {
     assert!(differ);
 }
 
+#[test]
+fn the_placement_rule_reads_rack_then_hostname_then_lowercase_hostname() {
+    let key = |labels: &[(&str, &str)]| {
+        ShardKey::of_labels(|name| labels.iter().find(|(n, _)| *n == name).map(|(_, v)| *v))
+    };
+    let rack = |r: &str| ShardKey::Rack(r.into());
+    let host = |h: &str| ShardKey::Host(h.into());
+    assert_eq!(key(&[("rack", "r1"), ("Hostname", "h1")]), rack("r1"));
+    assert_eq!(key(&[("Hostname", "h1"), ("hostname", "h2")]), host("h1"));
+    assert_eq!(key(&[("hostname", "h2")]), host("h2"));
+    // An empty rack is no rack; no host label at all is the empty host.
+    assert_eq!(key(&[("rack", ""), ("hostname", "h2")]), host("h2"));
+    assert_eq!(key(&[("__name__", "DCGM_FI_DEV_GPU_TEMP")]), host(""));
+}
+
 fn four_with_epochs() -> ShardMap {
     let text = THREE.to_owned()
         + r#"

@@ -91,6 +91,19 @@ impl ShardKey {
         }
     }
 
+    /// The placement rule: the shard of a series, read from its labels.
+    /// Its `rack` label when it has one (and it is not empty), else its
+    /// host: the `Hostname` label, or `hostname` when there is no
+    /// `Hostname` (as the `host` column and the rollup groups read it);
+    /// empty when both are absent. Everything that places or finds a series
+    /// (agents through their hello, remote-write forwarding, the stored
+    /// series a node serves to its peers, read planning) goes through this
+    /// or [`ShardKey::of`].
+    pub fn of_labels<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Self {
+        let host = label("Hostname").or_else(|| label("hostname"));
+        Self::of(label("rack").unwrap_or(""), host.unwrap_or(""))
+    }
+
     /// The bytes the rendezvous score hashes: `rack/<id>` or `host/<name>`.
     fn hash_bytes(&self) -> Vec<u8> {
         match self {
