@@ -87,30 +87,6 @@ pub fn table_name(tier: RollupTier) -> &'static str {
     }
 }
 
-pub(crate) fn tier_label(tier: RollupTier) -> &'static str {
-    match tier {
-        RollupTier::Minute => "1m",
-        RollupTier::Hour => "1h",
-        RollupTier::Day => "1d",
-    }
-}
-
-pub(crate) fn level_name(level: RollupLevel) -> &'static str {
-    match level {
-        RollupLevel::Gpu => "gpu",
-        RollupLevel::Host => "host",
-        RollupLevel::Rack => "rack",
-        RollupLevel::Row => "row",
-        RollupLevel::Cluster => "cluster",
-    }
-}
-
-pub(crate) fn level_by_name(name: &str) -> Option<RollupLevel> {
-    RollupLevel::ALL
-        .into_iter()
-        .find(|&l| level_name(l) == name)
-}
-
 fn schema(with_tier: bool) -> SchemaRef {
     let mut fields: Vec<Field> = COLUMNS
         .iter()
@@ -275,7 +251,7 @@ impl Pushdown {
 
     /// The pushdown as `EXPLAIN` shows it.
     fn display(&self, time: &TimeRange) -> String {
-        let levels: Vec<&str> = self.levels().into_iter().map(level_name).collect();
+        let levels: Vec<&str> = self.levels().into_iter().map(RollupLevel::name).collect();
         let mut s = format!("levels=[{}]", levels.join(", "));
         let f = &self.filter;
         for (name, v) in [
@@ -332,7 +308,7 @@ fn level_set(e: &Expr) -> Option<[bool; 5]> {
 
 fn one_level(name: &str) -> [bool; 5] {
     let mut allowed = [false; 5];
-    if let Some(l) = level_by_name(name) {
+    if let Some(l) = RollupLevel::by_name(name) {
         allowed[l as usize] = true;
     }
     allowed
@@ -491,7 +467,7 @@ impl ExecutionPlan for RollupScanExec {
         let iter = RollupBatches {
             storage: self.storage.clone(),
             tier: self.tier,
-            tier_label: self.with_tier.then(|| tier_label(self.tier)),
+            tier_label: self.with_tier.then(|| self.tier.label()),
             filter: self.pushdown.filter.clone(),
             time: self.time,
             window_starts: self.window_starts,
@@ -619,7 +595,7 @@ impl Iterator for RollupBatches {
             let Some((level, g, r)) = self.next_record() else {
                 break;
             };
-            let level = level_name(level);
+            let level = level.name();
             for (i, b) in &mut builders {
                 match (COLUMNS.get(*i).copied(), b) {
                     (_, Builder::Ts(b)) => b.append_value(r.window_start_ms),

@@ -102,6 +102,21 @@ impl RollupTier {
         ts_ms.saturating_sub(ts_ms.rem_euclid(self.window_ms()))
     }
 
+    /// The tier's name where people and peers see it: `1m`, `1h`, `1d` (the
+    /// `tier` column of the SQL tables, the cluster's rollup tickets).
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Minute => "1m",
+            Self::Hour => "1h",
+            Self::Day => "1d",
+        }
+    }
+
+    /// The tier named `label` ([`Self::label`]).
+    pub fn by_label(label: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.label() == label)
+    }
+
     pub(crate) fn index(self) -> usize {
         self as usize
     }
@@ -123,6 +138,24 @@ pub enum RollupLevel {
 
 impl RollupLevel {
     pub const ALL: [RollupLevel; 5] = [Self::Gpu, Self::Host, Self::Rack, Self::Row, Self::Cluster];
+
+    /// The level's name where people and peers see it: `gpu`, `host`,
+    /// `rack`, `row`, `cluster` (the `level` column of the SQL tables, the
+    /// cluster's rollup tickets).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Host => "host",
+            Self::Rack => "rack",
+            Self::Row => "row",
+            Self::Cluster => "cluster",
+        }
+    }
+
+    /// The level named `name` ([`Self::name`]).
+    pub fn by_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|l| l.name() == name)
+    }
 
     pub(crate) fn index(self) -> usize {
         self as usize

@@ -410,7 +410,7 @@ impl ClusterReader {
                 warnings.push(format!(
                     "partial result: the {} window that holds the membership change at {} \
                      counts only the samples before the change",
-                    crate::rollups::tier_label(tier),
+                    tier.label(),
                     crate::pushdown::format_ms(epoch_start)
                 ));
             }

@@ -56,8 +56,6 @@ use storage::{
     Label, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey,
 };
 
-use crate::rollups::{level_by_name, level_name, tier_label};
-
 /// The ticket format's version; a node refuses others.
 pub(crate) const TICKET_VERSION: u32 = 1;
 
@@ -215,8 +213,8 @@ pub(crate) fn encode_rollup_ticket(
         shards: wire_shards(shards),
         labels_only: false,
         rollups: Some(WireRollups {
-            tier: tier_label(req.tier).to_owned(),
-            level: level_name(req.level).to_owned(),
+            tier: req.tier.label().to_owned(),
+            level: req.level.name().to_owned(),
             filter: WireFilter {
                 metric: f.metric.clone(),
                 cluster: f.cluster.clone(),
@@ -282,11 +280,9 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
     let rollups = match t.rollups {
         None => None,
         Some(r) => {
-            let tier = RollupTier::ALL
-                .into_iter()
-                .find(|&x| tier_label(x) == r.tier)
+            let tier = RollupTier::by_label(&r.tier)
                 .ok_or_else(|| format!("unknown rollup tier {:?}: 1m, 1h or 1d", r.tier))?;
-            let level = level_by_name(&r.level).ok_or_else(|| {
+            let level = RollupLevel::by_name(&r.level).ok_or_else(|| {
                 format!(
                     "unknown rollup level {:?}: gpu, host, rack, row or cluster",
                     r.level

@@ -976,3 +976,21 @@ fn version_1_files_read_as_they_did_and_version_2_compresses() {
     flagged[file::HEADER_LEN + 2] = 1;
     assert!(file::RollupFile::from_bytes(&flagged).is_err());
 }
+
+/// The names are what SQL users filter on (`level = 'rack'`, `tier = '1h'`)
+/// and what cluster peers send in rollup tickets: fixed, and read back.
+#[test]
+fn tier_and_level_names_are_fixed_and_read_back() {
+    let tiers: Vec<&str> = RollupTier::ALL.iter().map(|t| t.label()).collect();
+    assert_eq!(tiers, ["1m", "1h", "1d"]);
+    let levels: Vec<&str> = RollupLevel::ALL.iter().map(|l| l.name()).collect();
+    assert_eq!(levels, ["gpu", "host", "rack", "row", "cluster"]);
+    for t in RollupTier::ALL {
+        assert_eq!(RollupTier::by_label(t.label()), Some(t));
+    }
+    for l in RollupLevel::ALL {
+        assert_eq!(RollupLevel::by_name(l.name()), Some(l));
+    }
+    assert_eq!(RollupTier::by_label("1s"), None);
+    assert_eq!(RollupLevel::by_name("Rack"), None);
+}
