@@ -993,8 +993,21 @@ fn a_node_survives_every_hostile_input_and_loses_nothing_acked() {
                 let all = tokio::time::timeout(Duration::from_secs(60), silent.join_all())
                     .await
                     .expect("every silent stream is closed by the hello deadline");
+                // The node allows 16 streams per connection. A client that
+                // opens streams before the node's SETTINGS frame has reached
+                // it may open more; h2 refuses those with REFUSED_STREAM
+                // (Unavailable: nothing was processed, retry), which happened
+                // once in CI under load. Every other stream must end at the
+                // hello deadline, and the node accepts at least its 16.
+                let deadline = all
+                    .iter()
+                    .filter(|c| **c == tonic::Code::DeadlineExceeded)
+                    .count();
                 assert!(
-                    all.iter().all(|c| *c == tonic::Code::DeadlineExceeded),
+                    all.iter().all(|c| matches!(
+                        c,
+                        tonic::Code::DeadlineExceeded | tonic::Code::Unavailable
+                    )) && deadline >= 16,
                     "{all:?}"
                 );
             })
