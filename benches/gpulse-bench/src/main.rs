@@ -121,8 +121,8 @@ pub(crate) enum ProtocolArg {
 #[derive(Debug, Args)]
 pub(crate) struct IngestArgs {
     /// Server to load: `grpc://host:port` for the agent protocol, the
-    /// remote-write URL otherwise. Default: start `gpulse serve` (this
-    /// binary) on free ports over a temporary data directory.
+    /// remote-write URL otherwise. Default: start `gpulse serve` (see
+    /// `--gpulse`) on free ports over a temporary data directory.
     #[arg(long)]
     pub(crate) url: Option<String>,
     #[arg(long, value_enum, default_value = "agent")]
@@ -193,7 +193,7 @@ pub(crate) struct IngestArgs {
 pub(crate) struct QueryArgs {
     /// Base URL of the Prometheus-compatible query API (gpulse's HTTP
     /// listener, VictoriaMetrics, Prometheus). Default: a started gpulse
-    /// that is first loaded as `bench ingest --quick` would load it.
+    /// that is first loaded as `gpulse-bench ingest --quick` would load it.
     #[arg(long)]
     pub(crate) url: Option<String>,
     /// Also run the SQL forms (gpulse only), raw and over rollups.
@@ -202,7 +202,7 @@ pub(crate) struct QueryArgs {
     /// Skip the PromQL forms.
     #[arg(long)]
     pub(crate) no_promql: bool,
-    /// End of the loaded data, Unix ms (what `bench ingest --end-ms` got).
+    /// End of the loaded data, Unix ms (what `gpulse-bench ingest --end-ms` got).
     #[arg(long)]
     pub(crate) at_ms: Option<i64>,
     /// Timed runs per query, after one warm-up run.
@@ -219,7 +219,7 @@ pub(crate) struct QueryArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct ReportArgs {
-    /// JSON-lines files written by `bench ingest` and `bench query`.
+    /// JSON-lines files written by `gpulse-bench ingest` and `gpulse-bench query`.
     #[arg(required = true)]
     pub(crate) results: Vec<PathBuf>,
     /// Replace the section between the `<!-- peers:begin -->` and
@@ -690,7 +690,7 @@ fn print_ingest(r: &IngestResult) {
 
 async fn query(a: QueryArgs, gpulse: &std::path::Path) -> anyhow::Result<()> {
     let reps = if a.quick { 3 } else { a.reps };
-    // Without a URL: a started gpulse, loaded as `bench ingest --quick` loads it.
+    // Without a URL: a started gpulse, loaded as `gpulse-bench ingest --quick` loads it.
     let (started, base, at_ms) = match &a.url {
         Some(u) => (None, u.clone(), a.at_ms.unwrap_or_else(now_ms)),
         None => {

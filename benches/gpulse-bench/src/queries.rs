@@ -1,4 +1,4 @@
-//! The fixed query set of `gpulse bench query`: five questions a GPU-fleet
+//! The fixed query set of `gpulse-bench query`: five questions a GPU-fleet
 //! dashboard asks, each as PromQL (for every system that speaks it) and as
 //! SQL over raw samples and over rollups (gpulse only).
 //!

@@ -1,4 +1,4 @@
-//! `gpulse bench report`: the results of a comparison run as tables of
+//! `gpulse-bench report`: the results of a comparison run as tables of
 //! ratios against gpulse, a Markdown section for docs/BENCHMARKS.md, and PNG
 //! charts.
 
