@@ -385,14 +385,18 @@ fn concurrent_upkeep_under_load_keeps_every_sample_once() {
     };
     let max_now = Arc::new(AtomicI64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Set while writer 0 waits for a compaction; see below.
+    let holding = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let writers: Vec<_> = (0..WRITERS)
         .map(|w| {
-            let (st, progress) = (st.clone(), progress.clone());
+            let (st, progress, holding) = (st.clone(), progress.clone(), holding.clone());
             std::thread::spawn(move || {
                 let refs = [
                     st.series_ref(key("a", w)).unwrap(),
                     st.series_ref(key("b", w)).unwrap(),
                 ];
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+                let mut flushes_seen = 0;
                 for b in 0..BATCHES {
                     if w == 0 && b == BATCHES / 2 {
                         // Halfway, wait for a compaction to have run while
@@ -400,12 +404,27 @@ fn concurrent_upkeep_under_load_keeps_every_sample_once() {
                         // compacting thread may otherwise not get a turn
                         // before retention drops its inputs. Retention's
                         // "now" is the slowest writer's, so it waits too.
-                        let deadline =
-                            std::time::Instant::now() + std::time::Duration::from_secs(120);
+                        holding.store(true, Relaxed);
                         while st.metrics().compactions.load(Relaxed) == 0
                             && std::time::Instant::now() < deadline
                         {
                             std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                        holding.store(false, Relaxed);
+                    } else if holding.load(Relaxed) {
+                        // Meanwhile the others append one batch (2 s of data)
+                        // per segment at most, so every 5 s compaction window
+                        // gets two or more segments, however slow the disk's
+                        // fsync is next to the appends. The previous batch
+                        // has left the head once the second flush after it
+                        // is done (the first may have frozen the head before
+                        // it), or once the head is empty.
+                        while st.metrics().flushes.load(Relaxed) <= flushes_seen + 1
+                            && st.stats().head_samples > 0
+                            && holding.load(Relaxed)
+                            && std::time::Instant::now() < deadline
+                        {
+                            std::thread::sleep(std::time::Duration::from_micros(200));
                         }
                     }
                     let ts: Vec<i64> = (0..PER_BATCH)
@@ -424,6 +443,7 @@ fn concurrent_upkeep_under_load_keeps_every_sample_once() {
                     let out = st.append(&rr, &tt, &vv).unwrap();
                     assert_eq!(out.accepted as usize, rr.len());
                     progress[w as usize].store(*ts.last().unwrap(), Relaxed);
+                    flushes_seen = st.metrics().flushes.load(Relaxed);
                     // Let upkeep interleave with the appends.
                     std::thread::sleep(std::time::Duration::from_micros(300));
                 }
