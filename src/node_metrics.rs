@@ -12,8 +12,9 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use ingest::IngestMetrics;
+use ingest::remote_write::RemoteWriteMetrics;
 use query::QueryMetrics;
-use query::remote::RemoteMetrics;
+use query::remote_read::RemoteReadMetrics;
 use storage::Storage;
 
 /// Where the numbers come from.
@@ -22,7 +23,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) ingest: Arc<IngestMetrics>,
     pub(crate) query: Arc<QueryMetrics>,
     pub(crate) promql: Arc<QueryMetrics>,
-    pub(crate) remote: Arc<RemoteMetrics>,
+    pub(crate) remote_write: Arc<RemoteWriteMetrics>,
+    pub(crate) remote_read: Arc<RemoteReadMetrics>,
     /// SQL statements refused by the read-only guard (HTTP and PostgreSQL).
     pub(crate) readonly: Arc<query::readonly::ReadOnlyMetrics>,
     /// Queries refused or stopped by a query limit; slots in use.
@@ -261,7 +263,8 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     );
     m.query.render(&mut out, "sql");
     m.promql.render(&mut out, "promql");
-    m.remote.render(&mut out);
+    m.remote_write.render(&mut out);
+    m.remote_read.render(&mut out);
     m.ingest.render_limits(&mut out);
     m.http.render(&mut out);
     m.readonly.render(&mut out);

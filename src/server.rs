@@ -244,12 +244,15 @@ impl Server {
 
         let mut tasks = Vec::new();
         let edges = &config.edges;
-        let window = edges.window(config.retention);
+        // The two write paths, gRPC and remote write, share their limits.
+        let write_limits = ingest::WriteLimits {
+            labels: edges.labels,
+            window: edges.window(config.retention),
+        };
         let mut service = ingest::service(
             storage.clone(),
             ingest::IngestConfig {
-                labels: edges.labels,
-                window,
+                limits: write_limits,
                 hello_timeout: edges.grpc_hello_timeout,
                 max_streams_per_connection: edges.grpc_max_streams_per_connection,
                 max_streams: edges.grpc_max_streams,
@@ -276,18 +279,26 @@ impl Server {
             }),
         ));
 
-        let remote_metrics = Arc::new(query::remote::RemoteMetrics::default());
-        let remote_limits = query::remote::RemoteLimits {
+        let remote_write_metrics = Arc::new(ingest::remote_write::RemoteWriteMetrics::default());
+        let remote_write = ingest::remote_write::router(
+            storage.clone(),
+            ingest::remote_write::RemoteWriteConfig {
+                limits: write_limits,
+                max_request_bytes: edges.remote_max_request_bytes,
+            },
+            remote_write_metrics.clone(),
+            cluster.clone(),
+        );
+        let remote_read_metrics = Arc::new(query::remote_read::RemoteReadMetrics::default());
+        let remote_read_limits = query::remote_read::RemoteReadLimits {
             max_request_bytes: edges.remote_max_request_bytes,
-            labels: edges.labels,
-            window,
-            ..query::remote::RemoteLimits::default()
+            ..query::remote_read::RemoteReadLimits::default()
         };
         let edge_metrics = Arc::new(query::http::EdgeMetrics::default());
         // Cluster mode: reads of every kind answer for the whole cluster,
         // fetching other nodes' shards over Arrow Flight.
         let mut flight_addr = None;
-        let (engine, prom, remote, cluster_metrics) = match (&cluster, &config.cluster) {
+        let (engine, prom, remote_read, cluster_metrics) = match (&cluster, &config.cluster) {
             (Some(state), Some(node)) => {
                 let metrics = Arc::new(query::cluster::ClusterMetrics::default());
                 let addr = node.spec().flight;
@@ -323,10 +334,10 @@ impl Server {
                         reader.clone(),
                     ),
                     query::promql::PromEngine::with_cluster(reader.clone(), config.prom),
-                    query::remote::router_with_cluster(
+                    query::remote_read::router_with_cluster(
                         reader,
-                        remote_limits,
-                        remote_metrics.clone(),
+                        remote_read_limits,
+                        remote_read_metrics.clone(),
                     ),
                     Some(metrics),
                 )
@@ -334,7 +345,11 @@ impl Server {
             _ => (
                 query::QueryEngine::with_limits(storage.clone(), config.limits),
                 query::promql::PromEngine::with_limits(storage.clone(), config.prom),
-                query::remote::router(storage.clone(), remote_limits, remote_metrics.clone()),
+                query::remote_read::router(
+                    storage.clone(),
+                    remote_read_limits,
+                    remote_read_metrics.clone(),
+                ),
                 None,
             ),
         };
@@ -347,17 +362,19 @@ impl Server {
         let promql_metrics = prom.metrics().clone();
         let router = query::http::router(engine.clone())
             .merge(query::promql::api::router(prom))
-            .merge(remote.layer(axum::middleware::from_fn_with_state(
+            .merge(remote_read.layer(axum::middleware::from_fn_with_state(
                 guard.clone(),
                 query::limits::read_slot,
             )))
+            .merge(remote_write)
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
                     storage: storage.clone(),
                     ingest: ingest_metrics,
                     query: engine.metrics().clone(),
                     promql: promql_metrics,
-                    remote: remote_metrics,
+                    remote_write: remote_write_metrics,
+                    remote_read: remote_read_metrics,
                     readonly: engine.readonly_metrics().clone(),
                     guard: guard.metrics().clone(),
                     cluster: cluster_metrics,

@@ -296,7 +296,7 @@ fn remote_write_then_read_back_by_both_response_types_and_through_prometheus() {
         let cs = &frame.chunked_series[0];
         let mut samples = Vec::new();
         for c in &cs.chunks {
-            let decoded = query::remote::xor::decode(&c.data).unwrap();
+            let decoded = query::remote_read::xor::decode(&c.data).unwrap();
             assert!(!decoded.is_empty() && decoded.len() <= 120);
             assert_eq!(c.min_time_ms, decoded[0].0);
             assert_eq!(c.max_time_ms, decoded.last().unwrap().0);

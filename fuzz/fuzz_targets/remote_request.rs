@@ -1,19 +1,14 @@
 //! Remote read and write request bodies (snappy, then protobuf) must never
 //! panic, nor allocate what the snappy header claims beyond the limit; and
-//! the write path's zero-copy reader (`remote/wire.rs`) must take every body
+//! the write path's zero-copy reader (`ingest/src/remote_write/wire.rs`) must take every body
 //! prost takes and decode it exactly as prost does.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
 
-#[allow(dead_code)]
-#[path = "../../query/src/remote/decode.rs"]
-mod decode;
-
-#[allow(dead_code)]
-#[path = "../../query/src/remote/wire.rs"]
-mod wire;
+use gpulse_proto::prometheus_body as decode;
+use ingest::remote_write::wire;
 
 fuzz_target!(|data: &[u8]| {
     let _ = decode::write_request(data, 1 << 20);

@@ -5,7 +5,7 @@
 use libfuzzer_sys::fuzz_target;
 
 #[allow(dead_code)]
-#[path = "../../query/src/remote/xor.rs"]
+#[path = "../../query/src/remote_read/xor.rs"]
 mod xor;
 
 fuzz_target!(|data: &[u8]| {

@@ -1,5 +1,7 @@
-//! gpulse ingest: the gRPC server that accepts agent streams
-//! (`gpulse.v1.Ingest/Stream`) and appends their batches to [`storage`].
+//! gpulse ingest: the write paths. The gRPC server that accepts agent
+//! streams (`gpulse.v1.Ingest/Stream`), and Prometheus remote write
+//! ([`remote_write`]), append to [`storage`] under the same limits
+//! ([`WriteLimits`]) and answer storage errors the same way ([`WriteError`]).
 //!
 //! Per stream: the first message must be a hello (host and topology); each
 //! series definition is checked against the limits in [`IngestConfig`] and
@@ -8,6 +10,7 @@
 //! and answered with an ack (stored) or a reject (invalid, not retryable). A bad
 //! batch never closes the stream.
 
+pub mod remote_write;
 mod service;
 
 pub use service::{IngestMetrics, IngestService};
@@ -21,20 +24,59 @@ use storage::admission::{LabelLimits, SampleWindow};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 
+/// What every written series and sample must satisfy, whichever path it
+/// comes by (see [`storage::admission`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteLimits {
+    /// Labels per series (topology labels included) and bytes per name or
+    /// value (`--max-labels`, `--max-label-bytes`, default 32 and 512). On
+    /// gRPC they also bound the hello's host, topology and `agent_id`.
+    pub labels: LabelLimits,
+    /// Sample timestamps admitted (`--retention`, `--max-future`). A gRPC
+    /// batch with one sample outside is rejected as a whole; remote write
+    /// stores the rest of the request and answers 400.
+    pub window: SampleWindow,
+}
+
+/// Why a write (a gRPC batch, a remote-write request) was not stored: the
+/// one mapping of storage errors to answers on both paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// The input is wrong, and sending it again cannot succeed. gRPC: the
+    /// batch is rejected (`Reject`), the stream goes on; HTTP: 400.
+    Invalid(String),
+    /// Storage cannot take it now (I/O, a series evicted midway); the
+    /// sender keeps it and retries. gRPC: the stream ends `UNAVAILABLE` and
+    /// the agent resends from its spool; HTTP: 503.
+    Unavailable(String),
+}
+
+impl From<storage::Error> for WriteError {
+    fn from(e: storage::Error) -> Self {
+        if e.is_retryable() {
+            WriteError::Unavailable(format!("storage unavailable: {e}"))
+        } else {
+            WriteError::Invalid(e.to_string())
+        }
+    }
+}
+
+impl std::fmt::Display for WriteError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteError::Invalid(m) | WriteError::Unavailable(m) => f.write_str(m),
+        }
+    }
+}
+
 /// Limits on what one agent stream may send. Bad input beyond them is rejected
 /// with a clear message and counted.
 #[derive(Debug, Clone)]
 pub struct IngestConfig {
     /// Series one stream may define. Default 100,000.
     pub max_series_per_stream: usize,
-    /// Labels per series (topology labels included) and bytes per name or
-    /// value: the limits remote write applies too (`--max-labels`,
-    /// `--max-label-bytes`, default 32 and 512). They also bound the hello's
-    /// host, topology and `agent_id`.
-    pub labels: LabelLimits,
-    /// Sample timestamps admitted (`--retention`, `--max-future`); a batch
-    /// with one sample outside is rejected as a whole.
-    pub window: SampleWindow,
+    /// Labels and sample times: those of remote write.
+    pub limits: WriteLimits,
     /// Largest gRPC message accepted, in bytes. Default 16 MiB.
     pub max_message_bytes: usize,
     /// How long a new stream may take to send its hello before it is closed
@@ -55,8 +97,7 @@ impl Default for IngestConfig {
     fn default() -> Self {
         Self {
             max_series_per_stream: 100_000,
-            labels: LabelLimits::default(),
-            window: SampleWindow::default(),
+            limits: WriteLimits::default(),
             max_message_bytes: 16 << 20,
             hello_timeout: Duration::from_secs(10),
             max_streams_per_connection: 16,

@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{error, info, warn};
 
-use crate::IngestConfig;
+use crate::{IngestConfig, WriteError};
 use cluster::{ClusterState, ShardKey};
 
 /// Counters of the ingest service (`gpulse_ingest_*` once exported).
@@ -225,24 +225,6 @@ impl Ingest for IngestService {
     }
 }
 
-/// Why a batch was not stored.
-enum BatchError {
-    /// The batch is invalid; re-sending it cannot succeed.
-    Invalid(String),
-    /// Storage failed in a way that may pass (I/O).
-    Storage(storage::Error),
-}
-
-impl From<storage::Error> for BatchError {
-    fn from(e: storage::Error) -> Self {
-        if e.is_retryable() {
-            BatchError::Storage(e)
-        } else {
-            BatchError::Invalid(e.to_string())
-        }
-    }
-}
-
 /// State of one agent stream.
 struct StreamState {
     agent_id: String,
@@ -343,7 +325,7 @@ impl IngestService {
     }
 
     fn open_stream(&self, hello: &Hello) -> Result<StreamState, Status> {
-        let limits = &self.config.labels;
+        let limits = &self.config.limits.labels;
         let hello_err = |e: Rejection| Status::invalid_argument(format!("hello: {e}"));
         check_agent_id(&hello.agent_id, limits.max_label_bytes).map_err(hello_err)?;
         let topo = hello.topology.clone().unwrap_or_default();
@@ -388,48 +370,49 @@ impl IngestService {
                     reply: Some(ingest_reply::Reply::Ack(ack)),
                 })
             }
-            Err(BatchError::Invalid(message)) => {
+            Err(WriteError::Invalid(message)) => {
                 self.metrics.batches_rejected.fetch_add(1, Relaxed);
                 warn!(seq, reason = %message, "rejected batch");
                 Ok(IngestReply {
                     reply: Some(ingest_reply::Reply::Reject(Reject { seq, message })),
                 })
             }
-            Err(BatchError::Storage(e)) => {
-                error!(seq, error = %e, "storage failed; asking the agent to retry");
-                Err(Status::unavailable(format!("storage unavailable: {e}")))
+            Err(WriteError::Unavailable(message)) => {
+                error!(seq, error = %message, "storage failed; asking the agent to retry");
+                Err(Status::unavailable(message))
             }
         }
     }
 
     /// Validates the whole batch first, then defines its series and appends.
     /// Nothing is stored for a batch that is rejected.
-    fn store_batch(&self, state: &mut StreamState, batch: Batch) -> Result<Ack, BatchError> {
+    fn store_batch(&self, state: &mut StreamState, batch: Batch) -> Result<Ack, WriteError> {
         let n = batch.series_ids.len();
         if batch.timestamps_ms.len() != n || batch.values.len() != n {
-            return Err(BatchError::Invalid(format!(
+            return Err(WriteError::Invalid(format!(
                 "columns differ in length: {n} series ids, {} timestamps, {} values",
                 batch.timestamps_ms.len(),
                 batch.values.len()
             )));
         }
-        let limits = &self.config;
-        if state.refs.len() + batch.new_series.len() > limits.max_series_per_stream {
-            return Err(BatchError::Invalid(format!(
+        let limits = &self.config.limits;
+        let max_series = self.config.max_series_per_stream;
+        if state.refs.len() + batch.new_series.len() > max_series {
+            return Err(WriteError::Invalid(format!(
                 "series limit: the stream would define {} series, over the limit of {}",
                 state.refs.len() + batch.new_series.len(),
-                limits.max_series_per_stream
+                max_series
             )));
         }
         let mut keys = Vec::with_capacity(batch.new_series.len());
         let mut new_ids = std::collections::HashSet::with_capacity(batch.new_series.len());
         let rejected = |e: Rejection, what: String| {
             self.metrics.samples_rejected.add(e.reason, n as u64);
-            BatchError::Invalid(format!("{what}: {e}"))
+            WriteError::Invalid(format!("{what}: {e}"))
         };
         for def in &batch.new_series {
             if state.refs.contains_key(&def.id) || !new_ids.insert(def.id) {
-                return Err(BatchError::Invalid(format!(
+                return Err(WriteError::Invalid(format!(
                     "series id {} is defined twice",
                     def.id
                 )));
@@ -455,7 +438,7 @@ impl IngestService {
                 .collect();
             labels.extend(state.stream_labels.iter().cloned());
             let key = SeriesKey::new(&def.metric, labels)
-                .map_err(|e| BatchError::Invalid(format!("series {}: {e}", def.id)))?;
+                .map_err(|e| WriteError::Invalid(format!("series {}: {e}", def.id)))?;
             keys.push((def.id, key));
         }
         // One sample outside the window rejects the batch: the agent never
@@ -473,7 +456,7 @@ impl IngestService {
         }
         let defined = |id: &u32| state.refs.contains_key(id) || new_ids.contains(id);
         if let Some(id) = batch.series_ids.iter().find(|id| !defined(id)) {
-            return Err(BatchError::Invalid(format!(
+            return Err(WriteError::Invalid(format!(
                 "series id {id} is used but was never defined on this stream"
             )));
         }
@@ -482,7 +465,7 @@ impl IngestService {
             state
                 .keys
                 .extend(ids.iter().copied().zip(keys.iter().cloned()));
-            let refs = self.storage.series_refs(keys).map_err(BatchError::from)?;
+            let refs = self.storage.series_refs(keys).map_err(WriteError::from)?;
             state.refs.extend(ids.into_iter().zip(refs));
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
@@ -504,14 +487,14 @@ impl IngestService {
             ids.sort_unstable();
             ids.dedup();
             let keys = ids.iter().map(|id| state.keys[id].clone()).collect();
-            let fresh = self.storage.series_refs(keys).map_err(BatchError::from)?;
+            let fresh = self.storage.series_refs(keys).map_err(WriteError::from)?;
             state.refs.extend(ids.into_iter().zip(fresh));
             let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
             out = self
                 .storage
                 .append_from(origin, &refs, &batch.timestamps_ms, &batch.values);
         }
-        let out = out.map_err(BatchError::from)?;
+        let out = out.map_err(WriteError::from)?;
         Ok(Ack {
             seq: batch.seq,
             accepted: out.accepted,

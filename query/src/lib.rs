@@ -22,7 +22,7 @@ pub mod pg;
 pub mod promql;
 mod pushdown;
 pub mod readonly;
-pub mod remote;
+pub mod remote_read;
 pub mod rollups;
 pub mod samples;
 

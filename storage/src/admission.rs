@@ -1,6 +1,6 @@
 //! Admission: the one policy that every entry of samples applies before
 //! anything reaches [`crate::Storage`] — gRPC ingest (`ingest`), Prometheus
-//! remote write (`query::remote`), `gpulse import` and `gpulse agent
+//! remote write (`ingest::remote_write`), `gpulse import` and `gpulse agent
 //! --replay`.
 //!
 //! - **Time window** ([`SampleWindow`]): a sample older than `now − max_age`

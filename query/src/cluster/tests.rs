@@ -899,9 +899,9 @@ fn shard_pruning_follows_rack_and_hostname_matchers() {
 async fn serve_http(f: &Fixture) -> (String, oneshot::Sender<()>) {
     let router = crate::http::router(f.sql_engine())
         .merge(crate::promql::api::router(f.prom_engine()))
-        .merge(crate::remote::router_with_cluster(
+        .merge(crate::remote_read::router_with_cluster(
             f.reader.clone(),
-            crate::remote::RemoteLimits::default(),
+            crate::remote_read::RemoteReadLimits::default(),
             Arc::default(),
         ));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();

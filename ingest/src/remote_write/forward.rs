@@ -113,7 +113,7 @@ pub(super) fn route(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError
             Ok(()) => {}
             Err(Forward::Refused(msg)) => return Err(bad(format!("owner {id} refused: {msg}"))),
             Err(Forward::Failed(msg)) => {
-                remote.metrics.write_forward_failed.fetch_add(1, Relaxed);
+                remote.metrics.forward_failed.fetch_add(1, Relaxed);
                 down.push(format!("{id} ({msg})"));
             }
         }

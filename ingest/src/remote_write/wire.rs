@@ -5,9 +5,9 @@
 //! each time, so decoding every request into owned strings costs two
 //! allocations per label per sample. This reader instead hands out each
 //! series' label fields as raw bytes (the key of the series cache in
-//! `remote.rs`) and its samples as numbers; labels are decoded, and
-//! validated, only for a series the cache has not seen ([`labels`]). Depends on std only, so that the fuzz
-//! target compiles it as it is and compares it with prost's decoding.
+//! `remote_write.rs`) and its samples as numbers; labels are decoded, and
+//! validated, only for a series the cache has not seen ([`labels`]). The fuzz
+//! target `remote_request` checks it against prost's decoding.
 
 use std::ops::Range;
 

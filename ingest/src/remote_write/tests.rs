@@ -1,78 +1,9 @@
-use super::decode::decompress;
-use super::xor::{XorChunk, decode};
+use gpulse_proto::prometheus::{Label as PromLabel, Sample, TimeSeries};
+use prost::Message;
+
+use storage::admission::SampleWindow;
+
 use super::*;
-
-#[test]
-fn xor_chunk_matches_bytes_worked_out_by_hand() {
-    let mut c = XorChunk::new();
-    for t in [1000, 2000, 3000] {
-        c.append(t, 1.0);
-    }
-    // 3 samples; zigzag varint of 1000 (2000 = d0 0f); 1.0's 64 bits;
-    // uvarint delta 1000 (e8 07); then '0' (same value), '0' (same delta),
-    // '0' (same value), padded to a byte.
-    assert_eq!(
-        c.bytes(),
-        [
-            0x00, 0x03, 0xd0, 0x0f, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0xe8, 0x07, 0x00
-        ]
-    );
-}
-
-#[test]
-fn xor_chunks_round_trip_every_encoding_branch() {
-    // Deltas that hit each delta-of-delta width, values that reuse and
-    // replace the XOR window, NaN payloads, -0.0 and infinities.
-    let mut samples = Vec::new();
-    let mut t = -5_000i64;
-    let deltas = [
-        15_000i64,
-        15_000,
-        15_001,
-        9_000,
-        60_000,
-        200_000,
-        1_000_000,
-        1,
-        5_000_000_000,
-        15_000,
-        23_192, // +8192: the top of the 14-bit range
-        15_000,
-        6_809, // -8191: its bottom
-    ];
-    let values = [
-        0.0,
-        -0.0,
-        1.5,
-        1.5,
-        1.75,
-        f64::from_bits(0x7ff8_0000_0000_0123),
-        f64::INFINITY,
-        f64::NEG_INFINITY,
-        123_456.789,
-        f64::from_bits(1),
-        f64::MAX,
-        -3.0,
-    ];
-    for i in 0..120 {
-        samples.push((
-            t,
-            values[i % values.len()] * if i % 7 == 0 { 1.0 } else { 2.0 },
-        ));
-        t += deltas[i % deltas.len()];
-    }
-    for n in [1, 2, 3, 120] {
-        let mut c = XorChunk::new();
-        for &(t, v) in &samples[..n] {
-            c.append(t, v);
-        }
-        let got = decode(c.bytes()).unwrap();
-        assert_eq!(got.len(), n);
-        for (g, w) in got.iter().zip(&samples) {
-            assert_eq!((g.0, g.1.to_bits()), (w.0, w.1.to_bits()));
-        }
-    }
-}
 
 #[test]
 fn series_keys_keep_label_names_as_sent() {
@@ -116,45 +47,6 @@ fn series_keys_keep_label_names_as_sent() {
         .1
         .contains("more than once")
     );
-}
-
-#[test]
-fn snappy_length_is_checked_before_allocating() {
-    // A header that claims 4 GiB - 1 followed by nothing: refused on the header.
-    let mut lie = Vec::new();
-    put_uvarint(&mut lie, u64::from(u32::MAX));
-    let e = HttpError::from(decompress(&lie, 1 << 20).unwrap_err());
-    assert_eq!(e.0, StatusCode::PAYLOAD_TOO_LARGE);
-    assert!(e.1.contains("4294967295"), "{}", e.1);
-
-    let e = HttpError::from(
-        decompress(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1 << 20).unwrap_err(),
-    );
-    assert_eq!(e.0, StatusCode::BAD_REQUEST);
-
-    let data = b"hello hello hello hello".repeat(10);
-    let packed = snap::raw::Encoder::new().compress_vec(&data).unwrap();
-    assert_eq!(decompress(&packed, 1 << 20).unwrap(), data);
-    assert_eq!(
-        decompress(&packed, data.len() - 1).unwrap_err(),
-        BodyError::TooLarge {
-            len: data.len(),
-            max: data.len() - 1
-        }
-    );
-}
-
-#[test]
-fn xor_decode_refuses_truncated_chunks() {
-    let mut c = XorChunk::new();
-    for t in 0..50 {
-        c.append(t * 1000 + t * t, t as f64 * 0.1);
-    }
-    let b = c.bytes();
-    assert_eq!(decode(b).unwrap().len(), 50);
-    for cut in [0, 1, 2, 5, b.len() / 2, b.len() - 1] {
-        assert!(decode(&b[..cut]).is_err(), "cut at {cut}");
-    }
 }
 
 /// A series to write: labels and samples.
@@ -235,7 +127,7 @@ fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
     let storage = Arc::new(Storage::open(storage::StorageConfig::new(dir.path())).unwrap());
     let remote = Remote {
         storage: storage.clone(),
-        limits: RemoteLimits::default(),
+        config: RemoteWriteConfig::default(),
         metrics: Arc::default(),
         cache: SeriesCache::default(),
         cluster: None,
@@ -285,12 +177,15 @@ fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
     );
 }
 
-fn test_remote(limits: RemoteLimits) -> (tempfile::TempDir, Remote) {
+fn test_remote(limits: WriteLimits) -> (tempfile::TempDir, Remote) {
     let dir = tempfile::tempdir().unwrap();
     let storage = Arc::new(Storage::open(storage::StorageConfig::new(dir.path())).unwrap());
     let remote = Remote {
         storage,
-        limits,
+        config: RemoteWriteConfig {
+            limits,
+            ..RemoteWriteConfig::default()
+        },
         metrics: Arc::default(),
         cache: SeriesCache::default(),
         cluster: None,
@@ -328,12 +223,12 @@ fn stored(remote: &Remote, m: &str) -> Vec<(i64, f64)> {
 #[test]
 fn samples_outside_the_window_are_refused_and_the_rest_stored() {
     use storage::admission::Reason;
-    let (_dir, remote) = test_remote(RemoteLimits {
+    let (_dir, remote) = test_remote(WriteLimits {
         window: SampleWindow {
             max_age: Some(std::time::Duration::from_secs(3600)),
             max_future: std::time::Duration::from_secs(600),
         },
-        ..RemoteLimits::default()
+        ..WriteLimits::default()
     });
     let now = storage::admission::now_ms();
     let l = |n: &str, v: &str| (n.to_string(), v.to_string());
@@ -365,7 +260,7 @@ fn samples_outside_the_window_are_refused_and_the_rest_stored() {
     );
     assert!(e.1.contains("mixed"), "names the series: {}", e.1);
     assert!(e.1.contains("the others are stored"), "{}", e.1);
-    let c = &remote.metrics.write_samples_rejected;
+    let c = &remote.metrics.samples_rejected;
     assert_eq!(c.get(Reason::TooOld), 2);
     assert_eq!(c.get(Reason::TooFarInFuture), 2);
     assert_eq!(stored(&remote, "good"), vec![(now - 1000, 1.0), (now, 2.0)]);
@@ -393,12 +288,12 @@ fn samples_outside_the_window_are_refused_and_the_rest_stored() {
 /// request, so allow the clock to move by a second between them).
 #[test]
 fn window_edges() {
-    let (_dir, remote) = test_remote(RemoteLimits {
+    let (_dir, remote) = test_remote(WriteLimits {
         window: SampleWindow {
             max_age: Some(std::time::Duration::from_secs(3600)),
             max_future: std::time::Duration::from_secs(600),
         },
-        ..RemoteLimits::default()
+        ..WriteLimits::default()
     });
     let l = |n: &str| vec![("__name__".to_string(), n.to_string())];
     let now = storage::admission::now_ms();
@@ -417,9 +312,9 @@ fn label_limits_are_those_of_grpc_ingest_at_each_edge() {
         max_labels: 4,
         max_label_bytes: 16,
     };
-    let (_dir, remote) = test_remote(RemoteLimits {
+    let (_dir, remote) = test_remote(WriteLimits {
         labels: limits,
-        ..RemoteLimits::default()
+        ..WriteLimits::default()
     });
     let l = |n: &str, v: &str| (n.to_string(), v.to_string());
     // Labels besides __name__: 3, 4 (the limit) and 5.
@@ -465,7 +360,7 @@ fn label_limits_are_those_of_grpc_ingest_at_each_edge() {
         assert_eq!(e.0, StatusCode::BAD_REQUEST, "{labels:?}");
     }
     assert!(stored(&remote, "nul_ok").is_empty());
-    let c = &remote.metrics.write_samples_rejected;
+    let c = &remote.metrics.samples_rejected;
     assert_eq!(c.get(Reason::TooManyLabels), 1);
     assert_eq!(c.get(Reason::LabelTooLong), 3);
     assert_eq!(c.get(Reason::InvalidLabel), 6);
@@ -524,4 +419,26 @@ fn writes_need_the_protobuf_content_type() {
         let e = check_media(&m).unwrap_err();
         assert_eq!(e.0, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{m:?}");
     }
+}
+
+#[test]
+fn bodies_over_the_limit_are_413_and_broken_ones_400() {
+    let (_dir, mut remote) = test_remote(WriteLimits::default());
+    remote.config.max_request_bytes = 1 << 20;
+    // A snappy header that claims 2^32 - 1 bytes, and nothing after it.
+    let e = write_blocking(&remote, &[0xff, 0xff, 0xff, 0xff, 0x0f], false).unwrap_err();
+    assert_eq!(e.0, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(e.1.contains("4294967295"), "{}", e.1);
+    let e = write_blocking(
+        &remote,
+        b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff",
+        false,
+    )
+    .unwrap_err();
+    assert_eq!(e.0, StatusCode::BAD_REQUEST);
+    // Snappy, but not a WriteRequest.
+    let body = snap::raw::Encoder::new().compress_vec(b"\xff\xff").unwrap();
+    let e = write_blocking(&remote, &body, false).unwrap_err();
+    assert_eq!(e.0, StatusCode::BAD_REQUEST);
+    assert!(e.1.contains("prometheus.WriteRequest"), "{}", e.1);
 }

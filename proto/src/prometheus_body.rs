@@ -1,9 +1,8 @@
-//! Decoding of remote read and write request bodies: snappy block format,
-//! then protobuf. Depends on nothing but `snap`, `prost` and the wire types,
-//! so the fuzz targets (`fuzz/fuzz_targets/remote_request.rs`) compile it
-//! as it is.
+//! The framing of Prometheus remote read and write bodies: snappy block
+//! format, then protobuf. Shared by remote write (`ingest`) and remote read
+//! (`query`); fuzzed by `fuzz/fuzz_targets/remote_request.rs`.
 
-use gpulse_proto::prometheus::{ReadRequest, WriteRequest};
+use crate::prometheus::{ReadRequest, WriteRequest};
 use prost::Message;
 
 /// Why a request body was refused.
@@ -71,4 +70,39 @@ pub fn read_request(body: &[u8], max: usize) -> Result<ReadRequest, BodyError> {
         message: "prometheus.ReadRequest",
         error: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snappy_length_is_checked_before_allocating() {
+        // A header that claims 4 GiB - 1 followed by nothing: refused on the header.
+        // (The uvarint of 2^32 - 1: four bytes of 7 ones with the high bit, then 15.)
+        let lie = [0xff, 0xff, 0xff, 0xff, 0x0f];
+        let e = decompress(&lie, 1 << 20).unwrap_err();
+        assert_eq!(
+            e,
+            BodyError::TooLarge {
+                len: u32::MAX as usize,
+                max: 1 << 20
+            }
+        );
+        assert!(e.to_string().contains("4294967295"), "{e}");
+
+        let e = decompress(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff", 1 << 20).unwrap_err();
+        assert!(matches!(e, BodyError::Snappy(_)), "{e:?}");
+
+        let data = b"hello hello hello hello".repeat(10);
+        let packed = snap::raw::Encoder::new().compress_vec(&data).unwrap();
+        assert_eq!(decompress(&packed, 1 << 20).unwrap(), data);
+        assert_eq!(
+            decompress(&packed, data.len() - 1).unwrap_err(),
+            BodyError::TooLarge {
+                len: data.len(),
+                max: data.len() - 1
+            }
+        );
+    }
 }
