@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use crate::files;
 use crate::gorilla::GorillaDecoder;
-use crate::head::{FrozenSeries, Head};
+use crate::head::{FrozenSeries, Head, SeriesRef};
 use crate::rollup::file::RollupFile;
 use crate::rollup::{RollupDelta, RollupTier};
 use crate::segment::Segment;
@@ -334,10 +334,42 @@ pub struct Storage {
     replay: ReplayReport,
     producers: Producers,
     inventory: crate::inventory::Inventory,
+    /// Sees every accepted batch ([`Storage::set_observer`]).
+    observer: std::sync::OnceLock<Arc<dyn AppendObserver>>,
     /// Holds the directory's lock for the life of the storage.
     _lock: fs::File,
 }
+
+/// Something that watches the samples as they are stored (the health
+/// engine). [`AppendObserver::appended`] runs on the appending thread,
+/// after the batch is in the WAL and the head and before the append
+/// returns: it must be quick and must not block (hand the batch to another
+/// thread, and drop it, counted, when that thread is behind). WAL replay at
+/// open is not observed, nor a batch dropped whole as a re-send.
+pub trait AppendObserver: Send + Sync + std::fmt::Debug {
+    /// `refs`, `ts_ms` and `values` are the batch as appended (of equal
+    /// length); samples the head dropped (duplicates, too old) are in it.
+    fn appended(&self, refs: &[SeriesRef], ts_ms: &[i64], values: &[f64]);
+}
+
 impl Storage {
+    /// Installs the observer of appends. Once per storage.
+    ///
+    /// # Errors
+    /// The observer back, if one is installed already.
+    pub fn set_observer(
+        &self,
+        o: Arc<dyn AppendObserver>,
+    ) -> std::result::Result<(), Arc<dyn AppendObserver>> {
+        self.observer.set(o)
+    }
+
+    /// The key of a series in the head, `None` once it has left the head.
+    pub fn head_series_key(&self, r: SeriesRef) -> Option<Arc<SeriesKey>> {
+        let head = lock!(self.head.read());
+        head.contains(r).then(|| head.key_arc(r).clone())
+    }
+
     /// What WAL replay found when this storage was opened.
     pub fn replay_report(&self) -> &ReplayReport {
         &self.replay

@@ -272,6 +272,10 @@ impl Head {
         &self.get(r).key
     }
 
+    pub(crate) fn key_arc(&self, r: SeriesRef) -> &Arc<SeriesKey> {
+        &self.get(r).key
+    }
+
     pub(crate) fn is_logged(&self, r: SeriesRef) -> bool {
         self.get(r).logged
     }

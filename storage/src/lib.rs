@@ -26,8 +26,8 @@ pub mod series;
 pub mod wal;
 
 pub use db::{
-    AppendOutcome, BatchOrigin, RollupImportSummary, SelectedSeries, Storage, StorageConfig,
-    StorageMetrics, StorageStats, UpkeepReport,
+    AppendObserver, AppendOutcome, BatchOrigin, RollupImportSummary, SelectedSeries, Storage,
+    StorageConfig, StorageMetrics, StorageStats, UpkeepReport,
 };
 pub use error::{Error, Result};
 pub use head::{MemChunk, SeriesRef};

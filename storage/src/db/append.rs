@@ -219,6 +219,9 @@ impl Storage {
         m.samples_duplicate
             .fetch_add(out.duplicates as u64, Relaxed);
         m.samples_too_old.fetch_add(out.too_old as u64, Relaxed);
+        if let Some(o) = self.observer.get() {
+            o.appended(refs, ts_ms, values);
+        }
         Ok(out)
     }
 }

@@ -144,6 +144,7 @@ impl Storage {
             replay,
             producers,
             inventory,
+            observer: std::sync::OnceLock::new(),
             _lock: lock,
         })
     }

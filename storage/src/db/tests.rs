@@ -6,6 +6,7 @@ use crate::head::SeriesRef;
 use crate::series::{Label, Matcher};
 use crate::wal;
 use std::path::Path;
+use std::sync::Mutex;
 use std::sync::atomic::Ordering::Relaxed;
 
 fn key(metric: &str, gpu: u32) -> SeriesKey {
@@ -439,4 +440,56 @@ fn flushes_and_deduplicated_appends_do_not_deadlock() {
         w.join().unwrap();
     }
     flusher.join().unwrap();
+}
+
+/// Records what it is shown.
+#[derive(Debug, Default)]
+struct Recorder(Mutex<Vec<(u32, i64, f64)>>);
+
+impl AppendObserver for Recorder {
+    fn appended(&self, refs: &[SeriesRef], ts_ms: &[i64], values: &[f64]) {
+        let mut seen = self.0.lock().unwrap();
+        for i in 0..refs.len() {
+            seen.push((refs[i].0, ts_ms[i], values[i]));
+        }
+    }
+}
+
+#[test]
+fn the_observer_sees_stored_batches_but_not_refused_or_resent_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Storage::open(StorageConfig::new(dir.path())).unwrap();
+    let rec = Arc::new(Recorder::default());
+    st.set_observer(rec.clone()).unwrap();
+    assert!(
+        st.set_observer(Arc::new(Recorder::default())).is_err(),
+        "once"
+    );
+    let a = st.series_ref(key("a", 0)).unwrap();
+    let b = st.series_ref(key("b", 1)).unwrap();
+    assert_eq!(
+        st.head_series_key(b).unwrap().to_string(),
+        key("b", 1).to_string()
+    );
+    assert!(st.head_series_key(SeriesRef(999)).is_none());
+    let origin = BatchOrigin {
+        producer: "agent/1",
+        seq: 7,
+    };
+    st.append_from(Some(origin), &[a, b], &[1000, 1000], &[1.5, 2.5])
+        .unwrap();
+    // A re-send of seq 7 and a refused batch (unknown ref) are not shown.
+    st.append_from(Some(origin), &[a], &[2000], &[9.0]).unwrap();
+    assert!(st.append(&[SeriesRef(999)], &[3000], &[1.0]).is_err());
+    // A sample the head drops as a duplicate is shown with its batch.
+    st.append(&[a, a], &[1000, 4000], &[7.0, 4.0]).unwrap();
+    assert_eq!(
+        *rec.0.lock().unwrap(),
+        vec![
+            (a.0, 1000, 1.5),
+            (b.0, 1000, 2.5),
+            (a.0, 1000, 7.0),
+            (a.0, 4000, 4.0)
+        ]
+    );
 }
