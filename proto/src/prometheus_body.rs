@@ -34,6 +34,17 @@ impl std::fmt::Display for BodyError {
     }
 }
 
+impl BodyError {
+    /// The HTTP status that answers it: 413 for a body over the limit, 400
+    /// for the rest.
+    pub fn http_status(&self) -> u16 {
+        match self {
+            Self::TooLarge { .. } => 413,
+            _ => 400,
+        }
+    }
+}
+
 /// Snappy-decodes a body after checking the length its header declares.
 ///
 /// # Errors

@@ -180,10 +180,7 @@ fn bad(msg: impl Into<String>) -> HttpError {
 
 impl From<BodyError> for HttpError {
     fn from(e: BodyError) -> Self {
-        let status = match e {
-            BodyError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            _ => StatusCode::BAD_REQUEST,
-        };
+        let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::BAD_REQUEST);
         HttpError(status, e.to_string())
     }
 }
