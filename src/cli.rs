@@ -169,6 +169,11 @@ pub(crate) struct NodeArgs {
     /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub(crate) flush_interval: Duration,
+    /// Push health events to this Alertmanager as alerts (API v2,
+    /// `http://HOST:PORT`), resent each minute while active, resolved when
+    /// they clear, retried while it is down. Default: no alerts.
+    #[arg(long, env = "GPULSE_ALERTMANAGER_URL", value_parser = crate::health::check_alertmanager_url)]
+    pub(crate) alertmanager_url: Option<String>,
     /// fsync the WAL before acknowledging a batch, so acked samples survive
     /// power loss. Without it an ack means the batch reached the OS, which
     /// survives a crash of the process (kill -9) but not of the machine.
@@ -295,6 +300,10 @@ pub(crate) struct DemoArgs {
     /// Seed of the simulated fleet.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// Run the fleet without the three faults the demo seeds for the
+    /// health engine to find (an XID 48, a thermal throttle, an XID 79).
+    #[arg(long)]
+    pub(crate) no_faults: bool,
 }
 
 #[cfg(test)]

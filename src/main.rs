@@ -8,6 +8,7 @@
 
 mod cli;
 mod cluster;
+mod health;
 mod import;
 mod node_metrics;
 mod server;
@@ -92,6 +93,7 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
     let default = |a: &str| a.parse().expect("BUG: a default address parses");
     ServeConfig {
         data_dir: node.data_dir.clone(),
+        alertmanager_url: node.alertmanager_url.clone(),
         grpc_listen: node
             .grpc_listen
             .unwrap_or_else(|| default(server::DEFAULT_GRPC_LISTEN)),
@@ -243,6 +245,13 @@ const DEMO_ROWS: u32 = 2;
 const DEMO_RACKS_PER_ROW: u32 = 2;
 const DEMO_HOSTS_PER_RACK: u32 = 4;
 const DEMO_GPUS_PER_HOST: u32 = 8;
+/// Faults the demo seeds, for `health_events` to find: (host index, GPU,
+/// kind, first poll, polls it lasts).
+const DEMO_FAULTS: [(u64, u32, agent::sim::FaultKind, u64, Option<u64>); 3] = [
+    (0, 3, agent::sim::FaultKind::Xid48DoubleBitEcc, 15, None),
+    (5, 6, agent::sim::FaultKind::ThermalThrottle, 20, Some(300)),
+    (10, 1, agent::sim::FaultKind::Xid79FallenOffBus, 25, None),
+];
 
 async fn demo(args: DemoArgs) -> anyhow::Result<()> {
     let server = Server::start(&serve_config(&args.node)).await?;
@@ -268,6 +277,20 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
                     DEMO_GPUS_PER_HOST,
                 );
                 sim.interval_ms = args.interval.as_millis() as u64;
+                if !args.no_faults {
+                    sim.faults.scheduled = DEMO_FAULTS
+                        .iter()
+                        .filter(|f| f.0 == host_index)
+                        .map(|&(_, gpu, kind, start_tick, duration_ticks)| {
+                            agent::sim::ScheduledFault {
+                                gpu,
+                                kind,
+                                start_tick,
+                                duration_ticks,
+                            }
+                        })
+                        .collect();
+                }
                 host_index += 1;
                 let mut stop = stop_tx.subscribe();
                 let shutdown = async move {
@@ -289,6 +312,31 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         DEMO_ROWS * DEMO_RACKS_PER_ROW,
         humantime::format_duration(args.interval)
     );
+    if !args.no_faults {
+        let host_of = |i: u64| {
+            let per_row = u64::from(DEMO_RACKS_PER_ROW * DEMO_HOSTS_PER_RACK);
+            let (row, in_row) = (i / per_row, i % per_row);
+            let (rack, h) = (
+                in_row / u64::from(DEMO_HOSTS_PER_RACK),
+                in_row % u64::from(DEMO_HOSTS_PER_RACK),
+            );
+            format!("node-r{row}k{rack}-{h:02}")
+        };
+        let faults: Vec<String> = DEMO_FAULTS
+            .iter()
+            .map(|&(host, gpu, kind, start, _)| {
+                format!(
+                    "{} on {} GPU {gpu} after {start} polls",
+                    kind.as_str(),
+                    host_of(host)
+                )
+            })
+            .collect();
+        println!(
+            "  faults          {} (--no-faults: none)",
+            faults.join("; ")
+        );
+    }
     let sql_url = if server.http_addr.to_string() == server::DEFAULT_HTTP_LISTEN {
         String::new()
     } else {
@@ -300,6 +348,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
         "SELECT count(DISTINCT gpu || host) AS gpus FROM samples",
         "SELECT rack, round(avg(value), 1) AS avg_temp_c FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' GROUP BY rack ORDER BY rack",
         "SELECT host, gpu, max(value) AS watts FROM samples WHERE metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts > now() - INTERVAL '1 minute' GROUP BY host, gpu ORDER BY watts DESC LIMIT 5",
+        "SELECT kind, severity, host, gpu, xid, detected_at, cleared_at, action FROM health_events ORDER BY id",
     ] {
         println!("  cargo run --release -- sql{sql_url} \"{q}\"");
     }

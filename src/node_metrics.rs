@@ -33,6 +33,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) http: Arc<query::http::EdgeMetrics>,
     /// Cluster mode: Flight and cluster-read counters.
     pub(crate) cluster: Option<Arc<query::cluster::ClusterMetrics>>,
+    /// The health engine's input and events.
+    pub(crate) health: Arc<crate::health::HealthMetrics>,
 }
 
 pub(crate) fn router(m: NodeMetrics) -> Router {
@@ -269,6 +271,7 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.http.render(&mut out);
     m.readonly.render(&mut out);
     m.guard.render(&mut out);
+    m.health.render(&mut out);
     if let Some(c) = &m.cluster {
         c.render(&mut out);
     }

@@ -22,6 +22,8 @@ pub(crate) const DEFAULT_PG_LISTEN: &str = "127.0.0.1:7402";
 #[derive(Debug, Clone)]
 pub(crate) struct ServeConfig {
     pub(crate) data_dir: PathBuf,
+    /// `--alertmanager-url`: where health events go as alerts.
+    pub(crate) alertmanager_url: Option<String>,
     pub(crate) grpc_listen: SocketAddr,
     pub(crate) http_listen: SocketAddr,
     /// `None`: no PostgreSQL listener.
@@ -201,6 +203,7 @@ pub(crate) struct Server {
     pub(crate) cluster: Option<Arc<::cluster::ClusterState>>,
     stop: watch::Sender<bool>,
     tasks: Vec<(&'static str, JoinHandle<()>)>,
+    health: crate::health::Health,
 }
 
 impl Server {
@@ -219,6 +222,9 @@ impl Server {
             .await?
             .with_context(|| format!("opening data dir {}", config.data_dir.display()))?;
         let storage = Arc::new(storage);
+        // Before any listener: the engine sees every batch stored.
+        let health =
+            crate::health::Health::start(storage.clone(), config.alertmanager_url.as_deref())?;
 
         let grpc = TcpListener::bind(config.grpc_listen)
             .await
@@ -356,7 +362,9 @@ impl Server {
         // One guard for every query surface: the slots are the node's.
         let guard = Arc::new(query::limits::QueryGuard::new(config.query));
         let (engine, prom) = (
-            engine.with_guard(guard.clone()),
+            engine
+                .with_guard(guard.clone())
+                .with_health(health.shared.clone()),
             prom.with_guard(guard.clone()),
         );
         let promql_metrics = prom.metrics().clone();
@@ -367,6 +375,7 @@ impl Server {
                 query::limits::read_slot,
             )))
             .merge(remote_write)
+            .merge(crate::health::router(health.shared.clone()))
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
                     storage: storage.clone(),
@@ -379,6 +388,7 @@ impl Server {
                     guard: guard.metrics().clone(),
                     cluster: cluster_metrics,
                     http: edge_metrics.clone(),
+                    health: health.shared.metrics.clone(),
                 },
             ))
             .merge(
@@ -438,6 +448,7 @@ impl Server {
             cluster,
             stop,
             tasks,
+            health,
         })
     }
 
@@ -454,6 +465,8 @@ impl Server {
                 warn!(task = name, "did not stop within 10 s; abandoning it");
             }
         }
+        let health = self.health;
+        tokio::task::spawn_blocking(move || health.stop()).await?;
         let st = self.storage.clone();
         match tokio::task::spawn_blocking(move || st.flush()).await? {
             Ok(Some(s)) => info!(samples = s.samples, "final flush done"),

@@ -7,6 +7,7 @@ mod cluster;
 mod crash;
 mod delivery;
 mod edges;
+mod health;
 mod hostile;
 mod ingest_protocol;
 mod inventory;

@@ -348,7 +348,14 @@ fn psql_runs_aggregates_grafana_queries_and_catalog_commands() {
 
     // \dt lists the tables (psql's own pg_catalog query).
     let got = psql_ok(&node, &["\\dt"]);
-    for table in ["samples", "gpus", "rollup_1m", "rollup_1h", "rollup_1d"] {
+    for table in [
+        "samples",
+        "gpus",
+        "rollup_1m",
+        "rollup_1h",
+        "rollup_1d",
+        "health_events",
+    ] {
         assert!(
             got.iter()
                 .any(|l| l.starts_with(&format!("public|{table}|table|"))),

@@ -73,6 +73,12 @@ impl Node {
     /// As [`Self::start`], with more `serve` flags (`--flush-interval`
     /// defaults to 1h here).
     pub(crate) fn start_with_args(data_dir: &Path, extra: &[&str]) -> Node {
+        Self::start_command("serve", data_dir, extra)
+    }
+
+    /// As [`Self::start_with_args`], for another command that starts a
+    /// node (`demo`).
+    pub(crate) fn start_command(command: &str, data_dir: &Path, extra: &[&str]) -> Node {
         let log = data_dir.with_extension("log");
         let flush: &[&str] = if extra.contains(&"--flush-interval") {
             &[]
@@ -81,10 +87,10 @@ impl Node {
         };
         // A cluster node listens where the cluster file says.
         let listen: &[&str] = if extra.contains(&"--cluster") {
-            &["serve", "--pg-listen", "127.0.0.1:0"]
+            &[command, "--pg-listen", "127.0.0.1:0"]
         } else {
             &[
-                "serve",
+                command,
                 "--grpc-listen",
                 "127.0.0.1:0",
                 "--http-listen",
@@ -124,7 +130,7 @@ impl Node {
                     .expect("log file"),
             )
             .spawn()
-            .expect("spawn gpulse serve");
+            .unwrap_or_else(|e| panic!("spawn gpulse {command}: {e}"));
         let stdout = child.stdout.take().expect("piped stdout");
         let (mut grpc_url, mut http_url, mut pg_url) = (None, None, None);
         let started = Instant::now();

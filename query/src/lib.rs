@@ -16,6 +16,7 @@
 
 pub mod cluster;
 pub mod gpus;
+pub mod health_events;
 pub mod http;
 pub mod limits;
 pub mod pg;
@@ -256,6 +257,8 @@ pub struct QueryEngine {
     metrics: Arc<QueryMetrics>,
     guard: Arc<limits::QueryGuard>,
     readonly: Arc<readonly::ReadOnlyMetrics>,
+    /// A cluster node's engine: tables of node-local state warn.
+    clustered: bool,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -328,7 +331,24 @@ impl QueryEngine {
             metrics: Arc::default(),
             guard: Arc::default(),
             readonly: Arc::default(),
+            clustered,
         }
+    }
+
+    /// Registers the `health_events` table over the node's health engine
+    /// ([`health_events`]). In cluster mode it lists this node's events and
+    /// says so in a warning.
+    pub fn with_health(self, source: Arc<dyn health_events::HealthSource>) -> Self {
+        self.ctx
+            .register_table(
+                "health_events",
+                Arc::new(health_events::HealthEventsTable::new(
+                    source,
+                    self.clustered,
+                )),
+            )
+            .expect("BUG: registering a table that is not there yet");
+        self
     }
 
     /// Statements refused by the read-only guard, per protocol.

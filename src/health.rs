@@ -1,0 +1,630 @@
+//! The health engine of `serve` (issue #16): watches every stored batch
+//! ([`storage::AppendObserver`]), turns the GPU fields in it into polls for
+//! the detectors of `health`, and keeps their events:
+//!
+//! - in `<data_dir>/health/events.log` (`docs/format/health-events.md`), so
+//!   that they survive a restart;
+//! - in the SQL table `health_events` ([`query::health_events`]);
+//! - as the series `gpulse_health_active{kind, severity, Hostname, gpu, UUID,
+//!   rack, row, cluster}` (1 while the event is active, 0 once it cleared,
+//!   rewritten every minute while active so that PromQL's 5-minute lookback
+//!   always finds it) and `gpulse_health_events_total{kind, severity}`;
+//! - at `GET /api/v1/health`: the active events and every GPU's state;
+//! - with `--alertmanager-url`, as alerts in Alertmanager ([`alerts`]).
+//!
+//! The observer runs on the appending thread, so it only copies the batch
+//! into a bounded queue; when the engine is behind, batches are dropped and
+//! counted (`gpulse_health_batches_dropped_total`), never waited for. One
+//! thread owns the engine. A series is mapped to (GPU, field) once, by its
+//! key: `UUID` names the GPU, `Hostname`, `gpu`, `rack`, `row` and `cluster`
+//! place it; series that are not a field a detector reads are skipped.
+
+mod alerts;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use crossbeam::channel::{Receiver, Sender, TrySendError, bounded};
+use health::engine::{Change, Engine, Event, GpuState};
+use health::log::EventLog;
+use health::{Field, GpuId, HealthConfig, Kind, Severity};
+use storage::{AppendObserver, Label, SeriesKey, SeriesRef, Storage};
+use tracing::{error, info, warn};
+
+/// Batches the queue holds before the observer drops them.
+const QUEUE_BATCHES: usize = 4096;
+/// A GPU's poll in progress is complete once it is this much older than the
+/// wall clock: an agent sends each poll whole within a batch or two.
+const POLL_SETTLE_MS: i64 = 2_000;
+/// How often active events are written again as `gpulse_health_active`.
+const REASSERT_EVERY: Duration = Duration::from_secs(60);
+/// The log is rewritten (one record per event) past this many records.
+const LOG_REWRITE_RECORDS: u64 = 4 * Engine::MAX_CLOSED as u64;
+/// Event changes waiting for the Alertmanager pusher.
+const ALERT_QUEUE: usize = 100_000;
+/// A GPU without a poll for this long is `unknown` in `/api/v1/health`.
+pub(crate) const STALE_MS: i64 = 60_000;
+
+struct Batch {
+    refs: Vec<SeriesRef>,
+    ts_ms: Vec<i64>,
+    values: Vec<f64>,
+}
+
+/// The storage observer: copies each batch into the engine's queue.
+struct Observer {
+    tx: Sender<Batch>,
+    metrics: Arc<HealthMetrics>,
+}
+
+impl std::fmt::Debug for Observer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("health::Observer")
+    }
+}
+
+impl AppendObserver for Observer {
+    fn appended(&self, refs: &[SeriesRef], ts_ms: &[i64], values: &[f64]) {
+        let batch = Batch {
+            refs: refs.to_vec(),
+            ts_ms: ts_ms.to_vec(),
+            values: values.to_vec(),
+        };
+        match self.tx.try_send(batch) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.metrics.batches_dropped.fetch_add(1, Relaxed);
+            }
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// Counters of the health engine, for `/metrics`.
+#[derive(Debug, Default)]
+pub(crate) struct HealthMetrics {
+    batches_dropped: AtomicU64,
+    polls: AtomicU64,
+    late_samples: AtomicU64,
+    log_write_errors: AtomicU64,
+    /// Events opened, by kind and severity at opening.
+    opened: Mutex<HashMap<(Kind, Severity), u64>>,
+    alerts: Arc<alerts::AlertMetrics>,
+}
+
+impl HealthMetrics {
+    pub(crate) fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        for (name, help, v) in [
+            (
+                "gpulse_health_batches_dropped_total",
+                "Stored batches the health engine did not see: its queue was full.",
+                &self.batches_dropped,
+            ),
+            (
+                "gpulse_health_polls_total",
+                "GPU polls fed to the health detectors.",
+                &self.polls,
+            ),
+            (
+                "gpulse_health_late_samples_total",
+                "Samples older than their GPU's poll in progress, not used by the detectors.",
+                &self.late_samples,
+            ),
+            (
+                "gpulse_health_log_write_errors_total",
+                "Failed writes of the health event log.",
+                &self.log_write_errors,
+            ),
+            (
+                "gpulse_health_alerts_sent_total",
+                "Alerts delivered to Alertmanager (each minute's resend counts again).",
+                &self.alerts.alerts_sent,
+            ),
+            (
+                "gpulse_health_alert_push_failures_total",
+                "Failed pushes to Alertmanager; the alerts wait and are retried.",
+                &self.alerts.push_failures,
+            ),
+        ] {
+            let _ = writeln!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+                v.load(Relaxed)
+            );
+        }
+        let name = "gpulse_health_events_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Health events opened, by kind and severity at opening.\n# TYPE {name} counter"
+        );
+        let opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
+        let mut rows: Vec<_> = opened.iter().collect();
+        rows.sort();
+        for ((kind, severity), n) in rows {
+            let _ = writeln!(out, "{name}{{kind=\"{kind}\",severity=\"{severity}\"}} {n}");
+        }
+    }
+}
+
+/// What readers share with the engine's thread.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    engine: Mutex<Engine>,
+    pub(crate) metrics: Arc<HealthMetrics>,
+}
+
+impl Shared {
+    fn engine(&self) -> std::sync::MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The `/api/v1/health` answer: active events, and each GPU's state.
+    /// GPUs are listed in three parallel arrays (UUID, host, state), and
+    /// only those not `ok`, so the answer stays small at 100,000 GPUs.
+    pub(crate) fn report(&self, now_ms: i64) -> serde_json::Value {
+        let engine = self.engine();
+        let mut active: Vec<&Event> = engine.active().collect();
+        active.sort_by_key(|e| e.id);
+        let states = engine.states(now_ms, STALE_MS);
+        let mut counts: HashMap<&str, u64> = HashMap::new();
+        let (mut uuid, mut host, mut state) = (Vec::new(), Vec::new(), Vec::new());
+        for (id, s) in &states {
+            *counts.entry(s.as_str()).or_default() += 1;
+            if *s != GpuState::Ok {
+                uuid.push(id.uuid.as_str());
+                host.push(id.host.as_str());
+                state.push(s.as_str());
+            }
+        }
+        serde_json::json!({
+            "status": "success",
+            "data": {
+                "gpus": states.len(),
+                "states": counts,
+                "not_ok": {"uuid": uuid, "host": host, "state": state},
+                "active": active.iter().map(|e| event_json(e)).collect::<Vec<_>>(),
+            }
+        })
+    }
+}
+
+fn event_json(e: &Event) -> serde_json::Value {
+    serde_json::json!({
+        "id": e.id,
+        "kind": e.kind.as_str(),
+        "severity": e.severity.as_str(),
+        "cluster": e.gpu.cluster,
+        "row": e.gpu.row,
+        "rack": e.gpu.rack,
+        "host": e.gpu.host,
+        "gpu": e.gpu.gpu,
+        "uuid": e.gpu.uuid,
+        "xid": e.xid,
+        "onset_at_ms": e.onset_ts_ms,
+        "detected_at_ms": e.detected_ts_ms,
+        "action": e.action,
+        "evidence": e.evidence,
+    })
+}
+
+impl query::health_events::HealthSource for Shared {
+    fn events(&self) -> Vec<Event> {
+        self.engine().events().cloned().collect()
+    }
+}
+
+/// The running engine: its shared state and its threads.
+pub(crate) struct Health {
+    pub(crate) shared: Arc<Shared>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    /// With `--alertmanager-url`: the pusher, and its own stop flag (it
+    /// stops after the engine, to send the engine's last changes).
+    pusher: Option<(Arc<AtomicBool>, std::thread::JoinHandle<()>)>,
+}
+
+impl Health {
+    /// Reads the event log back, installs the observer on `storage` and
+    /// starts the engine's thread (and with `alertmanager`, a URL checked by
+    /// [`check_alertmanager_url`], the pusher's).
+    pub(crate) fn start(storage: Arc<Storage>, alertmanager: Option<&str>) -> anyhow::Result<Self> {
+        let mut engine = Engine::new(HealthConfig::default()).context("health configuration")?;
+        let path = storage.data_dir().join("health").join("events.log");
+        let (mut log, recovered) =
+            EventLog::open(&path).with_context(|| format!("opening {}", path.display()))?;
+        if recovered.dropped_bytes > 0 {
+            warn!(
+                path = %path.display(),
+                bytes = recovered.dropped_bytes,
+                "health event log: cut a torn or damaged tail; the events before it are kept"
+            );
+        }
+        let active = recovered.events.iter().filter(|e| e.is_active()).count();
+        info!(
+            events = recovered.events.len(),
+            active, "health engine: events read back"
+        );
+        engine.restore(recovered.events);
+        if log.records() > LOG_REWRITE_RECORDS {
+            log.rewrite(engine.events())
+                .with_context(|| format!("rewriting {}", path.display()))?;
+        }
+        let metrics = Arc::new(HealthMetrics::default());
+        let pusher = match alertmanager {
+            Some(url) => {
+                let (tx, rx) = bounded(ALERT_QUEUE);
+                let stop = Arc::new(AtomicBool::new(false));
+                let p = alerts::Pusher {
+                    url: url.to_string(),
+                    rx,
+                    metrics: metrics.alerts.clone(),
+                };
+                // Alertmanager learns the events open at the restart again.
+                for e in engine.active() {
+                    let _ = tx.try_send(e.clone());
+                }
+                let thread = {
+                    let stop = stop.clone();
+                    std::thread::Builder::new()
+                        .name("gpulse-alerts".into())
+                        .spawn(move || p.run(&stop))
+                        .context("starting the Alertmanager pusher's thread")?
+                };
+                info!(url, "health alerts go to Alertmanager");
+                Some((tx, stop, thread))
+            }
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            engine: Mutex::new(engine),
+            metrics: metrics.clone(),
+        });
+        let (tx, rx) = bounded(QUEUE_BATCHES);
+        if storage
+            .set_observer(Arc::new(Observer {
+                tx,
+                metrics: metrics.clone(),
+            }))
+            .is_err()
+        {
+            anyhow::bail!("BUG: the storage already has an observer");
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut worker = Worker {
+            storage,
+            shared: shared.clone(),
+            log,
+            series: HashMap::new(),
+            own: HashMap::new(),
+            last_reassert: Instant::now(),
+            changes: Vec::new(),
+            alerts: pusher.as_ref().map(|p| p.0.clone()),
+        };
+        let thread = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("gpulse-health".into())
+                .spawn(move || worker.run(&rx, &stop))
+                .context("starting the health engine's thread")?
+        };
+        Ok(Health {
+            shared,
+            stop,
+            thread: Some(thread),
+            pusher: pusher.map(|(_, stop, thread)| (stop, thread)),
+        })
+    }
+
+    /// Stops the engine after it has taken in what is queued, then the
+    /// pusher after one last attempt to deliver.
+    pub(crate) fn stop(mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some(t) = self.thread.take()
+            && t.join().is_err()
+        {
+            error!("the health engine's thread panicked");
+        }
+        if let Some((stop, t)) = self.pusher.take() {
+            stop.store(true, Relaxed);
+            if t.join().is_err() {
+                error!("the Alertmanager pusher's thread panicked");
+            }
+        }
+    }
+}
+
+impl Drop for Health {
+    /// A node that fails to start after the engine did: the thread ends
+    /// within half a second (not waited for).
+    fn drop(&mut self) {
+        self.stop.store(true, Relaxed);
+        if let Some((stop, _)) = &self.pusher {
+            stop.store(true, Relaxed);
+        }
+    }
+}
+
+/// Checks `--alertmanager-url`.
+pub(crate) fn check_alertmanager_url(url: &str) -> anyhow::Result<String> {
+    alerts::check_url(url)
+}
+
+/// What a series is to the engine.
+#[derive(Debug, Clone, Copy)]
+enum Mapped {
+    Field(health::engine::GpuSlot, Field),
+    Skip,
+}
+
+struct Worker {
+    storage: Arc<Storage>,
+    shared: Arc<Shared>,
+    log: EventLog,
+    /// Storage ref -> what it is, resolved once.
+    series: HashMap<u32, Mapped>,
+    /// The engine's own output series, by labels: their refs.
+    own: HashMap<SeriesKey, SeriesRef>,
+    last_reassert: Instant,
+    changes: Vec<Change>,
+    /// With `--alertmanager-url`: every changed event goes to the pusher.
+    alerts: Option<Sender<Event>>,
+}
+
+impl Worker {
+    fn run(&mut self, rx: &Receiver<Batch>, stop: &AtomicBool) {
+        loop {
+            match rx.recv_timeout(Duration::from_millis(500)) {
+                Ok(batch) => self.take(&batch),
+                Err(crossbeam::channel::RecvTimeoutError::Timeout) => {}
+                Err(crossbeam::channel::RecvTimeoutError::Disconnected) => return,
+            }
+            // Drain what else is queued before settling polls.
+            while let Ok(batch) = rx.try_recv() {
+                self.take(&batch);
+            }
+            let now = now_ms();
+            self.shared
+                .engine()
+                .finish_before(now - POLL_SETTLE_MS, &mut self.changes);
+            self.publish(now);
+            if stop.load(Relaxed) {
+                self.shared.engine().finish_all(&mut self.changes);
+                self.publish(now);
+                return;
+            }
+        }
+    }
+
+    fn take(&mut self, b: &Batch) {
+        let mut engine = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
+        for i in 0..b.refs.len() {
+            let r = b.refs[i];
+            let mapped = match self.series.get(&r.0) {
+                Some(m) => *m,
+                None => {
+                    let m = match self.storage.head_series_key(r) {
+                        Some(key) => map_series(&key, &mut engine),
+                        None => Mapped::Skip,
+                    };
+                    self.series.insert(r.0, m);
+                    m
+                }
+            };
+            if let Mapped::Field(slot, field) = mapped {
+                engine.sample(slot, field, b.ts_ms[i], b.values[i], &mut self.changes);
+            }
+        }
+    }
+
+    /// Logs, counts and writes out the changes since the last call, and
+    /// writes the active events again when a minute has passed.
+    fn publish(&mut self, now: i64) {
+        {
+            let engine = self.shared.engine();
+            let c = engine.counters();
+            self.shared.metrics.polls.store(c.polls, Relaxed);
+            self.shared
+                .metrics
+                .late_samples
+                .store(c.late_samples, Relaxed);
+        }
+        let reassert = self.last_reassert.elapsed() >= REASSERT_EVERY;
+        if self.changes.is_empty() && !reassert {
+            return;
+        }
+        let changes = std::mem::take(&mut self.changes);
+        let mut samples: Vec<(SeriesKey, i64, f64)> = Vec::new();
+        for c in &changes {
+            let e = c.event();
+            if let Some(tx) = &self.alerts
+                && tx.try_send(e.clone()).is_err()
+            {
+                self.shared
+                    .metrics
+                    .alerts
+                    .push_failures
+                    .fetch_add(1, Relaxed);
+                warn!(
+                    id = e.id,
+                    "Alertmanager pusher's queue is full; this change is not sent"
+                );
+            }
+            if let Err(err) = self.log.append(e) {
+                self.shared.metrics.log_write_errors.fetch_add(1, Relaxed);
+                error!(error = %err, "health event log: append failed");
+            }
+            match c {
+                Change::Opened(e) => {
+                    info!(id = e.id, kind = %e.kind, severity = %e.severity, host = %e.gpu.host, gpu = e.gpu.gpu, uuid = %e.gpu.uuid, evidence = %e.evidence, "health event opened");
+                    let total = {
+                        let mut opened = self
+                            .shared
+                            .metrics
+                            .opened
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner());
+                        let n = opened.entry((e.kind, e.severity)).or_default();
+                        *n += 1;
+                        *n
+                    };
+                    samples.push((
+                        total_key(e.kind, e.severity),
+                        e.detected_ts_ms,
+                        total as f64,
+                    ));
+                    samples.push((active_key(e, e.severity), e.detected_ts_ms, 1.0));
+                }
+                Change::Escalated(e) => {
+                    info!(id = e.id, kind = %e.kind, severity = %e.severity, uuid = %e.gpu.uuid, "health event escalated");
+                    for s in [Severity::Info, Severity::Warning, Severity::Critical] {
+                        let v = if s == e.severity { 1.0 } else { 0.0 };
+                        samples.push((active_key(e, s), now.max(e.detected_ts_ms), v));
+                    }
+                }
+                Change::Cleared(e) => {
+                    info!(id = e.id, kind = %e.kind, uuid = %e.gpu.uuid, "health event cleared");
+                    let at = e.cleared_ts_ms.unwrap_or(now);
+                    samples.push((active_key(e, e.severity), at, 0.0));
+                }
+            }
+        }
+        if !changes.is_empty()
+            && let Err(err) = self.log.sync()
+        {
+            self.shared.metrics.log_write_errors.fetch_add(1, Relaxed);
+            error!(error = %err, "health event log: fsync failed");
+        }
+        if reassert {
+            self.last_reassert = Instant::now();
+            let engine = self.shared.engine();
+            for e in engine.active() {
+                samples.push((active_key(e, e.severity), now, 1.0));
+            }
+        }
+        if self.log.records() > LOG_REWRITE_RECORDS {
+            let engine = self.shared.engine();
+            if let Err(err) = self.log.rewrite(engine.events()) {
+                error!(error = %err, "health event log: rewrite failed; appending goes on");
+            }
+        }
+        self.write(samples);
+    }
+
+    /// Appends the engine's own series to storage.
+    fn write(&mut self, samples: Vec<(SeriesKey, i64, f64)>) {
+        if samples.is_empty() {
+            return;
+        }
+        let missing: Vec<SeriesKey> = samples
+            .iter()
+            .map(|s| &s.0)
+            .filter(|k| !self.own.contains_key(*k))
+            .cloned()
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if !missing.is_empty() {
+            match self.storage.series_refs(missing.clone()) {
+                Ok(refs) => {
+                    for (k, r) in missing.into_iter().zip(refs) {
+                        self.own.insert(k, r);
+                    }
+                }
+                Err(e) => {
+                    warn!(error = %e, "health: could not create its series");
+                    return;
+                }
+            }
+        }
+        let mut sorted = samples;
+        sorted.sort_by_key(|s| s.1);
+        let refs: Vec<SeriesRef> = sorted.iter().map(|s| self.own[&s.0]).collect();
+        let ts: Vec<i64> = sorted.iter().map(|s| s.1).collect();
+        let values: Vec<f64> = sorted.iter().map(|s| s.2).collect();
+        match self.storage.append(&refs, &ts, &values) {
+            Ok(_) => {}
+            Err(storage::Error::SeriesEvicted { .. }) => {
+                // Idle through a flush: resolve them again next time.
+                self.own.clear();
+            }
+            Err(e) => warn!(error = %e, "health: could not store its series"),
+        }
+    }
+}
+
+/// What a series is: a field of a GPU (registering the GPU), or nothing
+/// the detectors read.
+fn map_series(key: &SeriesKey, engine: &mut Engine) -> Mapped {
+    let Some(field) = Field::from_name(key.metric()) else {
+        return Mapped::Skip;
+    };
+    let (Some(uuid), Some(host)) = (key.get("UUID"), key.get("Hostname")) else {
+        return Mapped::Skip;
+    };
+    let known = |name: &str| key.get(name).filter(|v| !v.is_empty()).map(str::to_owned);
+    let id = GpuId {
+        uuid: uuid.to_owned(),
+        host: host.to_owned(),
+        gpu: key.get("gpu").and_then(|g| g.parse().ok()).unwrap_or(0),
+        rack: known("rack"),
+        row: known("row"),
+        cluster: known("cluster"),
+    };
+    Mapped::Field(engine.gpu(id), field)
+}
+
+fn active_key(e: &Event, severity: Severity) -> SeriesKey {
+    let mut labels = vec![
+        Label::new("kind", e.kind.as_str()),
+        Label::new("severity", severity.as_str()),
+        Label::new("Hostname", e.gpu.host.as_str()),
+        Label::new("gpu", e.gpu.gpu.to_string()),
+        Label::new("UUID", e.gpu.uuid.as_str()),
+    ];
+    for (name, v) in [
+        ("rack", &e.gpu.rack),
+        ("row", &e.gpu.row),
+        ("cluster", &e.gpu.cluster),
+    ] {
+        if let Some(v) = v {
+            labels.push(Label::new(name, v.as_str()));
+        }
+    }
+    if let Some(x) = e.xid {
+        labels.push(Label::new("xid", x.to_string()));
+    }
+    SeriesKey::new("gpulse_health_active", labels).expect("BUG: health labels are valid")
+}
+
+fn total_key(kind: Kind, severity: Severity) -> SeriesKey {
+    SeriesKey::new(
+        "gpulse_health_events_total",
+        vec![
+            Label::new("kind", kind.as_str()),
+            Label::new("severity", severity.as_str()),
+        ],
+    )
+    .expect("BUG: health labels are valid")
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// `GET /api/v1/health`.
+pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
+    async fn health(
+        axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
+    ) -> axum::Json<serde_json::Value> {
+        axum::Json(shared.report(now_ms()))
+    }
+    axum::Router::new()
+        .route("/api/v1/health", axum::routing::get(health))
+        .with_state(shared)
+}
