@@ -10,9 +10,11 @@
 //!
 //! Built in steps. Implemented so far: [`Kind::Xid`] ([`xid`]), [`Kind::Ecc`]
 //! and [`Kind::RowRemap`] ([`ecc`]), [`Kind::ThermalThrottle`] and
-//! [`Kind::PowerThrottle`] ([`throttle`]). The other kinds are listed in
-//! [`Kind`] because their names are a public contract. Every rule, threshold
-//! and source is written down in `docs/HEALTH.md`.
+//! [`Kind::PowerThrottle`] ([`throttle`]), [`Kind::Zombie`] ([`zombie`]), and
+//! [`Kind::TelemetryGap`], which looks at all GPUs at once ([`engine::Engine::tick`]).
+//! The other kinds are listed in [`Kind`] because their names are a public
+//! contract. Every rule, threshold and source is written down in
+//! `docs/HEALTH.md`.
 //!
 //! Guarantees:
 //! - Bounded state: no detector grows with the length of the stream; all of a
@@ -31,6 +33,7 @@ pub mod log;
 pub mod throttle;
 mod window;
 pub mod xid;
+pub mod zombie;
 
 #[cfg(test)]
 mod tests;
@@ -40,6 +43,7 @@ use std::fmt;
 pub use ecc::{EccDetector, RowRemapConfig, RowRemapDetector};
 pub use throttle::{ThrottleConfig, ThrottleDetector};
 pub use xid::{XidConfig, XidDetector};
+pub use zombie::{ZombieConfig, ZombieDetector};
 
 /// How much state all detectors of one GPU may hold together, heap included.
 pub const STATE_BUDGET_BYTES: usize = 4096;
@@ -219,17 +223,28 @@ pub enum Field {
     ClocksEventHwThermSlowdownNs,
     /// Time in HW power-brake slowdown, ns (counter).
     ClocksEventHwPowerBrakeSlowdownNs,
-    /// GPU temperature, °C (evidence only).
+    /// GPU temperature, °C (evidence, and a frozen reading for `zombie`).
     GpuTemp,
-    /// SM clock, MHz (evidence only).
+    /// SM clock, MHz (evidence, and a frozen reading for `zombie`).
     SmClock,
-    /// Power draw, W (evidence only).
+    /// Power draw, W (evidence, and a frozen reading for `zombie`).
     PowerUsage,
+    /// Energy consumed since the driver loaded, mJ (counter; resets on driver
+    /// reload). A powered GPU always consumes energy, so it must advance.
+    TotalEnergyConsumption,
+    /// Share of time one or more kernels was executing, % (0-100).
+    GpuUtil,
+    /// Share of cycles an SM had at least one warp resident, averaged over
+    /// all SMs, ratio 0-1 (profiling; Hopper+ via GPM, or DCGM's DCP module).
+    ProfSmActive,
+    /// Share of time the graphics / compute engine was active, ratio 0-1
+    /// (profiling; in dcgm-exporter's default set).
+    ProfGrEngineActive,
 }
 
 impl Field {
     /// Number of fields; the size of a [`Poll`]'s value array.
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 24;
 
     /// All fields, in declaration order (`Field::ALL[f as usize] == f`).
     pub const ALL: [Field; Field::COUNT] = [
@@ -253,6 +268,10 @@ impl Field {
         Field::GpuTemp,
         Field::SmClock,
         Field::PowerUsage,
+        Field::TotalEnergyConsumption,
+        Field::GpuUtil,
+        Field::ProfSmActive,
+        Field::ProfGrEngineActive,
     ];
 
     /// The dcgm-exporter metric name.
@@ -284,6 +303,10 @@ impl Field {
             Field::GpuTemp => "DCGM_FI_DEV_GPU_TEMP",
             Field::SmClock => "DCGM_FI_DEV_SM_CLOCK",
             Field::PowerUsage => "DCGM_FI_DEV_POWER_USAGE",
+            Field::TotalEnergyConsumption => "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+            Field::GpuUtil => "DCGM_FI_DEV_GPU_UTIL",
+            Field::ProfSmActive => "DCGM_FI_PROF_SM_ACTIVE",
+            Field::ProfGrEngineActive => "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
         }
     }
 
@@ -531,6 +554,8 @@ pub struct HealthConfig {
     pub row_remap: RowRemapConfig,
     /// Thermal / power throttle detector.
     pub throttle: ThrottleConfig,
+    /// Zombie detector.
+    pub zombie: ZombieConfig,
 }
 
 impl HealthConfig {
@@ -541,7 +566,8 @@ impl HealthConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.xid.validate()?;
         self.row_remap.validate()?;
-        self.throttle.validate()
+        self.throttle.validate()?;
+        self.zombie.validate()
     }
 }
 
@@ -552,6 +578,7 @@ pub struct GpuHealth {
     ecc: EccDetector,
     row_remap: RowRemapDetector,
     throttle: ThrottleDetector,
+    zombie: ZombieDetector,
 }
 
 impl GpuHealth {
@@ -563,12 +590,19 @@ impl GpuHealth {
             ecc: EccDetector::new(),
             row_remap: RowRemapDetector::new(config.row_remap.clone()),
             throttle: ThrottleDetector::new(config.throttle.clone()),
+            zombie: ZombieDetector::new(config.zombie.clone()),
         }
     }
 
     /// Each detector with its state size, for the memory budget.
-    pub fn detectors(&self) -> [&dyn Detector; 4] {
-        [&self.xid, &self.ecc, &self.row_remap, &self.throttle]
+    pub fn detectors(&self) -> [&dyn Detector; 5] {
+        [
+            &self.xid,
+            &self.ecc,
+            &self.row_remap,
+            &self.throttle,
+            &self.zombie,
+        ]
     }
 }
 
@@ -580,6 +614,7 @@ impl Detector for GpuHealth {
             Kind::RowRemap,
             Kind::ThermalThrottle,
             Kind::PowerThrottle,
+            Kind::Zombie,
         ]
     }
 
@@ -588,6 +623,7 @@ impl Detector for GpuHealth {
         self.ecc.observe(poll, out);
         self.row_remap.observe(poll, out);
         self.throttle.observe(poll, out);
+        self.zombie.observe(poll, out);
     }
 
     fn state_bytes(&self) -> usize {

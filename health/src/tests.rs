@@ -101,6 +101,7 @@ fn per_gpu_state_fits_the_budget() {
             + std::mem::size_of::<EccDetector>()
             + std::mem::size_of::<RowRemapDetector>()
             + std::mem::size_of::<ThrottleDetector>()
+            + std::mem::size_of::<ZombieDetector>()
     );
 }
 
@@ -226,6 +227,9 @@ fn lifecycle_invariants_hold_on_random_streams() {
         let (mut ts, mut dbe, mut sbe, mut corr, mut unc, mut therm_ns) =
             (0_i64, 0.0, 0.0, 0.0, 0.0, 0.0);
         let mut counts = HashMap::new();
+        // Zombie signals: the energy counter, polls it has left to stay
+        // frozen, and zombie events opened.
+        let (mut energy, mut frozen_polls, mut zombies) = (0.0, 0_u64, 0_u32);
         for i in 0..50_000 {
             // Mostly forward in time by 0.1-30 s; sometimes a replay.
             let replay = i > 0 && rng.below(50) == 0;
@@ -278,6 +282,27 @@ fn lifecycle_invariants_hold_on_random_streams() {
             }
             therm_ns += rng.below(2) as f64 * 1e9;
             p.set(Field::ClocksEventHwThermSlowdownNs, therm_ns);
+            // The counter advances, freezes now and then for up to 19 polls
+            // (0.1-30 s apart), and resets on a rare driver reload; busy
+            // GPUs now and then show no SM activity.
+            if rng.below(30) == 0 {
+                frozen_polls = rng.below(20);
+            }
+            if frozen_polls > 0 {
+                frozen_polls -= 1;
+            } else {
+                energy += 1e6 + rng.below(10_000_000) as f64;
+            }
+            if rng.below(1_000) == 0 {
+                energy = 0.0;
+            }
+            if rng.below(10) != 0 {
+                p.set(Field::TotalEnergyConsumption, energy);
+            }
+            p.set(Field::GpuUtil, rng.pick(&[0.0, 30.0, 100.0, 100.0]));
+            if rng.below(5) != 0 {
+                p.set(Field::ProfSmActive, rng.pick(&[0.0, 0.0, 0.0, 0.4]));
+            }
 
             let out = feed(&mut h, &p);
             if replay {
@@ -293,6 +318,7 @@ fn lifecycle_invariants_hold_on_random_streams() {
                 *counts.entry(std::mem::discriminant(t)).or_insert(0_u32) += 1;
                 match t {
                     Transition::Opened(f) => {
+                        zombies += u32::from(f.kind == Kind::Zombie);
                         assert!(f.onset_ts_ms <= f.detected_ts_ms, "seed {seed}: {f:?}");
                         assert_eq!(f.xid.is_some(), f.kind == Kind::Xid, "seed {seed}: {f:?}");
                         assert!(!f.evidence.is_empty(), "seed {seed}: {f:?}");
@@ -322,5 +348,6 @@ fn lifecycle_invariants_hold_on_random_streams() {
         // The stream is fault-heavy: all three transition kinds must occur,
         // or this test checks nothing.
         assert_eq!(counts.len(), 3, "seed {seed}: {counts:?}");
+        assert!(zombies > 0, "seed {seed}: no zombie event");
     }
 }
