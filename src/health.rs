@@ -387,9 +387,11 @@ impl Worker {
                 self.take(&batch);
             }
             let now = now_ms();
-            self.shared
-                .engine()
-                .finish_before(now - POLL_SETTLE_MS, &mut self.changes);
+            {
+                let mut engine = self.shared.engine();
+                engine.finish_before(now - POLL_SETTLE_MS, &mut self.changes);
+                engine.tick(now, &mut self.changes);
+            }
             self.publish(now);
             if stop.load(Relaxed) {
                 self.shared.engine().finish_all(&mut self.changes);

@@ -364,7 +364,10 @@ fn sql_samples(node: &Node) -> Samples {
     use arrow::array::AsArray;
     use arrow::datatypes::{Float64Type, TimestampMillisecondType};
     let mut got = Samples::new();
-    for b in node.sql_arrow("SELECT host, metric, gpu, ts, value FROM samples") {
+    // The agents' samples; not the nodes' own health series.
+    for b in node.sql_arrow(
+        "SELECT host, metric, gpu, ts, value FROM samples WHERE metric NOT LIKE 'gpulse_health%'",
+    ) {
         let (h, m, g) = (
             b.column(0).as_string::<i32>(),
             b.column(1).as_string::<i32>(),

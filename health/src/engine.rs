@@ -11,6 +11,13 @@
 //! is late (data from a spool, a re-send) and is counted, not used: the
 //! detectors see each GPU's polls once, in time order.
 //!
+//! One failure often fires several detectors: an XID 48 (double-bit ECC)
+//! also shows as volatile DBEs and a new uncorrectable remapped row. Events
+//! of one GPU whose kinds belong to one [`Incident`] group are one event
+//! (one incident): the first opens it and names its kind, the others join
+//! it (their evidence appended, the severity the highest), and it clears
+//! when the last of them has cleared.
+//!
 //! Events are kept in memory: every open one, and the newest
 //! [`Engine::MAX_CLOSED`] closed ones. Whoever persists them
 //! ([`Engine::restore`] at start) gets every change as a [`Change`].
@@ -103,6 +110,40 @@ impl GpuState {
     }
 }
 
+/// The groups of kinds that one failure fires together, merged into one
+/// incident per GPU (research §3.1: score per incident).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Incident {
+    /// Memory: ECC-related XIDs (48 double-bit error, 63/64 row-remap
+    /// recording and failure, 92 high single-bit rate, 94/95 contained and
+    /// uncontained ECC), `ecc`, `row_remap`.
+    Memory,
+    /// The GPU is lost: XID 79 (fallen off the bus), and the silence or
+    /// frozen readings that follow (`telemetry_gap`, `zombie`).
+    Lost,
+    /// Slowed down: `thermal_throttle`, `power_throttle`, and what a
+    /// throttle causes (`clock_degraded`, `straggler`).
+    Slowdown,
+}
+
+impl Incident {
+    /// The group of an event, `None` for one that stands alone (other XIDs,
+    /// drift, anomaly).
+    pub fn of(key: EventKey) -> Option<Incident> {
+        match (key.kind, key.xid) {
+            (Kind::Xid, Some(48 | 63 | 64 | 92 | 94 | 95)) | (Kind::Ecc | Kind::RowRemap, _) => {
+                Some(Incident::Memory)
+            }
+            (Kind::Xid, Some(79)) | (Kind::TelemetryGap | Kind::Zombie, _) => Some(Incident::Lost),
+            (
+                Kind::ThermalThrottle | Kind::PowerThrottle | Kind::ClockDegraded | Kind::Straggler,
+                _,
+            ) => Some(Incident::Slowdown),
+            _ => None,
+        }
+    }
+}
+
 /// Counters of the engine's input.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct EngineCounters {
@@ -120,6 +161,14 @@ struct Gpu {
     pending: Option<Poll>,
     /// Sample time of the newest poll fed to the detectors.
     last_poll_ms: Option<i64>,
+    /// The GPU's poll interval, smoothed; 0 until two polls were fed.
+    interval_ms: i64,
+    /// An open `telemetry_gap`: (onset, detected at), wall clock.
+    gap: Option<(i64, i64)>,
+    /// A tick saw the GPU's data fresh: it reports live, so its silence
+    /// means something. Data that is always old when it arrives (a
+    /// backfill, `gpulse import`) is never live and never a gap.
+    live: bool,
 }
 
 /// See the module docs.
@@ -128,8 +177,11 @@ pub struct Engine {
     config: HealthConfig,
     gpus: Vec<Gpu>,
     by_uuid: HashMap<String, GpuSlot>,
-    /// Open events by GPU and key: their id.
+    /// Open detector events by GPU and key: the id of the event (incident)
+    /// they are part of. Several keys may share an id.
     open: HashMap<(GpuSlot, EventKey), u64>,
+    /// Open keys per open event id.
+    members: HashMap<u64, u32>,
     /// Open events restored from a log, which a detector has not opened
     /// again since: they clear after [`Engine::RESTORED_GRACE_MS`] of
     /// polls without the detector seeing it.
@@ -147,6 +199,9 @@ impl Engine {
     /// Closed events kept in memory (the newest); the log keeps all.
     pub const MAX_CLOSED: usize = 100_000;
 
+    /// The shortest silence that is a `telemetry_gap` (see [`Engine::tick`]).
+    pub const GAP_MIN_MS: i64 = 30_000;
+
     /// How long (sample time of the GPU's polls) an event restored as open
     /// stays open unless its detector opens it again.
     pub const RESTORED_GRACE_MS: i64 = 10 * 60_000;
@@ -162,6 +217,7 @@ impl Engine {
             gpus: Vec::new(),
             by_uuid: HashMap::new(),
             open: HashMap::new(),
+            members: HashMap::new(),
             restored: HashMap::new(),
             events: Default::default(),
             closed: VecDeque::new(),
@@ -189,6 +245,9 @@ impl Engine {
             health: GpuHealth::new(&self.config),
             pending: None,
             last_poll_ms: None,
+            interval_ms: 0,
+            gap: None,
+            live: false,
         });
         slot
     }
@@ -245,6 +304,84 @@ impl Engine {
         }
     }
 
+    /// Looks for GPUs that went silent, at `now_ms` (the wall clock in
+    /// `serve`, the virtual clock in a simulation). A GPU is silent when its
+    /// newest sample is older than [`Engine::GAP_MIN_MS`] or 5 of its poll
+    /// intervals, whichever is longer. A silent GPU whose host's other GPUs
+    /// report is a GPU gone (critical: XID 79, fallen off the bus, and the
+    /// like); when no GPU of the host reports, the agent or its network is
+    /// (warning: its spool may still deliver). The event clears at the next
+    /// poll fed, and says whether that poll is from the gap (late data from a
+    /// spool) or new. Only a GPU that a tick once saw fresh (its newest
+    /// sample within the limit) can be silent: backfilled data is not.
+    pub fn tick(&mut self, now_ms: i64, out: &mut Vec<Change>) {
+        let limit = |g: &Gpu| Self::GAP_MIN_MS.max(5 * g.interval_ms);
+        let newest = |g: &Gpu| g.pending.as_ref().map(|p| p.ts_ms).or(g.last_poll_ms);
+        for g in &mut self.gpus {
+            if !g.live && newest(g).is_some_and(|t| now_ms - t <= limit(g)) {
+                g.live = true;
+            }
+        }
+        let silent_since = |g: &Gpu| -> Option<i64> {
+            let newest = newest(g)?;
+            (g.live && now_ms - newest > limit(g)).then_some(newest)
+        };
+        let mut hosts: HashMap<&str, (u32, u32)> = HashMap::new();
+        for g in &self.gpus {
+            let h = hosts.entry(g.id.host.as_str()).or_default();
+            h.1 += 1;
+            if silent_since(g).is_some() {
+                h.0 += 1;
+            }
+        }
+        let mut opened = Vec::new();
+        for (slot, g) in self.gpus.iter().enumerate() {
+            let Some(newest) = silent_since(g) else {
+                continue;
+            };
+            if g.gap.is_some() {
+                continue;
+            }
+            let (silent, total) = hosts[g.id.host.as_str()];
+            let whole_host = silent == total;
+            let interval = g.interval_ms.max(1);
+            let onset = newest + interval;
+            let (severity, action) = if whole_host {
+                (
+                    Severity::Warning,
+                    "check the node's agent and its network: no GPU of this host reports (its spool may still deliver the data)",
+                )
+            } else {
+                (
+                    Severity::Critical,
+                    "this GPU stopped reporting while the others of its host go on: check it (XID 79, fallen off the bus?) and drain it",
+                )
+            };
+            let evidence = format!(
+                "no poll for {} s (every {:.1} s before); {silent} of {total} GPUs of {} silent",
+                (now_ms - newest) / 1000,
+                interval as f64 / 1000.0,
+                g.id.host
+            );
+            opened.push((
+                slot as GpuSlot,
+                crate::Finding {
+                    kind: Kind::TelemetryGap,
+                    severity,
+                    xid: None,
+                    onset_ts_ms: onset,
+                    detected_ts_ms: now_ms,
+                    action,
+                    evidence,
+                },
+            ));
+        }
+        for (slot, f) in opened {
+            self.gpus[slot as usize].gap = Some((f.onset_ts_ms, now_ms));
+            self.apply(slot, Transition::Opened(f), out);
+        }
+    }
+
     /// Completes every poll in progress.
     pub fn finish_all(&mut self, out: &mut Vec<Change>) {
         self.finish_before(i64::MAX, out);
@@ -252,7 +389,26 @@ impl Engine {
 
     fn feed(&mut self, slot: GpuSlot, poll: Poll, out: &mut Vec<Change>) {
         let gpu = &mut self.gpus[slot as usize];
+        if let Some(last) = gpu.last_poll_ms {
+            // A gap must not teach the GPU a long interval: a spacing counts
+            // for at most 4 times the interval known so far.
+            let spacing = poll.ts_ms - last;
+            gpu.interval_ms = if gpu.interval_ms == 0 {
+                spacing
+            } else {
+                (3 * gpu.interval_ms + spacing.min(4 * gpu.interval_ms)) / 4
+            };
+        }
         gpu.last_poll_ms = Some(poll.ts_ms);
+        if let Some((_, detected)) = gpu.gap.take() {
+            let why = if poll.ts_ms < detected {
+                "its polls of the gap arrived late (from a spool): delivery was interrupted, not the GPU"
+            } else {
+                "it reports again"
+            };
+            self.close(slot, EventKey::of(Kind::TelemetryGap), poll.ts_ms, why, out);
+        }
+        let gpu = &mut self.gpus[slot as usize];
         self.counters.polls += 1;
         let mut transitions = std::mem::take(&mut self.scratch);
         gpu.health.observe(&poll, &mut transitions);
@@ -280,6 +436,19 @@ impl Engine {
                     }
                     return;
                 }
+                if let Some(id) = self.incident_of(slot, key) {
+                    // Another signal of a failure already open on this GPU.
+                    self.open.insert((slot, key), id);
+                    *self.members.entry(id).or_default() += 1;
+                    let e = self.events.get_mut(&id).expect("BUG: open events are kept");
+                    e.evidence = format!("{}; with {}: {}", e.evidence, f.kind, f.evidence);
+                    if f.severity > e.severity {
+                        e.severity = f.severity;
+                        e.action = f.action.to_string();
+                    }
+                    out.push(Change::Escalated(e.clone()));
+                    return;
+                }
                 let id = self.next_id;
                 self.next_id += 1;
                 let e = Event {
@@ -295,6 +464,7 @@ impl Engine {
                     evidence: f.evidence,
                 };
                 self.open.insert((slot, key), id);
+                self.members.insert(id, 1);
                 out.push(Change::Opened(e.clone()));
                 self.events.insert(id, e);
             }
@@ -303,8 +473,10 @@ impl Engine {
                     return;
                 };
                 let e = self.events.get_mut(&id).expect("BUG: open events are kept");
+                if x.severity >= e.severity {
+                    e.action = x.action.to_string();
+                }
                 e.severity = e.severity.max(x.severity);
-                e.action = x.action.to_string();
                 e.evidence = format!("{}; then {}", e.evidence, x.evidence);
                 out.push(Change::Escalated(e.clone()));
             }
@@ -327,6 +499,16 @@ impl Engine {
         };
         self.restored.remove(&(slot, key));
         let e = self.events.get_mut(&id).expect("BUG: open events are kept");
+        let left = self.members.get_mut(&id).map_or(0, |n| {
+            *n = n.saturating_sub(1);
+            *n
+        });
+        if left > 0 {
+            // Other signals of the incident are still there.
+            e.evidence = format!("{}; {} cleared: {why}", e.evidence, key.kind);
+            return;
+        }
+        self.members.remove(&id);
         e.cleared_ts_ms = Some(at_ms);
         e.evidence = format!("{}; cleared: {why}", e.evidence);
         out.push(Change::Cleared(e.clone()));
@@ -336,6 +518,17 @@ impl Engine {
                 self.events.remove(&old);
             }
         }
+    }
+
+    /// The open event on the GPU in `slot` that an event of `key` joins: one
+    /// of the same incident group.
+    fn incident_of(&self, slot: GpuSlot, key: EventKey) -> Option<u64> {
+        let group = Incident::of(key)?;
+        self.open
+            .iter()
+            .filter(|((s, k), _)| *s == slot && Incident::of(*k) == Some(group))
+            .map(|(_, &id)| id)
+            .min()
     }
 
     /// Clears the GPU's restored events that its detectors did not open
@@ -377,6 +570,7 @@ impl Engine {
             self.next_id = self.next_id.max(e.id + 1);
             if e.is_active() {
                 self.open.insert((slot, e.key()), e.id);
+                self.members.insert(e.id, 1);
                 self.restored.insert((slot, e.key()), i64::MIN);
             } else {
                 self.closed.push_back(e.id);
@@ -395,9 +589,9 @@ impl Engine {
         self.events.values()
     }
 
-    /// The open events.
+    /// The open events (incidents), by id.
     pub fn active(&self) -> impl Iterator<Item = &Event> {
-        self.open.values().map(|id| &self.events[id])
+        self.members.keys().map(|id| &self.events[id])
     }
 
     /// Each GPU's state: `Unknown` when its newest poll is more than
@@ -405,6 +599,7 @@ impl Engine {
     pub fn states(&self, now_ms: i64, stale_ms: i64) -> Vec<(&GpuId, GpuState)> {
         let mut worst: Vec<Option<Severity>> = vec![None; self.gpus.len()];
         for (&(slot, _), id) in &self.open {
+            // (A merged incident is counted once per member; same result.)
             let s = self.events[id].severity;
             let w = &mut worst[slot as usize];
             *w = Some(w.map_or(s, |w| w.max(s)));

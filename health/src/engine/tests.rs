@@ -213,3 +213,166 @@ fn state_per_gpu_is_bounded() {
     let e = engine();
     assert!(e.state_bytes_per_gpu() <= crate::STATE_BUDGET_BYTES);
 }
+
+#[test]
+fn one_failure_seen_by_three_detectors_is_one_incident_until_the_last_clears() {
+    let mut e = engine();
+    let a = e.gpu(gpu("GPU-a", "h1", 0));
+    let b = e.gpu(gpu("GPU-b", "h1", 1));
+    let fields = |xid: f64, dbe: f64, rows: f64| {
+        vec![
+            (Field::XidErrors, xid),
+            (Field::EccDbeVolTotal, dbe),
+            (Field::UncorrectableRemappedRows, rows),
+        ]
+    };
+    poll(&mut e, a, 1_000, &fields(0.0, 0.0, 0.0));
+    poll(&mut e, a, 2_000, &fields(48.0, 1.0, 1.0));
+    // An XID 13 on another GPU stays its own event.
+    poll(&mut e, b, 2_000, &[(Field::XidErrors, 13.0)]);
+    let mut out = poll(&mut e, a, 3_000, &fields(48.0, 1.0, 1.0));
+    out.extend(poll(&mut e, b, 3_000, &[(Field::XidErrors, 13.0)]));
+    let opened: Vec<(u64, Kind)> = out
+        .iter()
+        .filter_map(|c| match c {
+            Change::Opened(ev) => Some((ev.id, ev.kind)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(opened, vec![(1, Kind::Xid), (2, Kind::Xid)], "{out:?}");
+    let joined = out
+        .iter()
+        .filter(|c| matches!(c, Change::Escalated(ev) if ev.id == 1))
+        .count();
+    assert_eq!(joined, 2, "ecc and row_remap join event 1: {out:?}");
+    let one = e.active().find(|ev| ev.id == 1).unwrap().clone();
+    assert_eq!(
+        (one.kind, one.severity, one.xid),
+        (Kind::Xid, Severity::Critical, Some(48))
+    );
+    assert!(
+        one.evidence.contains("with ecc") && one.evidence.contains("with row_remap"),
+        "{}",
+        one.evidence
+    );
+    assert_eq!(e.active().count(), 2);
+    // An hour and a bit later the XID and the new-row window have passed,
+    // but the volatile DBE count still shows 1: the incident stays open.
+    let mut out = Vec::new();
+    let mut t = 3_000;
+    while t < 2_000 + 2 * 3_600_000 {
+        t += 10_000;
+        out.extend(poll(&mut e, a, t, &fields(48.0, 1.0, 1.0)));
+    }
+    assert!(
+        !out.iter()
+            .any(|c| matches!(c, Change::Cleared(ev) if ev.id == 1)),
+        "{out:?}"
+    );
+    assert!(e.active().any(|ev| ev.id == 1));
+    let ev = e.events().find(|ev| ev.id == 1).unwrap();
+    assert!(ev.evidence.contains("xid cleared"), "{}", ev.evidence);
+    // A GPU reset zeroes the volatile count: the last signal clears, and
+    // with it the incident, once.
+    t += 10_000;
+    poll(&mut e, a, t, &fields(48.0, 0.0, 1.0));
+    let out = poll(&mut e, a, t + 10_000, &fields(48.0, 0.0, 1.0));
+    let cleared: Vec<u64> = out
+        .iter()
+        .filter_map(|c| match c {
+            Change::Cleared(ev) => Some(ev.id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(cleared, vec![1], "{out:?}");
+    assert!(!e.active().any(|ev| ev.id == 1));
+}
+
+#[test]
+fn a_silent_gpu_a_silent_host_and_late_data_are_told_apart() {
+    let mut e = engine();
+    let h1 = [e.gpu(gpu("GPU-10", "h1", 0)), e.gpu(gpu("GPU-11", "h1", 1))];
+    let h2 = [e.gpu(gpu("GPU-20", "h2", 0)), e.gpu(gpu("GPU-21", "h2", 1))];
+    let temp = [(Field::GpuTemp, 50.0)];
+    let mut out = Vec::new();
+    // Everyone polls every second up to 10 s.
+    for t in (1_000..=10_000).step_by(1_000) {
+        for &s in h1.iter().chain(&h2) {
+            out.extend(poll(&mut e, s, t, &temp));
+        }
+    }
+    // A tick sees them all live (fresh at 10 s).
+    e.tick(10_500, &mut out);
+    // A GPU whose data is backfilled, always old when it arrives, is never
+    // live: its silence is no gap.
+    let old = e.gpu(gpu("GPU-old", "h3", 0));
+    for t in (1_000..=5_000).step_by(1_000) {
+        out.extend(poll(&mut e, old, t - 3_600_000, &temp));
+    }
+    // Then h1's GPU 1 and all of h2 fall silent; h1's GPU 0 goes on.
+    for t in (11_000..=45_000).step_by(1_000) {
+        out.extend(poll(&mut e, h1[0], t, &temp));
+    }
+    e.finish_before(45_000, &mut out);
+    // 30 s of silence is not yet a gap (the newest poll is at 10 s).
+    e.tick(40_000, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    e.tick(45_000, &mut out);
+    let mut opened: Vec<(String, Severity, i64, i64)> = out
+        .iter()
+        .map(|c| match c {
+            Change::Opened(ev) => {
+                assert_eq!(ev.kind, Kind::TelemetryGap);
+                (
+                    ev.gpu.uuid.clone(),
+                    ev.severity,
+                    ev.onset_ts_ms,
+                    ev.detected_ts_ms,
+                )
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    opened.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        opened,
+        vec![
+            ("GPU-11".to_string(), Severity::Critical, 11_000, 45_000),
+            ("GPU-20".to_string(), Severity::Warning, 11_000, 45_000),
+            ("GPU-21".to_string(), Severity::Warning, 11_000, 45_000),
+        ]
+    );
+    // Once open, a tick opens nothing more.
+    out.clear();
+    e.tick(50_000, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    // h2's agent was cut off: its spool now delivers the polls of the gap.
+    for t in (11_000..=50_000).step_by(1_000) {
+        out.extend(poll(&mut e, h2[0], t, &temp));
+        out.extend(poll(&mut e, h2[1], t, &temp));
+    }
+    // h1's GPU 1 reports again, at 60 s.
+    out.extend(poll(&mut e, h1[1], 60_000, &temp));
+    out.extend(poll(&mut e, h1[1], 61_000, &temp));
+    let mut cleared: Vec<(String, i64, bool)> = out
+        .iter()
+        .map(|c| match c {
+            Change::Cleared(ev) => (
+                ev.gpu.uuid.clone(),
+                ev.cleared_ts_ms.unwrap(),
+                ev.evidence.contains("late"),
+            ),
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    cleared.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        cleared,
+        vec![
+            ("GPU-11".to_string(), 60_000, false),
+            ("GPU-20".to_string(), 11_000, true),
+            ("GPU-21".to_string(), 11_000, true),
+        ]
+    );
+    assert_eq!(e.active().count(), 0);
+}
