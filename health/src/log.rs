@@ -76,14 +76,8 @@ impl EventLog {
             file.write_all(&header())?;
             file.sync_all()?;
         } else {
-            check_header(&bytes, path)?;
-            let (events, records, good) = read_records(&bytes[HEADER_BYTES as usize..]);
-            let good = HEADER_BYTES + good as u64;
-            recovered = Recovered {
-                events,
-                records,
-                dropped_bytes: bytes.len() as u64 - good,
-            };
+            recovered = read(&bytes, path)?;
+            let good = bytes.len() as u64 - recovered.dropped_bytes;
             if good < bytes.len() as u64 {
                 file.set_len(good)?;
                 file.sync_all()?;
@@ -157,6 +151,22 @@ impl EventLog {
         self.records = records;
         Ok(())
     }
+}
+
+/// Reads a whole log from memory: what [`EventLog::open`] reads from its
+/// file (the fuzz target `health_log` feeds it anything).
+///
+/// # Errors
+/// No `GPHEALTH` header, or another version; `path` names the file in the
+/// message.
+pub fn read(bytes: &[u8], path: &Path) -> io::Result<Recovered> {
+    check_header(bytes, path)?;
+    let (events, records, good) = read_records(&bytes[HEADER_BYTES as usize..]);
+    Ok(Recovered {
+        events,
+        records,
+        dropped_bytes: (bytes.len() - HEADER_BYTES as usize - good) as u64,
+    })
 }
 
 fn header() -> [u8; HEADER_BYTES as usize] {
