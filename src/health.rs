@@ -489,7 +489,9 @@ impl Worker {
                 }
                 Change::Cleared(e) => {
                     info!(id = e.id, kind = %e.kind, uuid = %e.gpu.uuid, "health event cleared");
-                    let at = e.cleared_ts_ms.unwrap_or(now);
+                    // The 0 must be the series' newest sample: after the 1
+                    // that the minute's re-assert wrote at the wall clock.
+                    let at = e.cleared_ts_ms.unwrap_or(now).max(now);
                     samples.push((active_key(e, e.severity), at, 0.0));
                 }
             }

@@ -342,6 +342,19 @@ fn health_events_reach_a_real_alertmanager_and_resolve_there() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+    // PromQL's newest gpulse_health_active for it is 0 now.
+    let body = http()
+        .get(format!("{}/api/v1/query", node.http_url))
+        .query("query", "gpulse_health_active{kind=\"xid\", xid=\"13\"}")
+        .call()
+        .unwrap()
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    let r: Value = serde_json::from_str(&body).unwrap();
+    let series = r["data"]["result"].as_array().unwrap();
+    assert_eq!(series.len(), 1, "{r}");
+    assert_eq!(series[0]["value"][1], "0", "{r}");
     let cleared = node.sql("SELECT CAST(cleared_at AS BIGINT) FROM health_events WHERE xid = 13");
     assert_eq!(cleared.len(), 1);
     assert!(!cleared[0][0].is_null(), "cleared in health_events too");
