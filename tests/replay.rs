@@ -146,7 +146,9 @@ fn sim_faults_write_their_ground_truth() {
     let text = std::fs::read_to_string(&truth).unwrap();
     assert_eq!(
         text.lines().next(),
-        Some("gpu,uuid,kind,xid,start_tick,end_tick,start_ts_ms,end_ts_ms")
+        Some(
+            "gpu,uuid,kind,xid,start_tick,end_tick,start_ts_ms,end_ts_ms,magnitude,variant,shown_tick,shown_ticks"
+        )
     );
     node.stop();
 }

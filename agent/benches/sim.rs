@@ -1,5 +1,8 @@
 //! Cost of one poll of a large simulated fleet: `SimulatedSource::sample` for
-//! 10,000 GPUs x every catalog metric, healthy and with the typical fault mix.
+//! 10,000 GPUs x every catalog metric, healthy and with the typical fault mix
+//! (graded faults, ground truth kept live). The 10,000 GPUs form one
+//! simulated node: one job stream and one ambient stream for all of them,
+//! which costs the same per GPU as 1,250 nodes of 8.
 //! Throughput is in readings; the load-test target is well under 100 ms per
 //! 10k-GPU poll on one core (>= 2.4 M readings/s).
 //!

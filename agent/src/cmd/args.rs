@@ -94,8 +94,10 @@ pub struct AgentArgs {
     #[arg(long, env = "GPULSE_RECORD")]
     pub record: Option<PathBuf>,
     /// Inject faults into the simulated source (implies --simulate): thermal
-    /// throttling, stragglers, XID 79, XID 48, row-remap growth and zombie
-    /// GPUs, about one per GPU per hour, on a schedule seeded by --seed.
+    /// throttling, graded stragglers, degraded clocks, XID 79, XID 48,
+    /// row-remap growth and zombie GPUs (frozen or hung), about one per GPU
+    /// per hour, and a 2 % chance that the node runs a drifted driver; on a
+    /// schedule seeded by --seed.
     #[arg(long, env = "GPULSE_SIM_FAULTS")]
     pub sim_faults: bool,
     /// At shutdown, write the faults --sim-faults injected to FILE (CSV for
