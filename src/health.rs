@@ -30,7 +30,7 @@ use anyhow::Context;
 use crossbeam::channel::{Receiver, Sender, TrySendError, bounded};
 use health::engine::{Change, Engine, Event, GpuState};
 use health::log::EventLog;
-use health::{Field, GpuId, HealthConfig, Kind, Severity};
+use health::{Field, GpuId, HealthConfig, Inventory, Kind, Severity};
 use storage::{AppendObserver, Label, SeriesKey, SeriesRef, Storage};
 use tracing::{error, info, warn};
 
@@ -41,6 +41,8 @@ const QUEUE_BATCHES: usize = 4096;
 const POLL_SETTLE_MS: i64 = 2_000;
 /// How often active events are written again as `gpulse_health_active`.
 const REASSERT_EVERY: Duration = Duration::from_secs(60);
+/// How often the fleet's inventory is handed to the engine again (`drift`).
+const INVENTORY_EVERY: Duration = Duration::from_secs(30);
 /// The log is rewritten (one record per event) past this many records.
 const LOG_REWRITE_RECORDS: u64 = 4 * Engine::MAX_CLOSED as u64;
 /// Event changes waiting for the Alertmanager pusher.
@@ -298,9 +300,10 @@ impl Health {
             storage,
             shared: shared.clone(),
             log,
-            series: HashMap::new(),
+            series: Vec::new(),
             own: HashMap::new(),
             last_reassert: Instant::now(),
+            last_inventory: None,
             changes: Vec::new(),
             alerts: pusher.as_ref().map(|p| p.0.clone()),
         };
@@ -364,11 +367,14 @@ struct Worker {
     storage: Arc<Storage>,
     shared: Arc<Shared>,
     log: EventLog,
-    /// Storage ref -> what it is, resolved once.
-    series: HashMap<u32, Mapped>,
+    /// Storage ref (a small, dense integer) -> what it is, resolved once:
+    /// an index, not a hash, on the path of every stored sample.
+    series: Vec<Option<Mapped>>,
     /// The engine's own output series, by labels: their refs.
     own: HashMap<SeriesKey, SeriesRef>,
     last_reassert: Instant,
+    /// When the fleet's inventory was last handed to the engine (`drift`).
+    last_inventory: Option<Instant>,
     changes: Vec<Change>,
     /// With `--alertmanager-url`: every changed event goes to the pusher.
     alerts: Option<Sender<Event>>,
@@ -387,6 +393,7 @@ impl Worker {
                 self.take(&batch);
             }
             let now = now_ms();
+            self.tell_inventory();
             {
                 let mut engine = self.shared.engine();
                 engine.finish_before(now - POLL_SETTLE_MS, &mut self.changes);
@@ -401,18 +408,49 @@ impl Worker {
         }
     }
 
+    /// Every [`INVENTORY_EVERY`], the inventory of each GPU the engine
+    /// knows (from its agent's hello, the `gpus` table), for `drift`.
+    fn tell_inventory(&mut self) {
+        if self
+            .last_inventory
+            .is_some_and(|t| t.elapsed() < INVENTORY_EVERY)
+        {
+            return;
+        }
+        self.last_inventory = Some(Instant::now());
+        let records = self.storage.inventory().snapshot();
+        let mut engine = self.shared.engine();
+        for r in records {
+            if let Some(slot) = engine.find(&r.uuid) {
+                engine.set_inventory(
+                    slot,
+                    Inventory {
+                        model: r.model_name,
+                        driver_version: r.driver_version,
+                        vbios_version: r.vbios_version,
+                        inforom_version: r.inforom_version,
+                    },
+                );
+            }
+        }
+    }
+
     fn take(&mut self, b: &Batch) {
         let mut engine = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
         for i in 0..b.refs.len() {
             let r = b.refs[i];
-            let mapped = match self.series.get(&r.0) {
-                Some(m) => *m,
-                None => {
+            let at = r.0 as usize;
+            let mapped = match self.series.get(at) {
+                Some(Some(m)) => *m,
+                _ => {
                     let m = match self.storage.head_series_key(r) {
                         Some(key) => map_series(&key, &mut engine),
                         None => Mapped::Skip,
                     };
-                    self.series.insert(r.0, m);
+                    if self.series.len() <= at {
+                        self.series.resize(at + 1, None);
+                    }
+                    self.series[at] = Some(m);
                     m
                 }
             };

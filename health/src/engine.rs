@@ -24,9 +24,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use crate::peers::{PeerChange, PeerSignals, Scratch};
 use crate::{
-    ConfigError, Detector, EventKey, Field, GpuHealth, GpuId, HealthConfig, Kind, Poll, Severity,
-    Transition,
+    ConfigError, Detector, EventKey, Field, GpuHealth, GpuId, HealthConfig, Inventory, Kind, Poll,
+    Severity, Transition,
 };
 
 /// A GPU's place in the engine, from [`Engine::gpu`].
@@ -121,14 +122,15 @@ pub enum Incident {
     /// The GPU is lost: XID 79 (fallen off the bus), and the silence or
     /// frozen readings that follow (`telemetry_gap`, `zombie`).
     Lost,
-    /// Slowed down: `thermal_throttle`, `power_throttle`, and what a
-    /// throttle causes (`clock_degraded`, `straggler`).
+    /// Slowed down: `thermal_throttle`, `power_throttle`, what a throttle
+    /// causes (`clock_degraded`, `straggler`), and what causes a thermal
+    /// one (`anomaly`: hot for its load, a cooling failure).
     Slowdown,
 }
 
 impl Incident {
     /// The group of an event, `None` for one that stands alone (other XIDs,
-    /// drift, anomaly).
+    /// drift).
     pub fn of(key: EventKey) -> Option<Incident> {
         match (key.kind, key.xid) {
             (Kind::Xid, Some(48 | 63 | 64 | 92 | 94 | 95)) | (Kind::Ecc | Kind::RowRemap, _) => {
@@ -136,7 +138,11 @@ impl Incident {
             }
             (Kind::Xid, Some(79)) | (Kind::TelemetryGap | Kind::Zombie, _) => Some(Incident::Lost),
             (
-                Kind::ThermalThrottle | Kind::PowerThrottle | Kind::ClockDegraded | Kind::Straggler,
+                Kind::ThermalThrottle
+                | Kind::PowerThrottle
+                | Kind::ClockDegraded
+                | Kind::Straggler
+                | Kind::Anomaly,
                 _,
             ) => Some(Incident::Slowdown),
             _ => None,
@@ -169,6 +175,12 @@ struct Gpu {
     /// means something. Data that is always old when it arrives (a
     /// backfill, `gpulse import`) is never live and never a gap.
     live: bool,
+    /// Index of its host in [`Engine::hosts`].
+    host: u32,
+    /// Static attributes, once told ([`Engine::set_inventory`]).
+    inventory: Option<Box<Inventory>>,
+    /// A `drift` event is open.
+    drifting: bool,
 }
 
 /// See the module docs.
@@ -193,6 +205,16 @@ pub struct Engine {
     next_id: u64,
     counters: EngineCounters,
     scratch: Vec<Transition>,
+    /// The GPUs of each host, by host index (the peer groups).
+    hosts: Vec<(String, Vec<GpuSlot>)>,
+    /// Smoothed signals and rule runs of the peer comparison, by slot.
+    peers: Vec<PeerSignals>,
+    peer_scratch: Scratch,
+    host_index: HashMap<String, u32>,
+    /// An inventory changed since the last drift check.
+    inventory_changed: bool,
+    /// `now_ms` of the last drift check.
+    drift_checked_ms: Option<i64>,
 }
 
 impl Engine {
@@ -224,6 +246,12 @@ impl Engine {
             next_id: 1,
             counters: EngineCounters::default(),
             scratch: Vec::new(),
+            hosts: Vec::new(),
+            peers: Vec::new(),
+            peer_scratch: Scratch::default(),
+            host_index: HashMap::new(),
+            inventory_changed: false,
+            drift_checked_ms: None,
         })
     }
 
@@ -232,14 +260,24 @@ impl Engine {
     /// new placement; its detectors keep their state.
     pub fn gpu(&mut self, id: GpuId) -> GpuSlot {
         if let Some(&slot) = self.by_uuid.get(&id.uuid) {
-            let gpu = &mut self.gpus[slot as usize];
+            let gpu = &self.gpus[slot as usize];
             if gpu.id != id {
-                gpu.id = id;
+                if gpu.id.host != id.host {
+                    let old = gpu.host as usize;
+                    self.hosts[old].1.retain(|&s| s != slot);
+                    let host = self.host_of(&id.host);
+                    self.hosts[host as usize].1.push(slot);
+                    self.gpus[slot as usize].host = host;
+                }
+                self.gpus[slot as usize].id = id;
             }
             return slot;
         }
         let slot = self.gpus.len() as GpuSlot;
         self.by_uuid.insert(id.uuid.clone(), slot);
+        let host = self.host_of(&id.host);
+        self.hosts[host as usize].1.push(slot);
+        self.peers.push(PeerSignals::default());
         self.gpus.push(Gpu {
             id,
             health: GpuHealth::new(&self.config),
@@ -248,8 +286,38 @@ impl Engine {
             interval_ms: 0,
             gap: None,
             live: false,
+            host,
+            inventory: None,
+            drifting: false,
         });
         slot
+    }
+
+    /// The index of `host` in [`Engine::hosts`], added if new.
+    fn host_of(&mut self, host: &str) -> u32 {
+        if let Some(&i) = self.host_index.get(host) {
+            return i;
+        }
+        let i = self.hosts.len() as u32;
+        self.hosts.push((host.to_string(), Vec::new()));
+        self.host_index.insert(host.to_string(), i);
+        i
+    }
+
+    /// Tells the engine a GPU's static attributes (from its agent's hello,
+    /// the `gpus` table); `drift` compares them with the fleet's at the next
+    /// [`Engine::tick`]. Telling the same inventory again changes nothing.
+    pub fn set_inventory(&mut self, slot: GpuSlot, inventory: Inventory) {
+        let gpu = &mut self.gpus[slot as usize];
+        if gpu.inventory.as_deref() != Some(&inventory) {
+            gpu.inventory = Some(Box::new(inventory));
+            self.inventory_changed = true;
+        }
+    }
+
+    /// The slot of the GPU with this UUID, if the engine knows it.
+    pub fn find(&self, uuid: &str) -> Option<GpuSlot> {
+        self.by_uuid.get(uuid).copied()
     }
 
     /// The GPU in `slot`.
@@ -326,9 +394,10 @@ impl Engine {
             let newest = newest(g)?;
             (g.live && now_ms - newest > limit(g)).then_some(newest)
         };
-        let mut hosts: HashMap<&str, (u32, u32)> = HashMap::new();
+        // (silent, all) GPUs per host index.
+        let mut hosts: Vec<(u32, u32)> = vec![(0, 0); self.hosts.len()];
         for g in &self.gpus {
-            let h = hosts.entry(g.id.host.as_str()).or_default();
+            let h = &mut hosts[g.host as usize];
             h.1 += 1;
             if silent_since(g).is_some() {
                 h.0 += 1;
@@ -342,7 +411,7 @@ impl Engine {
             if g.gap.is_some() {
                 continue;
             }
-            let (silent, total) = hosts[g.id.host.as_str()];
+            let (silent, total) = hosts[g.host as usize];
             let whole_host = silent == total;
             let interval = g.interval_ms.max(1);
             let onset = newest + interval;
@@ -380,6 +449,104 @@ impl Engine {
             self.gpus[slot as usize].gap = Some((f.onset_ts_ms, now_ms));
             self.apply(slot, Transition::Opened(f), out);
         }
+        self.compare_peers(out);
+        self.check_drift(now_ms, out);
+    }
+
+    /// How often `drift` is checked without an inventory change.
+    pub const DRIFT_RECHECK_MS: i64 = 60_000;
+
+    /// `straggler` and `clock_degraded`: each host's busy GPUs with a new
+    /// poll against their busy peers (see [`crate::peers`]).
+    fn compare_peers(&mut self, out: &mut Vec<Change>) {
+        let mut changes = Vec::new();
+        // A GPU that is lost (zombie, silent, fallen off the bus) is nobody's
+        // peer and no straggler: its readings, frozen or stale, are not its
+        // work. The `lost` incident speaks for it.
+        let mut lost: Vec<GpuSlot> = self
+            .open
+            .keys()
+            .filter(|(_, k)| Incident::of(*k) == Some(Incident::Lost))
+            .map(|&(s, _)| s)
+            .collect();
+        lost.sort_unstable();
+        for (host, slots) in &self.hosts {
+            if !slots.iter().any(|&s| self.peers[s as usize].is_fresh()) {
+                continue;
+            }
+            let interval = slots
+                .iter()
+                .map(|&s| self.gpus[s as usize].interval_ms)
+                .max()
+                .unwrap_or(0);
+            crate::peers::evaluate_host(
+                &mut self.peers,
+                crate::peers::HostGroup {
+                    name: host,
+                    slots,
+                    interval_ms: interval,
+                },
+                |s| lost.binary_search(&s).is_ok(),
+                &self.config.peers,
+                &mut self.peer_scratch,
+                &mut changes,
+            );
+        }
+        for (slot, c) in changes {
+            match c {
+                PeerChange::Opened(f) => self.apply(slot, Transition::Opened(f), out),
+                PeerChange::Cleared { kind, at_ms, why } => {
+                    self.close(slot, EventKey::of(kind), at_ms, &why, out);
+                }
+            }
+        }
+    }
+
+    /// `drift`: every GPU's inventory against the fleet's majorities, after
+    /// a change and every [`Engine::DRIFT_RECHECK_MS`].
+    fn check_drift(&mut self, now_ms: i64, out: &mut Vec<Change>) {
+        let due = self.inventory_changed
+            || self
+                .drift_checked_ms
+                .is_some_and(|t| now_ms - t >= Self::DRIFT_RECHECK_MS);
+        if !due {
+            return;
+        }
+        self.inventory_changed = false;
+        self.drift_checked_ms = Some(now_ms);
+        let list: Vec<Option<&Inventory>> =
+            self.gpus.iter().map(|g| g.inventory.as_deref()).collect();
+        let verdicts = crate::drift::judge(&list, &self.config.drift);
+        for (slot, verdict) in verdicts.into_iter().enumerate() {
+            let slot = slot as GpuSlot;
+            let gpu = &mut self.gpus[slot as usize];
+            match verdict {
+                Some(evidence) if !gpu.drifting => {
+                    gpu.drifting = true;
+                    let f = crate::Finding {
+                        kind: Kind::Drift,
+                        severity: Severity::Warning,
+                        xid: None,
+                        onset_ts_ms: now_ms,
+                        detected_ts_ms: now_ms,
+                        action: "bring this GPU's host to the fleet's driver and firmware (or the fleet to its version); until then keep it out of multi-host jobs",
+                        evidence,
+                    };
+                    self.apply(slot, Transition::Opened(f), out);
+                }
+                None if gpu.drifting && gpu.inventory.is_some() => {
+                    gpu.drifting = false;
+                    self.close(
+                        slot,
+                        EventKey::of(Kind::Drift),
+                        now_ms,
+                        "its driver and firmware match the fleet's majority again",
+                        out,
+                    );
+                }
+                _ => {}
+            }
+        }
     }
 
     /// Completes every poll in progress.
@@ -408,6 +575,7 @@ impl Engine {
             };
             self.close(slot, EventKey::of(Kind::TelemetryGap), poll.ts_ms, why, out);
         }
+        self.peers[slot as usize].observe(&poll, &self.config.peers);
         let gpu = &mut self.gpus[slot as usize];
         self.counters.polls += 1;
         let mut transitions = std::mem::take(&mut self.scratch);
@@ -628,7 +796,7 @@ impl Engine {
 
     /// Bytes of detector state per GPU (the same for every GPU).
     pub fn state_bytes_per_gpu(&self) -> usize {
-        GpuHealth::new(&self.config).state_bytes()
+        GpuHealth::new(&self.config).state_bytes() + std::mem::size_of::<PeerSignals>()
     }
 }
 

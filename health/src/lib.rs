@@ -8,13 +8,15 @@
 //! them on disk. The crate opens no sockets and knows no other gpulse crate:
 //! it is the rule book, not the plumbing.
 //!
-//! Built in steps. Implemented so far: [`Kind::Xid`] ([`xid`]), [`Kind::Ecc`]
-//! and [`Kind::RowRemap`] ([`ecc`]), [`Kind::ThermalThrottle`] and
-//! [`Kind::PowerThrottle`] ([`throttle`]), [`Kind::Zombie`] ([`zombie`]), and
-//! [`Kind::TelemetryGap`], which looks at all GPUs at once ([`engine::Engine::tick`]).
-//! The other kinds are listed in [`Kind`] because their names are a public
-//! contract. Every rule, threshold and source is written down in
-//! `docs/HEALTH.md`.
+//! Per-GPU detectors: [`Kind::Xid`] ([`xid`]), [`Kind::Ecc`] and
+//! [`Kind::RowRemap`] ([`ecc`]), [`Kind::ThermalThrottle`] and
+//! [`Kind::PowerThrottle`] ([`throttle`]), [`Kind::Zombie`] ([`zombie`]).
+//! Kinds that compare GPUs, evaluated by [`engine::Engine::tick`]:
+//! [`Kind::TelemetryGap`] (all GPUs of a host), [`Kind::Straggler`] and
+//! [`Kind::ClockDegraded`] (busy peers of a host, [`peers`]), [`Kind::Drift`]
+//! (the fleet's inventory, [`drift`]); and [`Kind::Anomaly`] ([`anomaly`]),
+//! a per-GPU model of temperature for the load. Every rule, threshold and
+//! source is written down in `docs/HEALTH.md`.
 //!
 //! Guarantees:
 //! - Bounded state: no detector grows with the length of the stream; all of a
@@ -26,21 +28,29 @@
 //! - Time is the poll's `ts_ms` (sample time), never the wall clock, so replays
 //!   and simulations give the same events as live data.
 
+pub mod anomaly;
 mod counter;
+pub mod drift;
 pub mod ecc;
 pub mod engine;
 pub mod log;
+pub mod peers;
 pub mod throttle;
 mod window;
 pub mod xid;
 pub mod zombie;
 
 #[cfg(test)]
+mod real_data;
+#[cfg(test)]
 mod tests;
 
 use std::fmt;
 
+pub use anomaly::{AnomalyConfig, AnomalyDetector};
+pub use drift::{DriftConfig, Inventory};
 pub use ecc::{EccDetector, RowRemapConfig, RowRemapDetector};
+pub use peers::PeerConfig;
 pub use throttle::{ThrottleConfig, ThrottleDetector};
 pub use xid::{XidConfig, XidDetector};
 pub use zombie::{ZombieConfig, ZombieDetector};
@@ -556,6 +566,12 @@ pub struct HealthConfig {
     pub throttle: ThrottleConfig,
     /// Zombie detector.
     pub zombie: ZombieConfig,
+    /// Peer comparison: `straggler`, `clock_degraded`.
+    pub peers: PeerConfig,
+    /// Inventory comparison: `drift`.
+    pub drift: DriftConfig,
+    /// Temperature for the load: `anomaly`.
+    pub anomaly: AnomalyConfig,
 }
 
 impl HealthConfig {
@@ -567,7 +583,10 @@ impl HealthConfig {
         self.xid.validate()?;
         self.row_remap.validate()?;
         self.throttle.validate()?;
-        self.zombie.validate()
+        self.zombie.validate()?;
+        self.peers.validate()?;
+        self.drift.validate()?;
+        self.anomaly.validate()
     }
 }
 
@@ -579,6 +598,7 @@ pub struct GpuHealth {
     row_remap: RowRemapDetector,
     throttle: ThrottleDetector,
     zombie: ZombieDetector,
+    anomaly: AnomalyDetector,
 }
 
 impl GpuHealth {
@@ -591,17 +611,19 @@ impl GpuHealth {
             row_remap: RowRemapDetector::new(config.row_remap.clone()),
             throttle: ThrottleDetector::new(config.throttle.clone()),
             zombie: ZombieDetector::new(config.zombie.clone()),
+            anomaly: AnomalyDetector::new(config.anomaly.clone()),
         }
     }
 
     /// Each detector with its state size, for the memory budget.
-    pub fn detectors(&self) -> [&dyn Detector; 5] {
+    pub fn detectors(&self) -> [&dyn Detector; 6] {
         [
             &self.xid,
             &self.ecc,
             &self.row_remap,
             &self.throttle,
             &self.zombie,
+            &self.anomaly,
         ]
     }
 }
@@ -615,6 +637,7 @@ impl Detector for GpuHealth {
             Kind::ThermalThrottle,
             Kind::PowerThrottle,
             Kind::Zombie,
+            Kind::Anomaly,
         ]
     }
 
@@ -624,6 +647,7 @@ impl Detector for GpuHealth {
         self.row_remap.observe(poll, out);
         self.throttle.observe(poll, out);
         self.zombie.observe(poll, out);
+        self.anomaly.observe(poll, out);
     }
 
     fn state_bytes(&self) -> usize {

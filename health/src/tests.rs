@@ -102,7 +102,16 @@ fn per_gpu_state_fits_the_budget() {
             + std::mem::size_of::<RowRemapDetector>()
             + std::mem::size_of::<ThrottleDetector>()
             + std::mem::size_of::<ZombieDetector>()
+            + std::mem::size_of::<crate::AnomalyDetector>()
     );
+    // The engine adds the peer comparison's signals (no heap either).
+    let engine = crate::engine::Engine::new(HealthConfig::default()).unwrap();
+    let per_gpu = engine.state_bytes_per_gpu();
+    assert_eq!(
+        per_gpu,
+        total + std::mem::size_of::<crate::peers::PeerSignals>()
+    );
+    assert!(per_gpu <= STATE_BUDGET_BYTES, "{per_gpu} bytes per GPU");
 }
 
 #[test]

@@ -376,3 +376,63 @@ fn a_silent_gpu_a_silent_host_and_late_data_are_told_apart() {
     );
     assert_eq!(e.active().count(), 0);
 }
+
+#[test]
+fn drift_opens_at_the_tick_after_an_inventory_and_clears_when_it_matches_again() {
+    let mut e = engine();
+    let inv = |driver: &str| Inventory {
+        model: "NVIDIA H100 80GB HBM3".into(),
+        driver_version: driver.into(),
+        vbios_version: "96.00.89.00.01".into(),
+        inforom_version: String::new(),
+    };
+    let slots: Vec<GpuSlot> = (0..6)
+        .map(|i| e.gpu(gpu(&format!("GPU-{i}"), &format!("h{}", i / 2), i % 2)))
+        .collect();
+    for (i, &s) in slots.iter().enumerate() {
+        e.set_inventory(s, inv(if i == 4 { "535.129.03" } else { "550.54.15" }));
+    }
+    let mut out = Vec::new();
+    e.tick(10_000, &mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    let Change::Opened(ev) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (ev.kind, ev.severity, ev.gpu.uuid.as_str()),
+        (Kind::Drift, Severity::Warning, "GPU-4")
+    );
+    assert_eq!((ev.onset_ts_ms, ev.detected_ts_ms), (10_000, 10_000));
+    assert_eq!(
+        ev.evidence,
+        "driver 535.129.03, while 5 of 6 GPUs of the fleet run 550.54.15"
+    );
+    // Telling the same again, and the minute's re-check, change nothing.
+    e.set_inventory(slots[4], inv("535.129.03"));
+    e.tick(11_000, &mut out);
+    e.tick(80_000, &mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    // The host is upgraded: cleared at the next tick.
+    e.set_inventory(slots[4], inv("550.54.15"));
+    e.tick(81_000, &mut out);
+    assert_eq!(out.len(), 2, "{out:?}");
+    let Change::Cleared(ev) = &out[1] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((ev.kind, ev.cleared_ts_ms), (Kind::Drift, Some(81_000)));
+    assert_eq!(e.active().count(), 0);
+}
+
+#[test]
+fn a_gpu_moved_to_another_host_changes_peer_group() {
+    let mut e = engine();
+    let a = e.gpu(gpu("GPU-a", "h1", 0));
+    let _b = e.gpu(gpu("GPU-b", "h1", 1));
+    assert_eq!(e.gpu(gpu("GPU-a", "h2", 0)), a);
+    let groups: Vec<(&str, &[GpuSlot])> = e
+        .hosts
+        .iter()
+        .map(|(h, s)| (h.as_str(), s.as_slice()))
+        .collect();
+    assert_eq!(groups, vec![("h1", &[1][..]), ("h2", &[0][..])]);
+}

@@ -4,9 +4,8 @@
 //! rule), then the real H100 recordings in `shared/data/real`, healthy and
 //! with faults spliced in. Expected values are worked out by hand.
 
-use std::path::PathBuf;
-
 use super::*;
+use crate::real_data::{B1, T13, load, skip};
 
 fn det() -> ZombieDetector {
     ZombieDetector::new(ZombieConfig::default())
@@ -589,65 +588,6 @@ fn config_validation_names_the_field() {
 // The real recordings (shared/data/real, H100 at 10 Hz): t13 training, b1
 // model loaded but idle.
 
-/// `shared/data/real` seen from this crate (never copied into the repo), or
-/// `GPULSE_REAL_DATA`, as in `agent/src/replay/tests.rs`.
-fn real_data_dir() -> PathBuf {
-    std::env::var_os("GPULSE_REAL_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/../../shared/data/real"
-            ))
-        })
-}
-
-const T13: &str = "atharvanihalani__gpu-telemetry-exploration/t13_node0_telemetry.csv";
-const B1: &str = "atharvanihalani__gpu-telemetry-exploration/b1_telemetry.csv";
-
-/// Each GPU's polls of a recording (index = GPU), or `None` if the file is
-/// absent. Columns, per the data set's README: `timestamp` (s, 3 decimals),
-/// `gpu`, `power_w`, `temp_c`, `gpu_util_pct`, `sm_active`, `energy_mj`. It
-/// has no SM clock and no GR_ENGINE_ACTIVE. Blank cells stay missing.
-fn load(name: &str) -> Option<Vec<Vec<Poll>>> {
-    let path = real_data_dir().join(name);
-    let text = std::fs::read_to_string(&path).ok()?;
-    let mut lines = text.lines();
-    let header: Vec<&str> = lines.next()?.split(',').collect();
-    let col = |n: &str| {
-        header
-            .iter()
-            .position(|h| *h == n)
-            .unwrap_or_else(|| panic!("{}: no column {n}", path.display()))
-    };
-    let (ts_col, gpu_col) = (col("timestamp"), col("gpu"));
-    let fields = [
-        (col("power_w"), Field::PowerUsage),
-        (col("temp_c"), Field::GpuTemp),
-        (col("gpu_util_pct"), Field::GpuUtil),
-        (col("sm_active"), Field::ProfSmActive),
-        (col("energy_mj"), Field::TotalEnergyConsumption),
-    ];
-    let mut gpus: Vec<Vec<Poll>> = Vec::new();
-    for line in lines {
-        let cells: Vec<&str> = line.split(',').collect();
-        assert_eq!(cells.len(), header.len(), "{line}");
-        let ts_s: f64 = cells[ts_col].parse().unwrap();
-        let gpu: usize = cells[gpu_col].parse().unwrap();
-        let mut p = Poll::new((ts_s * 1_000.0).round() as i64);
-        for (c, f) in fields {
-            if !cells[c].is_empty() {
-                p.set(f, cells[c].parse().unwrap());
-            }
-        }
-        if gpus.len() <= gpu {
-            gpus.resize(gpu + 1, Vec::new());
-        }
-        gpus[gpu].push(p);
-    }
-    Some(gpus)
-}
-
 /// The 10 Hz stream, and the 1 Hz streams (every 10th poll, at each of the
 /// 10 offsets).
 fn rates(polls: &[Poll]) -> Vec<(String, Vec<Poll>)> {
@@ -683,18 +623,6 @@ fn power_temp_key(p: &Poll) -> Option<(u64, u64)> {
         p.get(Field::PowerUsage)?.to_bits(),
         p.get(Field::GpuTemp)?.to_bits(),
     ))
-}
-
-fn skip(name: &str) -> bool {
-    let path = real_data_dir().join(name);
-    if path.exists() {
-        return false;
-    }
-    #[allow(clippy::print_stdout)] // the skip note
-    {
-        println!("skipped: {} is absent", path.display());
-    }
-    true
 }
 
 /// Both healthy recordings, at 10 Hz and at 1 Hz (all offsets), raise no
