@@ -31,7 +31,7 @@ pub(crate) fn host_name(h: u64) -> String {
 pub(crate) fn rack_name(h: u64) -> String {
     format!("rack-{:03}", h / HOSTS_PER_RACK)
 }
-fn row_name(h: u64) -> String {
+pub(crate) fn row_name(h: u64) -> String {
     format!("row-{:02}", h / (HOSTS_PER_RACK * RACKS_PER_ROW))
 }
 

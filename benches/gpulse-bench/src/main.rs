@@ -9,6 +9,8 @@
 //!   (`--gpulse`) over a temporary directory and measures that.
 //! * `gpulse-bench query` runs the fixed query set ([`queries`]) as PromQL
 //!   and SQL.
+//! * `gpulse-bench health` scores the fleet-health detectors against the
+//!   simulator's injected faults, in process on a virtual clock ([`health`]).
 //! * `gpulse-bench report` turns the JSON lines both write into tables of
 //!   ratios, a `docs/BENCHMARKS.md` section and PNG charts.
 //!
@@ -18,6 +20,7 @@
 #![allow(clippy::print_stdout)]
 
 mod fleet;
+mod health;
 mod load;
 mod probe;
 mod queries;
@@ -108,6 +111,11 @@ pub(crate) enum BenchCommand {
     Query(QueryArgs),
     /// Turn results (JSON lines) into tables, a Markdown section and charts.
     Report(ReportArgs),
+    /// Score the fleet-health detectors against the simulator's injected
+    /// faults: per kind recall, precision, time to detect, and false alerts
+    /// per healthy GPU-hour (a fault-free run). Runs in process on a virtual
+    /// clock; seeds below 1000 are tuning seeds, 1000 and above held out.
+    Health(health::HealthArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -306,6 +314,7 @@ async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         BenchCommand::Query(a) => query(a, &gpulse).await,
         BenchCommand::Report(a) => tokio::task::spawn_blocking(move || report::run(&a)).await?,
+        BenchCommand::Health(a) => tokio::task::spawn_blocking(move || health::run(&a)).await?,
     }
 }
 

@@ -106,3 +106,55 @@ fn errors_name_what_to_fix() {
         "{err}"
     );
 }
+
+#[test]
+fn health_prints_the_tables_and_writes_the_json() {
+    // 16 GPUs over 6 virtual minutes with many random faults: only the shape
+    // of the output is checked here (the figures are the detectors' business).
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("health.json");
+    let out = bench(&[
+        "health",
+        "--gpus",
+        "16",
+        "--hours",
+        "0.1",
+        "--fault-rate",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for want in [
+        "fault kind",
+        "detector kind",
+        "clean run:",
+        "goals:",
+        "seed 1001 (held out)",
+    ] {
+        assert!(stdout.contains(want), "{want:?} missing:\n{stdout}");
+    }
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert_eq!(v["kind"], "health");
+    assert_eq!(v["config"]["gpus"], 16);
+    assert_eq!(v["clean"]["healthy_gpu_hours"], 1.6);
+    assert!(v["faulty"]["fault_kinds"].as_array().unwrap().len() >= 9);
+    assert!(v["faulty"]["base_rate_per_gpu_hour"].is_number());
+    // A tuning seed is said to be one; nonsense is refused.
+    let out = bench(&[
+        "health", "--gpus", "8", "--hours", "0.01", "--seed", "7", "--mode", "clean",
+    ]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("TUNING seed"));
+    let out = bench(&["health", "--hours", "0"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hours"));
+}
