@@ -43,6 +43,8 @@ const POLL_SETTLE_MS: i64 = 2_000;
 const REASSERT_EVERY: Duration = Duration::from_secs(60);
 /// How often the fleet's inventory is handed to the engine again (`drift`).
 const INVENTORY_EVERY: Duration = Duration::from_secs(30);
+/// ... and at most this soon after the engine met new GPUs.
+const INVENTORY_NEW_GPUS: Duration = Duration::from_secs(2);
 /// The log is rewritten (one record per event) past this many records.
 const LOG_REWRITE_RECORDS: u64 = 4 * Engine::MAX_CLOSED as u64;
 /// Event changes waiting for the Alertmanager pusher.
@@ -373,8 +375,9 @@ struct Worker {
     /// The engine's own output series, by labels: their refs.
     own: HashMap<SeriesKey, SeriesRef>,
     last_reassert: Instant,
-    /// When the fleet's inventory was last handed to the engine (`drift`).
-    last_inventory: Option<Instant>,
+    /// When the fleet's inventory was last handed to the engine (`drift`),
+    /// and how many GPUs the engine knew then.
+    last_inventory: Option<(Instant, usize)>,
     changes: Vec<Change>,
     /// With `--alertmanager-url`: every changed event goes to the pusher.
     alerts: Option<Sender<Event>>,
@@ -408,16 +411,19 @@ impl Worker {
         }
     }
 
-    /// Every [`INVENTORY_EVERY`], the inventory of each GPU the engine
-    /// knows (from its agent's hello, the `gpus` table), for `drift`.
+    /// The inventory of each GPU the engine knows (from its agent's hello,
+    /// the `gpus` table), for `drift`: every [`INVENTORY_EVERY`], and within
+    /// [`INVENTORY_NEW_GPUS`] of the engine meeting new GPUs.
     fn tell_inventory(&mut self) {
-        if self
-            .last_inventory
-            .is_some_and(|t| t.elapsed() < INVENTORY_EVERY)
-        {
-            return;
+        let gpus = self.shared.engine().num_gpus();
+        if let Some((at, known)) = self.last_inventory {
+            let due = at.elapsed() >= INVENTORY_EVERY
+                || (gpus != known && at.elapsed() >= INVENTORY_NEW_GPUS);
+            if !due {
+                return;
+            }
         }
-        self.last_inventory = Some(Instant::now());
+        self.last_inventory = Some((Instant::now(), gpus));
         let records = self.storage.inventory().snapshot();
         let mut engine = self.shared.engine();
         for r in records {

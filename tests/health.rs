@@ -361,3 +361,102 @@ fn health_events_reach_a_real_alertmanager_and_resolve_there() {
     drop(tx);
     node.stop();
 }
+
+/// `drift` in the real binary: the inventory an agent sends in its hello
+/// (the `gpus` table) reaches the engine, and the one GPU of six whose
+/// driver differs from the others' gets a warning, the others nothing.
+#[test]
+fn a_gpu_whose_driver_differs_from_the_fleets_is_drift() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(dir.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let driver = |i: u32| if i == 4 { "535.129.03" } else { "550.54.15" };
+    let uuid = |i: u32| format!("GPU-drift-{i}");
+    let hello = Hello {
+        agent_id: "drift-agent".into(),
+        host: "drift-host".into(),
+        gpus: (0..6)
+            .map(|i| gpulse_proto::v1::GpuInfo {
+                index: i,
+                uuid: uuid(i),
+                model_name: "NVIDIA H100 80GB HBM3".into(),
+                driver_version: driver(i).into(),
+                vbios_version: "96.00.89.00.01".into(),
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    // Two polls of every GPU's temperature, so that the engine knows them.
+    let t0 = now_ms() - 60_000;
+    let mut b = Batch {
+        seq: 1,
+        ..Default::default()
+    };
+    for i in 0..6u32 {
+        b.new_series.push(SeriesDef {
+            id: i,
+            metric: "DCGM_FI_DEV_GPU_TEMP".into(),
+            labels: vec![
+                Label {
+                    name: "gpu".into(),
+                    value: i.to_string(),
+                },
+                Label {
+                    name: "UUID".into(),
+                    value: uuid(i),
+                },
+            ],
+        });
+        for k in 0..2 {
+            b.series_ids.push(i);
+            b.timestamps_ms.push(t0 + k * 1000);
+            b.values.push(40.0);
+        }
+    }
+    let stream = rt.block_on(async {
+        let (tx, mut replies) = open_stream(
+            &node.grpc_url,
+            AgentMessage {
+                msg: Some(agent_message::Msg::Hello(hello)),
+            },
+        )
+        .await;
+        tx.send(AgentMessage {
+            msg: Some(agent_message::Msg::Batch(b)),
+        })
+        .await
+        .unwrap();
+        match replies.message().await.unwrap().unwrap().reply.unwrap() {
+            ingest_reply::Reply::Ack(a) => assert_eq!(a.accepted, 12),
+            other => panic!("{other:?}"),
+        }
+        (tx, replies)
+    });
+    let query = "SELECT uuid, severity, evidence FROM health_events WHERE kind = 'drift'";
+    let started = Instant::now();
+    let rows = loop {
+        let rows = node.sql(query);
+        if !rows.is_empty() {
+            break rows;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no drift event; node log:\n{}",
+            log_tail(&node.log)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Give a wrongly judged GPU time to show up too.
+    std::thread::sleep(Duration::from_secs(3));
+    let rows_after = node.sql(query);
+    assert_eq!(rows_after.len(), 1, "{rows_after:?}");
+    assert_eq!(rows[0][0], "GPU-drift-4");
+    assert_eq!(rows[0][1], "warning");
+    assert_eq!(
+        rows[0][2],
+        "driver 535.129.03, while 5 of 6 GPUs of the fleet run 550.54.15"
+    );
+    drop(stream);
+    node.stop();
+}
