@@ -179,8 +179,6 @@ struct Gpu {
     host: u32,
     /// Static attributes, once told ([`Engine::set_inventory`]).
     inventory: Option<Box<Inventory>>,
-    /// A `drift` event is open.
-    drifting: bool,
 }
 
 /// See the module docs.
@@ -288,7 +286,6 @@ impl Engine {
             live: false,
             host,
             inventory: None,
-            drifting: false,
         });
         slot
     }
@@ -517,12 +514,15 @@ impl Engine {
         let list: Vec<Option<&Inventory>> =
             self.gpus.iter().map(|g| g.inventory.as_deref()).collect();
         let verdicts = crate::drift::judge(&list, &self.config.drift);
+        let key = EventKey::of(Kind::Drift);
         for (slot, verdict) in verdicts.into_iter().enumerate() {
             let slot = slot as GpuSlot;
-            let gpu = &mut self.gpus[slot as usize];
+            let open = self.open.contains_key(&(slot, key));
+            // An event read back from the log is opened again, so that it
+            // goes on instead of expiring.
+            let restored = self.restored.contains_key(&(slot, key));
             match verdict {
-                Some(evidence) if !gpu.drifting => {
-                    gpu.drifting = true;
+                Some(evidence) if !open || restored => {
                     let f = crate::Finding {
                         kind: Kind::Drift,
                         severity: Severity::Warning,
@@ -534,11 +534,10 @@ impl Engine {
                     };
                     self.apply(slot, Transition::Opened(f), out);
                 }
-                None if gpu.drifting && gpu.inventory.is_some() => {
-                    gpu.drifting = false;
+                None if open && self.gpus[slot as usize].inventory.is_some() => {
                     self.close(
                         slot,
-                        EventKey::of(Kind::Drift),
+                        key,
                         now_ms,
                         "its driver and firmware match the fleet's majority again",
                         out,

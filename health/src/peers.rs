@@ -226,7 +226,9 @@ impl PeerSignals {
             poll.get(Field::PowerUsage).map(f64::to_bits),
             activity.map(f64::to_bits),
         );
-        let raw = (raw.0.unwrap_or(u64::MAX) ^ raw.1.unwrap_or(0).rotate_left(17)) as u32;
+        let raw = raw.0.unwrap_or(u64::MAX) ^ raw.1.unwrap_or(0).rotate_left(17);
+        // Folded, not truncated: the low half of a whole number's bits is 0.
+        let raw = (raw ^ (raw >> 32)) as u32;
         if self.have != 0 && raw == self.raw {
             self.repeats = self.repeats.saturating_add(1);
         } else {

@@ -436,3 +436,59 @@ fn a_gpu_moved_to_another_host_changes_peer_group() {
         .collect();
     assert_eq!(groups, vec![("h1", &[1][..]), ("h2", &[0][..])]);
 }
+
+#[test]
+fn a_drift_event_read_back_from_the_log_goes_on_while_it_drifts_and_clears_when_fixed() {
+    let inv = |driver: &str| Inventory {
+        model: "H100".into(),
+        driver_version: driver.into(),
+        vbios_version: String::new(),
+        inforom_version: String::new(),
+    };
+    let mut e = engine();
+    let slots: Vec<GpuSlot> = (0..4)
+        .map(|i| e.gpu(gpu(&format!("GPU-{i}"), "h1", i)))
+        .collect();
+    for (i, &s) in slots.iter().enumerate() {
+        e.set_inventory(s, inv(if i == 0 { "535" } else { "550" }));
+    }
+    let mut out = Vec::new();
+    e.tick(1_000, &mut out);
+    assert_eq!(out.len(), 1, "{out:?}");
+    // A restart: the open event is read back; the inventory comes again.
+    let events: Vec<Event> = e.events().cloned().collect();
+    let mut e = engine();
+    e.restore(events);
+    let slots: Vec<GpuSlot> = (0..4)
+        .map(|i| e.gpu(gpu(&format!("GPU-{i}"), "h1", i)))
+        .collect();
+    for (i, &s) in slots.iter().enumerate() {
+        e.set_inventory(s, inv(if i == 0 { "535" } else { "550" }));
+    }
+    let mut out = Vec::new();
+    e.tick(2_000, &mut out);
+    // Polls for longer than the restored grace: still one open drift event.
+    for t in 0..=Engine::RESTORED_GRACE_MS / 60_000 + 1 {
+        let ts = 3_000 + t * 60_000;
+        out.extend(poll(&mut e, slots[0], ts, &[(Field::GpuTemp, 40.0)]));
+        e.tick(ts, &mut out);
+    }
+    let active: Vec<&Event> = e.active().collect();
+    assert_eq!(active.len(), 1, "{out:?}");
+    assert_eq!(
+        (active[0].kind, active[0].gpu.uuid.as_str()),
+        (Kind::Drift, "GPU-0")
+    );
+    assert!(
+        out.iter().all(|c| !matches!(c, Change::Cleared(_))),
+        "{out:?}"
+    );
+    // Upgraded: it clears at the next tick.
+    e.set_inventory(slots[0], inv("550"));
+    let mut out = Vec::new();
+    e.tick(664_000, &mut out);
+    assert!(
+        matches!(&out[..], [Change::Cleared(ev)] if ev.kind == Kind::Drift),
+        "{out:?}"
+    );
+}

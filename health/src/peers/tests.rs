@@ -555,3 +555,41 @@ fn a_frozen_gpu_is_no_straggler_when_its_peers_speed_up() {
         h.log()
     );
 }
+
+#[test]
+fn whole_watt_power_and_no_profiling_fields_still_count_as_moving_readings() {
+    // A source with integer watts and no SM activity (activity falls back to
+    // GPU_UTIL / 100 = 1.0): the readings change every second, so the GPUs
+    // are compared, and GPU 6's low clock is found.
+    let mut engine = Engine::new(HealthConfig::default()).unwrap();
+    let slots: Vec<GpuSlot> = (0..8)
+        .map(|g| engine.gpu(GpuId::new(format!("GPU-{g}"), "node-1", g)))
+        .collect();
+    let mut out = Vec::new();
+    for second in 0..40i64 {
+        let ts = T0 + second * 1000;
+        for (g, &slot) in slots.iter().enumerate() {
+            let power = 600 + (second * 7 + g as i64 * 3) % 5;
+            let clock = if g == 6 && second >= 20 {
+                1700.0
+            } else {
+                1980.0
+            };
+            for (f, v) in [
+                (Field::GpuUtil, 100.0),
+                (Field::PowerUsage, power as f64),
+                (Field::SmClock, clock),
+            ] {
+                engine.sample(slot, f, ts, v, &mut out);
+            }
+        }
+        engine.finish_before(ts + 1, &mut out);
+        engine.tick(ts, &mut out);
+    }
+    let opened: Vec<(Kind, u32)> = out
+        .iter()
+        .filter(|c| matches!(c, Change::Opened(_)))
+        .map(|c| (c.event().kind, c.event().gpu.gpu))
+        .collect();
+    assert_eq!(opened, vec![(Kind::ClockDegraded, 6)]);
+}
