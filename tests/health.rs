@@ -46,6 +46,36 @@ fn has(
         .any(|e| e.0 == kind && e.2 == at.0 && e.3 == at.1 && e.4 == xid)
 }
 
+/// An instant PromQL query's whole answer.
+fn promql(node: &Node, q: &str) -> Value {
+    let body = http()
+        .get(format!("{}/api/v1/query", node.http_url))
+        .query("query", q)
+        .call()
+        .unwrap_or_else(|e| panic!("PromQL {q}: {e}"))
+        .body_mut()
+        .read_to_string()
+        .unwrap();
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad JSON for {q}: {e}: {body}"))
+}
+
+/// The rows `query` answers, once there are some (within 30 s).
+fn wait_rows(node: &Node, query: &str, what: &str) -> Vec<Vec<Value>> {
+    let started = Instant::now();
+    loop {
+        let rows = node.sql(query);
+        if !rows.is_empty() {
+            return rows;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{what}; node log:\n{}",
+            log_tail(&node.log)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn get_json(url: &str) -> Value {
     let body = http()
         .get(url)
@@ -114,16 +144,7 @@ fn the_demo_finds_its_seeded_faults_on_their_gpus_only_and_keeps_them_across_a_r
     assert!(d["active"].as_array().unwrap().len() >= 3, "{report}");
 
     // PromQL: the XID 48 event is a series at 1.
-    let q = "gpulse_health_active{kind=\"xid\", xid=\"48\"} == 1";
-    let body = http()
-        .get(format!("{}/api/v1/query", node.http_url))
-        .query("query", q)
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let r: Value = serde_json::from_str(&body).unwrap();
+    let r = promql(&node, "gpulse_health_active{kind=\"xid\", xid=\"48\"} == 1");
     let series = r["data"]["result"].as_array().unwrap();
     assert_eq!(series.len(), 1, "{r}");
     assert_eq!(series[0]["metric"]["Hostname"], XID48.0, "{r}");
@@ -283,18 +304,11 @@ fn health_events_reach_a_real_alertmanager_and_resolve_there() {
         (tx, replies)
     });
     // The event opens whether or not Alertmanager is there.
-    let started = Instant::now();
-    while node
-        .sql("SELECT id FROM health_events WHERE kind = 'xid' AND xid = 13")
-        .is_empty()
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "{}",
-            log_tail(&node.log)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_rows(
+        &node,
+        "SELECT id FROM health_events WHERE kind = 'xid' AND xid = 13",
+        "no xid 13 event",
+    );
     // Now Alertmanager comes up, on the port the node was told.
     let am = Alertmanager::start_on(&am_dir, port);
     assert_eq!(am.url, am_url);
@@ -343,15 +357,7 @@ fn health_events_reach_a_real_alertmanager_and_resolve_there() {
         std::thread::sleep(Duration::from_millis(500));
     }
     // PromQL's newest gpulse_health_active for it is 0 now.
-    let body = http()
-        .get(format!("{}/api/v1/query", node.http_url))
-        .query("query", "gpulse_health_active{kind=\"xid\", xid=\"13\"}")
-        .call()
-        .unwrap()
-        .body_mut()
-        .read_to_string()
-        .unwrap();
-    let r: Value = serde_json::from_str(&body).unwrap();
+    let r = promql(&node, "gpulse_health_active{kind=\"xid\", xid=\"13\"}");
     let series = r["data"]["result"].as_array().unwrap();
     assert_eq!(series.len(), 1, "{r}");
     assert_eq!(series[0]["value"][1], "0", "{r}");
@@ -434,19 +440,7 @@ fn a_gpu_whose_driver_differs_from_the_fleets_is_drift() {
         (tx, replies)
     });
     let query = "SELECT uuid, severity, evidence FROM health_events WHERE kind = 'drift'";
-    let started = Instant::now();
-    let rows = loop {
-        let rows = node.sql(query);
-        if !rows.is_empty() {
-            break rows;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no drift event; node log:\n{}",
-            log_tail(&node.log)
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let rows = wait_rows(&node, query, "no drift event");
     // Give a wrongly judged GPU time to show up too.
     std::thread::sleep(Duration::from_secs(3));
     let rows_after = node.sql(query);

@@ -35,6 +35,12 @@ pub(crate) fn row_name(h: u64) -> String {
     format!("row-{:02}", h / (HOSTS_PER_RACK * RACKS_PER_ROW))
 }
 
+/// The seed of host `h`'s simulator in a fleet seeded with `seed` (the load
+/// generator's and `gpulse-bench health`'s fleets are the same hosts).
+pub(crate) fn host_seed(seed: u64, h: u64) -> u64 {
+    seed.wrapping_mul(1_000_003) ^ h
+}
+
 /// One host of the load: its identity, and its series as they appear.
 #[derive(Debug, Clone)]
 pub(crate) struct HostSpec {
@@ -101,7 +107,7 @@ impl SimFleet {
         (0..self.hosts())
             .map(|h| {
                 let gpus = (self.gpus - h as u32 * GPUS_PER_HOST).min(GPUS_PER_HOST);
-                let mut config = SimConfig::new(self.seed.wrapping_mul(1_000_003) ^ h, gpus);
+                let mut config = SimConfig::new(host_seed(self.seed, h), gpus);
                 config.interval_ms = self.interval_ms as u64;
                 Box::new(SimHost {
                     host: HostSpec {

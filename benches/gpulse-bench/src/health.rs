@@ -38,7 +38,7 @@ use health::engine::{Change, Engine, GpuSlot};
 use health::{Field, GpuId, HealthConfig, Inventory, Kind, Severity};
 use serde::Serialize;
 
-use crate::fleet::{GPUS_PER_HOST, host_name, rack_name, row_name};
+use crate::fleet::{GPUS_PER_HOST, host_name, host_seed, rack_name, row_name};
 use score::{
     AGENT_SILENT, DetectorKindRow, FaultKindRow, FaultOutcome, Incident, IncidentOutcome, Signal,
     TruthFault,
@@ -164,11 +164,6 @@ impl RunSpec {
             .map(|i| (hosts * i / n)..(hosts * (i + 1) / n))
             .collect()
     }
-}
-
-/// The seed of host `h`'s simulator (as `fleet.rs` derives it).
-fn host_seed(seed: u64, h: u64) -> u64 {
-    seed.wrapping_mul(1_000_003) ^ h
 }
 
 /// SplitMix64: the harness's own random draws (agent silences).
