@@ -8,7 +8,8 @@
 //! - as the series `gpulse_health_active{kind, severity, Hostname, gpu, UUID,
 //!   rack, row, cluster}` (1 while the event is active, 0 once it cleared,
 //!   rewritten every minute while active so that PromQL's 5-minute lookback
-//!   always finds it) and `gpulse_health_events_total{kind, severity}`;
+//!   always finds it) and `gpulse_health_events_total{kind, severity, rack}`
+//!   (`Hostname` instead of `rack` for a GPU without one);
 //! - at `GET /api/v1/health`: the active events and every GPU's state;
 //! - with `--alertmanager-url`, as alerts in Alertmanager ([`alerts`]).
 //!
@@ -166,34 +167,53 @@ impl Shared {
         self.engine.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The `/api/v1/health` answer: active events, and each GPU's state.
-    /// GPUs are listed in three parallel arrays (UUID, host, state), and
-    /// only those not `ok`, so the answer stays small at 100,000 GPUs.
+    /// The `/api/v1/health` answer of this node alone.
     pub(crate) fn report(&self, now_ms: i64) -> serde_json::Value {
         let engine = self.engine();
-        let mut active: Vec<&Event> = engine.active().collect();
+        let mut active: Vec<Event> = engine.active().cloned().collect();
         active.sort_by_key(|e| e.id);
-        let states = engine.states(now_ms, STALE_MS);
-        let mut counts: HashMap<&str, u64> = HashMap::new();
-        let (mut uuid, mut host, mut state) = (Vec::new(), Vec::new(), Vec::new());
-        for (id, s) in &states {
-            *counts.entry(s.as_str()).or_default() += 1;
-            if *s != GpuState::Ok {
-                uuid.push(id.uuid.as_str());
-                host.push(id.host.as_str());
-                state.push(s.as_str());
-            }
-        }
-        serde_json::json!({
-            "status": "success",
-            "data": {
-                "gpus": states.len(),
-                "states": counts,
-                "not_ok": {"uuid": uuid, "host": host, "state": state},
-                "active": active.iter().map(|e| event_json(e)).collect::<Vec<_>>(),
-            }
-        })
+        let states: Vec<(GpuId, GpuState)> = engine
+            .states(now_ms, STALE_MS)
+            .into_iter()
+            .map(|(id, s)| (id.clone(), s))
+            .collect();
+        drop(engine);
+        report_json(&active, &states, &[])
     }
+}
+
+/// The `/api/v1/health` answer: active events, and each GPU's state. GPUs
+/// are listed in three parallel arrays (UUID, host, state), and only those
+/// not `ok`, so the answer stays small at 100,000 GPUs. `warnings` (a
+/// cluster's partial answer) are listed as the Prometheus API lists them.
+fn report_json(
+    active: &[Event],
+    states: &[(GpuId, GpuState)],
+    warnings: &[String],
+) -> serde_json::Value {
+    let mut counts: HashMap<&str, u64> = HashMap::new();
+    let (mut uuid, mut host, mut state) = (Vec::new(), Vec::new(), Vec::new());
+    for (id, s) in states {
+        *counts.entry(s.as_str()).or_default() += 1;
+        if *s != GpuState::Ok {
+            uuid.push(id.uuid.as_str());
+            host.push(id.host.as_str());
+            state.push(s.as_str());
+        }
+    }
+    let mut answer = serde_json::json!({
+        "status": "success",
+        "data": {
+            "gpus": states.len(),
+            "states": counts,
+            "not_ok": {"uuid": uuid, "host": host, "state": state},
+            "active": active.iter().map(event_json).collect::<Vec<_>>(),
+        }
+    });
+    if !warnings.is_empty() {
+        answer["warnings"] = serde_json::json!(warnings);
+    }
+    answer
 }
 
 fn event_json(e: &Event) -> serde_json::Value {
@@ -218,6 +238,14 @@ fn event_json(e: &Event) -> serde_json::Value {
 impl query::health_events::HealthSource for Shared {
     fn events(&self) -> Vec<Event> {
         self.engine().events().cloned().collect()
+    }
+
+    fn states(&self, now_ms: i64) -> Vec<(GpuId, GpuState)> {
+        self.engine()
+            .states(now_ms, STALE_MS)
+            .into_iter()
+            .map(|(id, s)| (id.clone(), s))
+            .collect()
     }
 }
 
@@ -304,6 +332,7 @@ impl Health {
             log,
             series: Vec::new(),
             own: HashMap::new(),
+            totals: HashMap::new(),
             last_reassert: Instant::now(),
             last_inventory: None,
             changes: Vec::new(),
@@ -374,6 +403,8 @@ struct Worker {
     series: Vec<Option<Mapped>>,
     /// The engine's own output series, by labels: their refs.
     own: HashMap<SeriesKey, SeriesRef>,
+    /// Events opened since start, by `gpulse_health_events_total` series.
+    totals: HashMap<SeriesKey, u64>,
     last_reassert: Instant,
     /// When the fleet's inventory was last handed to the engine (`drift`),
     /// and how many GPUs the engine knew then.
@@ -506,22 +537,18 @@ impl Worker {
             match c {
                 Change::Opened(e) => {
                     info!(id = e.id, kind = %e.kind, severity = %e.severity, host = %e.gpu.host, gpu = e.gpu.gpu, uuid = %e.gpu.uuid, evidence = %e.evidence, "health event opened");
-                    let total = {
-                        let mut opened = self
-                            .shared
-                            .metrics
-                            .opened
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner());
-                        let n = opened.entry((e.kind, e.severity)).or_default();
-                        *n += 1;
-                        *n
-                    };
-                    samples.push((
-                        total_key(e.kind, e.severity),
-                        e.detected_ts_ms,
-                        total as f64,
-                    ));
+                    *self
+                        .shared
+                        .metrics
+                        .opened
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .entry((e.kind, e.severity))
+                        .or_default() += 1;
+                    let key = total_key(e);
+                    let total = self.totals.entry(key.clone()).or_default();
+                    *total += 1;
+                    samples.push((key, e.detected_ts_ms, *total as f64));
                     samples.push((active_key(e, e.severity), e.detected_ts_ms, 1.0));
                 }
                 Change::Escalated(e) => {
@@ -648,15 +675,20 @@ fn active_key(e: &Event, severity: Severity) -> SeriesKey {
     SeriesKey::new("gpulse_health_active", labels).expect("BUG: health labels are valid")
 }
 
-fn total_key(kind: Kind, severity: Severity) -> SeriesKey {
-    SeriesKey::new(
-        "gpulse_health_events_total",
-        vec![
-            Label::new("kind", kind.as_str()),
-            Label::new("severity", severity.as_str()),
-        ],
-    )
-    .expect("BUG: health labels are valid")
+/// The stored count of events opened: one series per kind, severity and
+/// shard (the GPU's `rack`, or its `Hostname` where it has no rack), so that
+/// in a cluster each shard's count is stored with the shard, on the nodes
+/// that evaluate it, and read once; `sum by (kind, severity)` totals it.
+fn total_key(e: &Event) -> SeriesKey {
+    let mut labels = vec![
+        Label::new("kind", e.kind.as_str()),
+        Label::new("severity", e.severity.as_str()),
+    ];
+    labels.push(match &e.gpu.rack {
+        Some(rack) => Label::new("rack", rack.as_str()),
+        None => Label::new("Hostname", e.gpu.host.as_str()),
+    });
+    SeriesKey::new("gpulse_health_events_total", labels).expect("BUG: health labels are valid")
 }
 
 fn now_ms() -> i64 {
@@ -665,14 +697,65 @@ fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// `GET /api/v1/health`.
-pub(crate) fn router(shared: Arc<Shared>) -> axum::Router {
+/// `GET /api/v1/health`: this node's answer, or with `cluster` the whole
+/// cluster's (each shard's events and GPU states from one of its owners).
+pub(crate) fn router(
+    shared: Arc<Shared>,
+    cluster: Option<query::cluster::ClusterReader>,
+) -> axum::Router {
+    #[derive(Clone)]
+    struct State {
+        shared: Arc<Shared>,
+        cluster: Option<query::cluster::ClusterReader>,
+    }
     async fn health(
-        axum::extract::State(shared): axum::extract::State<Arc<Shared>>,
-    ) -> axum::Json<serde_json::Value> {
-        axum::Json(shared.report(now_ms()))
+        axum::extract::State(state): axum::extract::State<State>,
+    ) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let Some(reader) = &state.cluster else {
+            return axum::Json(state.shared.report(now_ms())).into_response();
+        };
+        let source: Arc<dyn query::health_events::HealthSource> = state.shared.clone();
+        let answer = async {
+            let events = reader.health_events(&source).await?;
+            let states = reader.health_states(&source).await?;
+            Ok::<_, query::cluster::ClusterError>((events, states))
+        };
+        match answer.await {
+            Ok((events, states)) => {
+                let active: Vec<Event> =
+                    events.events.into_iter().filter(Event::is_active).collect();
+                let mut warnings = events.warnings;
+                for w in states.warnings {
+                    if !warnings.contains(&w) {
+                        warnings.push(w);
+                    }
+                }
+                axum::Json(report_json(&active, &states.states, &warnings)).into_response()
+            }
+            Err(e) => {
+                use axum::http::StatusCode;
+                let (status, kind) = match &e {
+                    query::cluster::ClusterError::Refused(_) => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+                    }
+                    query::cluster::ClusterError::Internal(_) => {
+                        (StatusCode::INTERNAL_SERVER_ERROR, "internal")
+                    }
+                    query::cluster::ClusterError::TooLarge(_) => {
+                        (StatusCode::UNPROCESSABLE_ENTITY, "execution")
+                    }
+                };
+                let body = serde_json::json!({
+                    "status": "error",
+                    "errorType": kind,
+                    "error": e.to_string(),
+                });
+                (status, axum::Json(body)).into_response()
+            }
+        }
     }
     axum::Router::new()
         .route("/api/v1/health", axum::routing::get(health))
-        .with_state(shared)
+        .with_state(State { shared, cluster })
 }

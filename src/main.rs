@@ -8,6 +8,7 @@
 
 mod cli;
 mod cluster;
+mod fleet;
 mod health;
 mod import;
 mod node_metrics;

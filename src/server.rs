@@ -304,61 +304,65 @@ impl Server {
         // Cluster mode: reads of every kind answer for the whole cluster,
         // fetching other nodes' shards over Arrow Flight.
         let mut flight_addr = None;
-        let (engine, prom, remote_read, cluster_metrics) = match (&cluster, &config.cluster) {
-            (Some(state), Some(node)) => {
-                let metrics = Arc::new(query::cluster::ClusterMetrics::default());
-                let addr = node.spec().flight;
-                let fl = TcpListener::bind(addr)
-                    .await
-                    .with_context(|| format!("binding the Arrow Flight listener on {addr}"))?;
-                flight_addr = Some(fl.local_addr()?);
-                let fut = query::cluster::serve_flight(
-                    fl,
-                    storage.clone(),
-                    metrics.clone(),
-                    config.query.timeout,
-                    stopped(&stop),
-                );
-                tasks.push((
-                    "flight",
-                    tokio::spawn(async move {
-                        if let Err(e) = fut.await {
-                            error!(error = %e, "Arrow Flight server failed");
-                        }
-                    }),
-                ));
-                let reader = query::cluster::ClusterReader::new(
-                    state.clone(),
-                    storage.clone(),
-                    metrics.clone(),
-                    query::cluster::ReaderConfig::default(),
-                );
-                (
-                    query::QueryEngine::with_cluster(
+        let (engine, prom, remote_read, cluster_metrics, cluster_reader) =
+            match (&cluster, &config.cluster) {
+                (Some(state), Some(node)) => {
+                    let metrics = Arc::new(query::cluster::ClusterMetrics::default());
+                    let addr = node.spec().flight;
+                    let fl = TcpListener::bind(addr)
+                        .await
+                        .with_context(|| format!("binding the Arrow Flight listener on {addr}"))?;
+                    flight_addr = Some(fl.local_addr()?);
+                    let fut = query::cluster::serve_flight(
+                        fl,
                         storage.clone(),
-                        config.limits,
-                        reader.clone(),
-                    ),
-                    query::promql::PromEngine::with_cluster(reader.clone(), config.prom),
-                    query::remote_read::router_with_cluster(
-                        reader,
+                        metrics.clone(),
+                        Some(health.shared.clone()),
+                        config.query.timeout,
+                        stopped(&stop),
+                    );
+                    tasks.push((
+                        "flight",
+                        tokio::spawn(async move {
+                            if let Err(e) = fut.await {
+                                error!(error = %e, "Arrow Flight server failed");
+                            }
+                        }),
+                    ));
+                    let reader = query::cluster::ClusterReader::new(
+                        state.clone(),
+                        storage.clone(),
+                        metrics.clone(),
+                        query::cluster::ReaderConfig::default(),
+                    );
+                    (
+                        query::QueryEngine::with_cluster(
+                            storage.clone(),
+                            config.limits,
+                            reader.clone(),
+                        ),
+                        query::promql::PromEngine::with_cluster(reader.clone(), config.prom),
+                        query::remote_read::router_with_cluster(
+                            reader.clone(),
+                            remote_read_limits,
+                            remote_read_metrics.clone(),
+                        ),
+                        Some(metrics),
+                        Some(reader),
+                    )
+                }
+                _ => (
+                    query::QueryEngine::with_limits(storage.clone(), config.limits),
+                    query::promql::PromEngine::with_limits(storage.clone(), config.prom),
+                    query::remote_read::router(
+                        storage.clone(),
                         remote_read_limits,
                         remote_read_metrics.clone(),
                     ),
-                    Some(metrics),
-                )
-            }
-            _ => (
-                query::QueryEngine::with_limits(storage.clone(), config.limits),
-                query::promql::PromEngine::with_limits(storage.clone(), config.prom),
-                query::remote_read::router(
-                    storage.clone(),
-                    remote_read_limits,
-                    remote_read_metrics.clone(),
+                    None,
+                    None,
                 ),
-                None,
-            ),
-        };
+            };
         // One guard for every query surface: the slots are the node's.
         let guard = Arc::new(query::limits::QueryGuard::new(config.query));
         let (engine, prom) = (
@@ -368,14 +372,21 @@ impl Server {
             prom.with_guard(guard.clone()),
         );
         let promql_metrics = prom.metrics().clone();
+        let fleet = crate::fleet::router(
+            health.shared.clone(),
+            prom.clone(),
+            storage.clone(),
+            cluster_reader.clone(),
+        );
         let router = query::http::router(engine.clone())
             .merge(query::promql::api::router(prom))
+            .merge(fleet)
             .merge(remote_read.layer(axum::middleware::from_fn_with_state(
                 guard.clone(),
                 query::limits::read_slot,
             )))
             .merge(remote_write)
-            .merge(crate::health::router(health.shared.clone()))
+            .merge(crate::health::router(health.shared.clone(), cluster_reader))
             .merge(crate::node_metrics::router(
                 crate::node_metrics::NodeMetrics {
                     storage: storage.clone(),

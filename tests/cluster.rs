@@ -586,7 +586,7 @@ fn check_rollups(c: &Cluster, want: &Samples, racks: &BTreeMap<String, String>) 
 }
 
 /// The HTTP SQL answer's partial header and warnings.
-fn sql_partial(node: &Node, query: &str) -> (Option<String>, Vec<Value>, Value) {
+pub(crate) fn sql_partial(node: &Node, query: &str) -> (Option<String>, Vec<Value>, Value) {
     let agent: ureq::Agent = ureq::Agent::config_builder()
         .http_status_as_error(false)
         .build()

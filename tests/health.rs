@@ -454,3 +454,128 @@ fn a_gpu_whose_driver_differs_from_the_fleets_is_drift() {
     drop(stream);
     node.stop();
 }
+
+/// `DCGM_FI_DEV_XID_ERRORS` of 6 racks × 2 hosts × 2 GPUs, one sample a
+/// second over `[t0, t0 + n s)`; the GPUs in `faulty` show XID 13 from the
+/// 5th sample on.
+fn fleet_xids(t0: i64, n: i64, faulty: &[&str]) -> gpulse_proto::prometheus::WriteRequest {
+    use gpulse_proto::prometheus::{Label as PLabel, Sample, TimeSeries, WriteRequest};
+    let mut timeseries = Vec::new();
+    for rack in 0..6 {
+        for h in 0..2 {
+            for g in 0..2 {
+                let uuid = format!("GPU-r{rack}h{h}g{g}");
+                let xid = if faulty.contains(&uuid.as_str()) {
+                    13.0
+                } else {
+                    0.0
+                };
+                let labels = [
+                    ("__name__", "DCGM_FI_DEV_XID_ERRORS".to_owned()),
+                    ("Hostname", format!("r{rack}-h{h}")),
+                    ("UUID", uuid),
+                    ("gpu", g.to_string()),
+                    ("rack", format!("rack-{rack}")),
+                ]
+                .into_iter()
+                .map(|(name, value)| PLabel {
+                    name: name.into(),
+                    value,
+                })
+                .collect();
+                let samples = (0..n)
+                    .map(|i| Sample {
+                        timestamp: t0 + i * 1000,
+                        value: if i >= 4 { xid } else { 0.0 },
+                    })
+                    .collect();
+                timeseries.push(TimeSeries {
+                    labels,
+                    samples,
+                    ..TimeSeries::default()
+                });
+            }
+        }
+    }
+    WriteRequest {
+        timeseries,
+        ..WriteRequest::default()
+    }
+}
+
+/// In a cluster (3 nodes, 2 replicas of each rack), every node answers
+/// `health_events`, `GET /api/v1/health` and the health series for the
+/// whole cluster: each event once though two nodes evaluate its GPU, and
+/// still whole with one node killed.
+#[test]
+fn health_events_and_the_health_api_answer_for_the_whole_cluster() {
+    use prost::Message as _;
+    let mut c = super::cluster::Cluster::start(3, 2);
+    let faulty = ["GPU-r0h1g0", "GPU-r3h0g1", "GPU-r5h1g1"];
+    let t0 = now_ms() - 15_000;
+    let body = fleet_xids(t0, 12, &faulty).encode_to_vec();
+    let (status, text, _) = super::remote::post(c.node(0), "/api/v1/write", &body, false);
+    assert_eq!(status, 204, "{text}");
+    let want: Vec<Value> = faulty.iter().map(|u| Value::from(*u)).collect();
+    let query = "SELECT uuid, id, severity FROM health_events WHERE kind = 'xid' AND xid = 13 \
+                 ORDER BY uuid";
+    // Every node: each event once, from the node that evaluates its rack
+    // or from its replica.
+    let check = |c: &super::cluster::Cluster, alive: &[usize]| {
+        for &i in alive {
+            let node = c.node(i);
+            let started = Instant::now();
+            let (partial, warnings, body) = loop {
+                let got = super::cluster::sql_partial(node, query);
+                if got.2["rows"].as_array().map_or(0, Vec::len) >= faulty.len()
+                    || started.elapsed() > Duration::from_secs(30)
+                {
+                    break got;
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            };
+            assert_eq!(partial, None, "node {i}: {warnings:?}");
+            let rows = body["rows"].as_array().unwrap();
+            let uuids: Vec<Value> = rows.iter().map(|r| r[0].clone()).collect();
+            assert_eq!(uuids, want, "node {i}: {body}");
+            assert!(rows.iter().all(|r| r[2] == "warning"), "node {i}: {body}");
+            let mut ids: Vec<i64> = rows.iter().map(|r| r[1].as_i64().unwrap()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), faulty.len(), "ids are unique: {body}");
+
+            let api = get_json(&format!("{}/api/v1/health", node.http_url));
+            assert!(api.get("warnings").is_none(), "node {i}: {api}");
+            let data = &api["data"];
+            assert_eq!(data["gpus"], 24, "node {i}: every GPU once: {api}");
+            let mut active: Vec<Value> = data["active"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| e["kind"] == "xid")
+                .map(|e| e["uuid"].clone())
+                .collect();
+            active.sort_by_key(|u| u.as_str().unwrap().to_owned());
+            assert_eq!(active, want, "node {i}: {api}");
+            for u in &faulty {
+                let listed = data["not_ok"]["uuid"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == u);
+                assert!(listed, "node {i}: {u} is not ok: {api}");
+            }
+
+            // The health series: once per event, and the per-rack counts
+            // of events opened add up to the cluster's.
+            let r = promql(node, "count(gpulse_health_active{kind=\"xid\"} == 1)");
+            assert_eq!(r["data"]["result"][0]["value"][1], "3", "node {i}: {r}");
+            let r = promql(node, "sum(gpulse_health_events_total{kind=\"xid\"})");
+            assert_eq!(r["data"]["result"][0]["value"][1], "3", "node {i}: {r}");
+        }
+    };
+    check(&c, &[0, 1, 2]);
+    // One node down: every rack still has an owner up.
+    c.kill(1);
+    check(&c, &[0, 2]);
+}

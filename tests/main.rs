@@ -17,4 +17,5 @@ mod readonly;
 mod remote;
 mod replay;
 mod support;
+mod ui;
 mod write_path;

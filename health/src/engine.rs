@@ -109,6 +109,18 @@ impl GpuState {
             GpuState::Unknown => "unknown",
         }
     }
+
+    /// The state [`GpuState::as_str`] names.
+    pub fn from_name(name: &str) -> Option<GpuState> {
+        [
+            GpuState::Ok,
+            GpuState::Warning,
+            GpuState::Critical,
+            GpuState::Unknown,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == name)
+    }
 }
 
 /// The groups of kinds that one failure fires together, merged into one

@@ -78,6 +78,13 @@ impl Severity {
             Severity::Critical => "critical",
         }
     }
+
+    /// The severity [`Severity::as_str`] names.
+    pub fn from_name(name: &str) -> Option<Severity> {
+        [Severity::Info, Severity::Warning, Severity::Critical]
+            .into_iter()
+            .find(|s| s.as_str() == name)
+    }
 }
 
 impl fmt::Display for Severity {

@@ -35,7 +35,7 @@ use std::sync::{Arc, Mutex};
 
 pub use ::cluster::{ClusterState, ShardKey};
 pub use flight::{FlightNode, serve_flight};
-pub use reader::{ClusterReader, ReaderConfig, RollupSelection};
+pub use reader::{ClusterEvents, ClusterReader, ClusterStates, ReaderConfig, RollupSelection};
 
 /// Entry points for the fuzz targets (`fuzz/fuzz_targets/flight_*.rs`): the
 /// decoders of what a Flight client or a peer sends. Not an API.

@@ -10,23 +10,45 @@
 //! | `onset_at` (when the evidence starts), `detected_at` | `TIMESTAMP(ms, UTC)` |
 //! | `cleared_at` | `TIMESTAMP(ms, UTC)`, NULL while active |
 //! | `action`, `evidence` | text |
+//!
+//! In cluster mode the table holds the whole cluster's events: each shard's
+//! (a rack's, or a rackless host's) are read from one of its owners, the
+//! nodes that evaluate its GPUs, over Flight (see
+//! [`ClusterReader::health_events`]). Each owner evaluates the shard on its
+//! own, so replicas hold equivalent events under their own ids: the `id` of
+//! an event read from the node at index `n` of the cluster file is
+//! `n · 2^48 + its id there`.
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray};
-use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow::array::{
+    Array, ArrayRef, AsArray, Int64Array, RecordBatch, StringArray, TimestampMillisecondArray,
+};
+use arrow::datatypes::{DataType, Field, Int64Type, Schema, SchemaRef, TimeUnit};
 use async_trait::async_trait;
+use cluster::ShardKey;
 use datafusion::catalog::{Session, TableProvider};
 use datafusion::common::DataFusionError;
 use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{Expr, TableType};
 use datafusion::physical_plan::ExecutionPlan;
-use health::engine::Event;
+use health::engine::{Event, GpuState};
+use health::{GpuId, Kind, Severity};
+
+use crate::cluster::ClusterReader;
 
 /// Where the table reads its events: the node's health engine.
 pub trait HealthSource: Send + Sync + std::fmt::Debug {
     /// The events the engine holds, by id.
     fn events(&self) -> Vec<Event>;
+
+    /// Every GPU the engine knows, with its state at `now_ms`.
+    fn states(&self, now_ms: i64) -> Vec<(GpuId, GpuState)>;
+}
+
+/// The shard a GPU's data, and so its events, belong to.
+pub fn shard_of_gpu(gpu: &GpuId) -> ShardKey {
+    ShardKey::of(gpu.rack.as_deref().unwrap_or(""), &gpu.host)
 }
 
 const TEXT_BEFORE_XID: [&str; 8] = [
@@ -50,60 +72,236 @@ pub fn health_events_schema() -> SchemaRef {
     Arc::new(Schema::new(fields))
 }
 
+fn opt(s: &Option<String>) -> &str {
+    s.as_deref().unwrap_or("")
+}
+
+fn known(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+/// `events` as one batch of [`health_events_schema`].
+///
+/// # Errors
+/// None in practice: the columns are built to the schema.
+pub fn events_batch(events: &[Event]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let text = |f: &dyn Fn(&Event) -> &str| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(events.iter().map(f)))
+    };
+    let ts = |f: &dyn Fn(&Event) -> Option<i64>| -> ArrayRef {
+        Arc::new(TimestampMillisecondArray::from_iter(events.iter().map(f)).with_timezone("UTC"))
+    };
+    let gpu: Vec<String> = events.iter().map(|e| e.gpu.gpu.to_string()).collect();
+    let cols: Vec<ArrayRef> = vec![
+        Arc::new(Int64Array::from_iter_values(
+            events.iter().map(|e| e.id as i64),
+        )),
+        text(&|e| e.kind.as_str()),
+        text(&|e| e.severity.as_str()),
+        text(&|e| opt(&e.gpu.cluster)),
+        text(&|e| opt(&e.gpu.row)),
+        text(&|e| opt(&e.gpu.rack)),
+        text(&|e| &e.gpu.host),
+        Arc::new(StringArray::from_iter_values(gpu.iter())),
+        text(&|e| &e.gpu.uuid),
+        Arc::new(Int64Array::from_iter(
+            events.iter().map(|e| e.xid.map(i64::from)),
+        )),
+        ts(&|e| Some(e.onset_ts_ms)),
+        ts(&|e| Some(e.detected_ts_ms)),
+        ts(&|e| e.cleared_ts_ms),
+        text(&|e| &e.action),
+        text(&|e| &e.evidence),
+    ];
+    RecordBatch::try_new(health_events_schema(), cols)
+}
+
+/// A column of `batch` by name, as the type the schema says.
+fn column<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a ArrayRef, String> {
+    batch
+        .column_by_name(name)
+        .ok_or_else(|| format!("no column {name:?}"))
+}
+
+fn strings<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a StringArray, String> {
+    column(batch, name)?
+        .as_string_opt::<i32>()
+        .ok_or_else(|| format!("column {name:?} is not text"))
+}
+
+fn int64s<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a Int64Array, String> {
+    column(batch, name)?
+        .as_primitive_opt::<Int64Type>()
+        .ok_or_else(|| format!("column {name:?} is not a 64-bit integer"))
+}
+
+fn millis<'a>(batch: &'a RecordBatch, name: &str) -> Result<&'a TimestampMillisecondArray, String> {
+    column(batch, name)?
+        .as_primitive_opt::<arrow::datatypes::TimestampMillisecondType>()
+        .ok_or_else(|| format!("column {name:?} is not a millisecond timestamp"))
+}
+
+/// The value of row `i` of a non-null text column.
+fn text_at<'a>(a: &'a StringArray, name: &str, i: usize) -> Result<&'a str, String> {
+    if a.is_null(i) {
+        return Err(format!("column {name:?} is null at row {i}"));
+    }
+    Ok(a.value(i))
+}
+
+fn gpu_id(
+    uuid: &str,
+    host: &str,
+    gpu: &str,
+    rack: &str,
+    row: &str,
+    cluster: &str,
+) -> Result<GpuId, String> {
+    Ok(GpuId {
+        uuid: uuid.to_owned(),
+        host: host.to_owned(),
+        gpu: gpu
+            .parse()
+            .map_err(|_| format!("GPU index {gpu:?} is not a number"))?,
+        rack: known(rack),
+        row: known(row),
+        cluster: known(cluster),
+    })
+}
+
+/// The events of a batch of [`health_events_schema`] (a peer's answer).
+///
+/// # Errors
+/// What is wrong with the batch: a missing or mistyped column, a null where
+/// none may be, an unknown kind or severity.
+pub(crate) fn events_from_batch(batch: &RecordBatch) -> Result<Vec<Event>, String> {
+    let id = int64s(batch, "id")?;
+    let kind = strings(batch, "kind")?;
+    let severity = strings(batch, "severity")?;
+    let cluster = strings(batch, "cluster")?;
+    let row = strings(batch, "row")?;
+    let rack = strings(batch, "rack")?;
+    let host = strings(batch, "host")?;
+    let gpu = strings(batch, "gpu")?;
+    let uuid = strings(batch, "uuid")?;
+    let xid = int64s(batch, "xid")?;
+    let onset = millis(batch, "onset_at")?;
+    let detected = millis(batch, "detected_at")?;
+    let cleared = millis(batch, "cleared_at")?;
+    let action = strings(batch, "action")?;
+    let evidence = strings(batch, "evidence")?;
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let k = text_at(kind, "kind", i)?;
+        let s = text_at(severity, "severity", i)?;
+        if id.is_null(i) || onset.is_null(i) || detected.is_null(i) {
+            return Err(format!("a null id or time at row {i}"));
+        }
+        out.push(Event {
+            id: id.value(i) as u64,
+            gpu: gpu_id(
+                text_at(uuid, "uuid", i)?,
+                text_at(host, "host", i)?,
+                text_at(gpu, "gpu", i)?,
+                text_at(rack, "rack", i)?,
+                text_at(row, "row", i)?,
+                text_at(cluster, "cluster", i)?,
+            )?,
+            kind: Kind::from_name(k).ok_or_else(|| format!("unknown kind {k:?}"))?,
+            severity: Severity::from_name(s).ok_or_else(|| format!("unknown severity {s:?}"))?,
+            xid: if xid.is_null(i) {
+                None
+            } else {
+                Some(
+                    u32::try_from(xid.value(i))
+                        .map_err(|_| format!("XID {} out of range", xid.value(i)))?,
+                )
+            },
+            onset_ts_ms: onset.value(i),
+            detected_ts_ms: detected.value(i),
+            cleared_ts_ms: (!cleared.is_null(i)).then(|| cleared.value(i)),
+            action: text_at(action, "action", i)?.to_owned(),
+            evidence: text_at(evidence, "evidence", i)?.to_owned(),
+        });
+    }
+    Ok(out)
+}
+
+/// The schema of a GPU-states answer: one row per GPU.
+pub fn states_schema() -> SchemaRef {
+    Arc::new(Schema::new(
+        ["uuid", "host", "gpu", "rack", "row", "cluster", "state"]
+            .into_iter()
+            .map(|n| Field::new(n, DataType::Utf8, false))
+            .collect::<Vec<_>>(),
+    ))
+}
+
+/// `states` as one batch of [`states_schema`].
+///
+/// # Errors
+/// None in practice: the columns are built to the schema.
+pub fn states_batch(states: &[(GpuId, GpuState)]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let text = |f: &dyn Fn(&(GpuId, GpuState)) -> &str| -> ArrayRef {
+        Arc::new(StringArray::from_iter_values(states.iter().map(f)))
+    };
+    let gpu: Vec<String> = states.iter().map(|(g, _)| g.gpu.to_string()).collect();
+    RecordBatch::try_new(
+        states_schema(),
+        vec![
+            text(&|(g, _)| &g.uuid),
+            text(&|(g, _)| &g.host),
+            Arc::new(StringArray::from_iter_values(gpu.iter())),
+            text(&|(g, _)| opt(&g.rack)),
+            text(&|(g, _)| opt(&g.row)),
+            text(&|(g, _)| opt(&g.cluster)),
+            text(&|(_, s)| s.as_str()),
+        ],
+    )
+}
+
+/// The GPU states of a batch of [`states_schema`] (a peer's answer).
+///
+/// # Errors
+/// A missing or mistyped column, a null, an unknown state.
+pub(crate) fn states_from_batch(batch: &RecordBatch) -> Result<Vec<(GpuId, GpuState)>, String> {
+    let cols = ["uuid", "host", "gpu", "rack", "row", "cluster", "state"]
+        .map(|n| strings(batch, n).map(|a| (n, a)));
+    let mut arrays = Vec::with_capacity(cols.len());
+    for c in cols {
+        arrays.push(c?);
+    }
+    let mut out = Vec::with_capacity(batch.num_rows());
+    for i in 0..batch.num_rows() {
+        let mut v = [""; 7];
+        for (slot, (name, a)) in v.iter_mut().zip(&arrays) {
+            *slot = text_at(a, name, i)?;
+        }
+        let [uuid, host, gpu, rack, row, cluster, state] = v;
+        out.push((
+            gpu_id(uuid, host, gpu, rack, row, cluster)?,
+            GpuState::from_name(state).ok_or_else(|| format!("unknown GPU state {state:?}"))?,
+        ));
+    }
+    Ok(out)
+}
+
 /// See the module docs.
 #[derive(Debug)]
 pub struct HealthEventsTable {
     source: Arc<dyn HealthSource>,
     schema: SchemaRef,
-    /// In cluster mode: scans warn that only this node's events are read.
-    local_in_cluster: bool,
+    /// In cluster mode: events are read from one owner of each shard.
+    cluster: Option<ClusterReader>,
 }
 
 impl HealthEventsTable {
-    pub fn new(source: Arc<dyn HealthSource>, local_in_cluster: bool) -> Self {
+    pub fn new(source: Arc<dyn HealthSource>, cluster: Option<ClusterReader>) -> Self {
         Self {
             source,
             schema: health_events_schema(),
-            local_in_cluster,
+            cluster,
         }
-    }
-
-    fn batch(&self) -> Result<RecordBatch, DataFusionError> {
-        fn opt(s: &Option<String>) -> &str {
-            s.as_deref().unwrap_or("")
-        }
-        let events = self.source.events();
-        let text = |f: &dyn Fn(&Event) -> &str| -> ArrayRef {
-            Arc::new(StringArray::from_iter_values(events.iter().map(f)))
-        };
-        let ts = |f: &dyn Fn(&Event) -> Option<i64>| -> ArrayRef {
-            Arc::new(
-                TimestampMillisecondArray::from_iter(events.iter().map(f)).with_timezone("UTC"),
-            )
-        };
-        let gpu: Vec<String> = events.iter().map(|e| e.gpu.gpu.to_string()).collect();
-        let cols: Vec<ArrayRef> = vec![
-            Arc::new(Int64Array::from_iter_values(
-                events.iter().map(|e| e.id as i64),
-            )),
-            text(&|e| e.kind.as_str()),
-            text(&|e| e.severity.as_str()),
-            text(&|e| opt(&e.gpu.cluster)),
-            text(&|e| opt(&e.gpu.row)),
-            text(&|e| opt(&e.gpu.rack)),
-            text(&|e| &e.gpu.host),
-            Arc::new(StringArray::from_iter_values(gpu.iter())),
-            text(&|e| &e.gpu.uuid),
-            Arc::new(Int64Array::from_iter(
-                events.iter().map(|e| e.xid.map(i64::from)),
-            )),
-            ts(&|e| Some(e.onset_ts_ms)),
-            ts(&|e| Some(e.detected_ts_ms)),
-            ts(&|e| e.cleared_ts_ms),
-            text(&|e| &e.action),
-            text(&|e| &e.evidence),
-        ];
-        Ok(RecordBatch::try_new(self.schema.clone(), cols)?)
     }
 }
 
@@ -124,11 +322,20 @@ impl TableProvider for HealthEventsTable {
         filters: &[Expr],
         limit: Option<usize>,
     ) -> Result<Arc<dyn ExecutionPlan>, DataFusionError> {
-        if self.local_in_cluster {
-            crate::cluster::warn_local_only("the health_events table")?;
-        }
-        // Open events and the newest 100,000 closed ones: one batch.
-        let mem = MemTable::try_new(self.schema.clone(), vec![vec![self.batch()?]])?;
+        // Open events and the newest 100,000 closed ones (per node): one batch.
+        let events = match &self.cluster {
+            None => self.source.events(),
+            Some(reader) => {
+                let got = reader
+                    .health_events(&self.source)
+                    .await
+                    .map_err(|e| DataFusionError::External(Box::new(e)))?;
+                crate::cluster::report_sql_warnings(got.warnings)
+                    .map_err(crate::cluster::refuse_unseen)?;
+                got.events
+            }
+        };
+        let mem = MemTable::try_new(self.schema.clone(), vec![vec![events_batch(&events)?]])?;
         mem.scan(state, projection, filters, limit).await
     }
 }

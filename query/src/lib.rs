@@ -257,8 +257,9 @@ pub struct QueryEngine {
     metrics: Arc<QueryMetrics>,
     guard: Arc<limits::QueryGuard>,
     readonly: Arc<readonly::ReadOnlyMetrics>,
-    /// A cluster node's engine: tables of node-local state warn.
-    clustered: bool,
+    /// A cluster node's reader: tables of node-local state read through it
+    /// or warn.
+    reader: Option<cluster::ClusterReader>,
 }
 
 impl std::fmt::Debug for QueryEngine {
@@ -319,7 +320,7 @@ impl QueryEngine {
         }
         ctx.register_udtf(
             "rollup",
-            Arc::new(rollups::RollupFunction::new(storage).in_cluster(reader)),
+            Arc::new(rollups::RollupFunction::new(storage).in_cluster(reader.clone())),
         );
         // pg_catalog.pg_class, pg_namespace, pg_attribute, ... and the
         // functions psql's \dt and \d call (pg_table_is_visible, format_type).
@@ -331,20 +332,20 @@ impl QueryEngine {
             metrics: Arc::default(),
             guard: Arc::default(),
             readonly: Arc::default(),
-            clustered,
+            reader,
         }
     }
 
     /// Registers the `health_events` table over the node's health engine
-    /// ([`health_events`]). In cluster mode it lists this node's events and
-    /// says so in a warning.
+    /// ([`health_events`]). In cluster mode it lists the whole cluster's
+    /// events, each shard's from one of its owners.
     pub fn with_health(self, source: Arc<dyn health_events::HealthSource>) -> Self {
         self.ctx
             .register_table(
                 "health_events",
                 Arc::new(health_events::HealthEventsTable::new(
                     source,
-                    self.clustered,
+                    self.reader.clone(),
                 )),
             )
             .expect("BUG: registering a table that is not there yet");

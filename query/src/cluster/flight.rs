@@ -1,6 +1,8 @@
 //! The Arrow Flight service every node runs for its peers: `DoGet` with a
 //! select ticket ([`super::wire`]) streams the matching series of the listed
-//! shards from the local storage. Every other Flight call is `UNIMPLEMENTED`.
+//! shards from the local storage (or their rollup records, or their health
+//! events or GPU states from the node's health engine). Every other Flight
+//! call is `UNIMPLEMENTED`.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,14 +25,20 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tonic::{Request, Response, Status, Streaming};
 use tracing::{debug, warn};
 
+use super::reader::local_health;
 use super::wire::{self, BatchBuilder, ROW_SAMPLES};
 use super::{ClusterMetrics, shard_of, shard_rollups};
+use crate::health_events::{
+    HealthSource, events_batch, health_events_schema, states_batch, states_schema,
+};
 
 /// The Flight service over one node's storage.
 #[derive(Debug, Clone)]
 pub struct FlightNode {
     storage: Arc<Storage>,
     metrics: Arc<ClusterMetrics>,
+    /// The node's health engine, for health tickets.
+    health: Option<Arc<dyn HealthSource>>,
     /// How long one DoGet may stream (`--query-timeout`).
     timeout: std::time::Duration,
 }
@@ -40,8 +48,15 @@ impl FlightNode {
         Self {
             storage,
             metrics,
+            health: None,
             timeout: crate::limits::QueryLimits::default().timeout,
         }
+    }
+
+    /// Answers health tickets from `source`; without it they are refused.
+    pub fn with_health(mut self, source: Arc<dyn HealthSource>) -> Self {
+        self.health = Some(source);
+        self
     }
 
     /// Ends each DoGet with `DEADLINE_EXCEEDED` after `timeout`. A DoGet
@@ -60,7 +75,7 @@ impl FlightNode {
 
 /// Serves the node's Flight service on `listener` until `shutdown`
 /// resolves. Counters go to `metrics` (render them with
-/// [`ClusterMetrics::render`]).
+/// [`ClusterMetrics::render`]); health tickets are answered from `health`.
 ///
 /// # Errors
 /// Transport errors of the gRPC server.
@@ -68,15 +83,16 @@ pub async fn serve_flight(
     listener: TcpListener,
     storage: Arc<Storage>,
     metrics: Arc<ClusterMetrics>,
+    health: Option<Arc<dyn HealthSource>>,
     timeout: std::time::Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    let mut node = FlightNode::new(storage, metrics).with_timeout(timeout);
+    if let Some(h) = health {
+        node = node.with_health(h);
+    }
     tonic::transport::Server::builder()
-        .add_service(
-            FlightNode::new(storage, metrics)
-                .with_timeout(timeout)
-                .into_server(),
-        )
+        .add_service(node.into_server())
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }
@@ -91,10 +107,28 @@ fn unimplemented(call: &str) -> Status {
 /// `tx`; runs on a blocking thread. Stops when the receiver is gone.
 fn produce(
     storage: &Storage,
+    health: Option<&dyn HealthSource>,
     req: &wire::SelectRequest,
     metrics: &ClusterMetrics,
     tx: &mpsc::Sender<Result<RecordBatch, FlightError>>,
 ) {
+    if let Some(part) = req.health {
+        let batch = match health {
+            None => Err(FlightError::Tonic(Box::new(Status::failed_precondition(
+                "this node runs no health engine",
+            )))),
+            Some(source) => {
+                let a = local_health(source, part, req.min_ts, |k| req.shards.contains(k));
+                match part {
+                    wire::HealthPart::Events => events_batch(&a.events),
+                    wire::HealthPart::States => states_batch(&a.states),
+                }
+                .map_err(FlightError::Arrow)
+            }
+        };
+        let _ = tx.blocking_send(batch);
+        return;
+    }
     if let Some(r) = &req.rollups {
         let map = shard_rollups(storage, r, req.min_ts, req.max_ts, |k| {
             req.shards.contains(k)
@@ -184,14 +218,18 @@ impl FlightService for FlightNode {
         );
         // Decoding blocks: a blocking thread fills a small queue of batches,
         // so that a slow reader holds back the producer.
-        let schema = if req.rollups.is_some() {
-            wire::rollup_schema()
-        } else {
-            wire::schema()
+        let schema = match (&req.rollups, req.health) {
+            (Some(_), _) => wire::rollup_schema(),
+            (None, Some(wire::HealthPart::Events)) => health_events_schema(),
+            (None, Some(wire::HealthPart::States)) => states_schema(),
+            (None, None) => wire::schema(),
         };
         let (tx, rx) = mpsc::channel(4);
         let (storage, metrics) = (self.storage.clone(), self.metrics.clone());
-        tokio::task::spawn_blocking(move || produce(&storage, &req, &metrics, &tx));
+        let health = self.health.clone();
+        tokio::task::spawn_blocking(move || {
+            produce(&storage, health.as_deref(), &req, &metrics, &tx);
+        });
         // Past the deadline the stream ends with an error, never silently
         // (a peer must not take a cut answer for a whole one); the producer
         // stops at its next send.

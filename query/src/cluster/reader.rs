@@ -12,11 +12,15 @@ use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
 use cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
 use futures::{FutureExt, StreamExt};
+use health::GpuId;
+use health::engine::{Event, GpuState};
 use storage::{
     Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
 };
 use tonic::transport::{Channel, Endpoint};
 use tracing::{debug, warn};
+
+use crate::health_events::{HealthSource, shard_of_gpu};
 
 use super::wire::{self, AnswerDecoder};
 use super::{
@@ -99,6 +103,34 @@ struct Inner {
 pub struct RollupSelection {
     pub groups: Vec<(RollupGroup, Vec<RollupRecord>)>,
     pub warnings: Vec<String>,
+}
+
+/// The cluster's health events ([`ClusterReader::health_events`]).
+#[derive(Debug, Default)]
+pub struct ClusterEvents {
+    /// By detection time, then id.
+    pub events: Vec<Event>,
+    pub warnings: Vec<String>,
+}
+
+/// The state of every GPU of the cluster ([`ClusterReader::health_states`]).
+#[derive(Debug, Default)]
+pub struct ClusterStates {
+    /// By host, GPU index and UUID.
+    pub states: Vec<(GpuId, GpuState)>,
+    pub warnings: Vec<String>,
+}
+
+/// One node's health answer, of the part asked for.
+#[derive(Debug, Default)]
+pub(super) struct HealthAnswer {
+    pub(super) events: Vec<Event>,
+    pub(super) states: Vec<(GpuId, GpuState)>,
+}
+
+/// The `id` an event of the node at `node` has in a cluster-wide answer.
+fn cluster_event_id(node: usize, id: u64) -> u64 {
+    ((node as u64) << 48) | (id & ((1 << 48) - 1))
 }
 
 /// The answer of one node for some shards.
@@ -473,6 +505,102 @@ impl ClusterReader {
         })
     }
 
+    /// The health events of the whole cluster: those of each shard from
+    /// one of its owners (each owner evaluates the shard's GPUs itself),
+    /// this node's from `local`. Shards are planned for the current
+    /// membership epoch: after a membership change, a shard's events from
+    /// before it stay with its former owners and are not read.
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub async fn health_events(
+        &self,
+        local: &Arc<dyn HealthSource>,
+    ) -> Result<ClusterEvents, ClusterError> {
+        let (answer, warnings) = self.health(local, wire::HealthPart::Events).await?;
+        let mut events = answer.events;
+        events.sort_by_key(|e| (e.detected_ts_ms, e.id));
+        Ok(ClusterEvents { events, warnings })
+    }
+
+    /// The state of every GPU of the cluster, each from one owner of its
+    /// shard, as [`Self::health_events`] reads events.
+    ///
+    /// # Errors
+    /// As [`Self::select`].
+    pub async fn health_states(
+        &self,
+        local: &Arc<dyn HealthSource>,
+    ) -> Result<ClusterStates, ClusterError> {
+        let (answer, warnings) = self.health(local, wire::HealthPart::States).await?;
+        let mut states = answer.states;
+        states.sort_by(|(a, _), (b, _)| (&a.host, a.gpu, &a.uuid).cmp(&(&b.host, b.gpu, &b.uuid)));
+        Ok(ClusterStates { states, warnings })
+    }
+
+    async fn health(
+        &self,
+        local: &Arc<dyn HealthSource>,
+        part: wire::HealthPart,
+    ) -> Result<(HealthAnswer, Vec<String>), ClusterError> {
+        let inner = &self.inner;
+        let mut warnings = self.preflight().await?;
+        let map = inner.state.map();
+        let me = map
+            .node_index(inner.state.self_id())
+            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let known = inner.state.known_keys();
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        let mut merged = HealthAnswer::default();
+        let round = Round {
+            map: &map,
+            me,
+            known: &known,
+            keys: &known,
+            min_ts: now_ms,
+            max_ts: now_ms,
+        };
+        self.fan_out(
+            round,
+            &mut failed,
+            &mut missing,
+            |local_keys, unknown_too| {
+                let local = local.clone();
+                async move {
+                    let keep = |k: &ShardKey| {
+                        local_keys.as_ref().is_some_and(|a| a.contains(k))
+                            || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
+                    };
+                    Ok((me, local_health(local.as_ref(), part, now_ms, keep)))
+                }
+            },
+            |node, shards| {
+                let addr = map.nodes()[node].flight;
+                let ticket = wire::encode_health_ticket(part, now_ms, shards);
+                async move {
+                    self.fetch_health(addr, ticket, part)
+                        .await
+                        .map(|a| (node, a))
+                        .map_err(FetchError::Failed)
+                }
+            },
+            |(node, answer): (usize, HealthAnswer)| {
+                merged.events.extend(answer.events.into_iter().map(|mut e| {
+                    e.id = cluster_event_id(node, e.id);
+                    e
+                }));
+                merged.states.extend(answer.states);
+            },
+        )
+        .await?;
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        Ok((merged, warnings))
+    }
+
     /// The fan-out/failover loop of every cluster read. Plans `keys` over
     /// the owners that can be read, reads this node's share with `local`
     /// (given the shards assigned here and, in the first round, the shards
@@ -563,15 +691,8 @@ impl ClusterReader {
         ticket: Vec<u8>,
     ) -> Result<wire::RollupMap, String> {
         let metrics = &self.inner.metrics;
-        metrics.peer_reads.fetch_add(1, Relaxed);
         let idle = self.inner.config.idle_timeout;
-        let client = FlightServiceClient::new(self.channel(addr))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let mut client = FlightClient::new_from_inner(client);
-        let mut stream = tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
-            .await
-            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
-            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
+        let mut stream = self.do_get(addr, ticket).await?;
         let mut out = wire::RollupMap::new();
         loop {
             match tokio::time::timeout(idle, stream.next()).await {
@@ -583,6 +704,60 @@ impl ClusterReader {
                     format!("{addr} sent a malformed answer: {e}")
                 })?,
             }
+        }
+    }
+
+    /// Starts a `DoGet` of `ticket` at the peer `addr` (counted in
+    /// `peer_reads`), within the idle timeout.
+    async fn do_get(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+    ) -> Result<arrow_flight::decode::FlightRecordBatchStream, String> {
+        self.inner.metrics.peer_reads.fetch_add(1, Relaxed);
+        let idle = self.inner.config.idle_timeout;
+        let client = FlightServiceClient::new(self.channel(addr))
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let mut client = FlightClient::new_from_inner(client);
+        tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
+            .await
+            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
+            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))
+    }
+
+    /// Reads one peer's health answer, all of it or nothing.
+    async fn fetch_health(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+        part: wire::HealthPart,
+    ) -> Result<HealthAnswer, String> {
+        let metrics = &self.inner.metrics;
+        let idle = self.inner.config.idle_timeout;
+        let mut stream = self.do_get(addr, ticket).await?;
+        let mut out = HealthAnswer::default();
+        loop {
+            // As in `fetch`: a panic in Arrow's decoder is a malformed answer.
+            let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
+            let batch = match tokio::time::timeout(idle, next).await {
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
+                Ok(Err(_panic)) => Err("Arrow could not decode it".to_owned()),
+                Ok(Ok(None)) => return Ok(out),
+                Ok(Ok(Some(Err(e)))) => return Err(format!("Flight DoGet at {addr}: {e}")),
+                Ok(Ok(Some(Ok(batch)))) => Ok(batch),
+            };
+            let decoded = batch.and_then(|b| match part {
+                wire::HealthPart::Events => {
+                    crate::health_events::events_from_batch(&b).map(|e| out.events.extend(e))
+                }
+                wire::HealthPart::States => {
+                    crate::health_events::states_from_batch(&b).map(|s| out.states.extend(s))
+                }
+            });
+            decoded.map_err(|e| {
+                metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                format!("{addr} sent a malformed answer: {e}")
+            })?;
         }
     }
 
@@ -633,15 +808,8 @@ impl ClusterReader {
     /// its samples to `received` (the select's, against the limit).
     async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>, received: &AtomicUsize) -> NodeAnswer {
         let metrics = &self.inner.metrics;
-        metrics.peer_reads.fetch_add(1, Relaxed);
         let idle = self.inner.config.idle_timeout;
-        let client = FlightServiceClient::new(self.channel(addr))
-            .max_decoding_message_size(MAX_MESSAGE_BYTES);
-        let mut client = FlightClient::new_from_inner(client);
-        let mut stream = tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
-            .await
-            .map_err(|_| format!("no answer from {addr} within {idle:?}"))?
-            .map_err(|e| format!("Flight DoGet at {addr}: {e}"))?;
+        let mut stream = self.do_get(addr, ticket).await?;
         let mut decoder = AnswerDecoder::default();
         loop {
             // Arrow's IPC decoder panics on some malformed schemas (arrow-ipc
@@ -687,6 +855,33 @@ impl ClusterReader {
             .into_iter()
             .map(|(k, s)| (Arc::new(k), Part::Fetched(Arc::new(s))))
             .collect())
+    }
+}
+
+/// This node's health answer for the shards `keep` accepts.
+pub(super) fn local_health(
+    source: &dyn HealthSource,
+    part: wire::HealthPart,
+    now_ms: i64,
+    keep: impl Fn(&ShardKey) -> bool,
+) -> HealthAnswer {
+    match part {
+        wire::HealthPart::Events => HealthAnswer {
+            events: source
+                .events()
+                .into_iter()
+                .filter(|e| keep(&shard_of_gpu(&e.gpu)))
+                .collect(),
+            states: Vec::new(),
+        },
+        wire::HealthPart::States => HealthAnswer {
+            events: Vec::new(),
+            states: source
+                .states(now_ms)
+                .into_iter()
+                .filter(|(g, _)| keep(&shard_of_gpu(g)))
+                .collect(),
+        },
     }
 }
 

@@ -234,6 +234,7 @@ impl Fixture {
                         listener,
                         st,
                         m,
+                        None,
                         crate::limits::QueryLimits::default().timeout,
                         async {
                             let _ = rx.await;

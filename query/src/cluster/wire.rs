@@ -40,6 +40,15 @@
 //! | `window_start`, `first_ts`, `last_ts` | `Int64` (Unix ms) |
 //! | `count` | `UInt64` |
 //! | `sum`, `min`, `max`, `first`, `last` | `Float64` |
+//!
+//! A ticket with `"health":"events"` asks for the node's health events of
+//! the listed shards (an event's shard is its GPU's rack, or its host), in
+//! the schema of the `health_events` table
+//! ([`crate::health_events::health_events_schema`]); `"health":"states"`
+//! for each of those GPUs' state
+//! ([`crate::health_events::states_schema`]). `matchers` is empty then,
+//! and `min_ts` = `max_ts` is the asking node's clock (a GPU without a poll
+//! for a minute before it is `unknown`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, OnceLock};
@@ -131,6 +140,26 @@ struct WireTicket {
     labels_only: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     rollups: Option<WireRollups>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    health: Option<String>,
+}
+
+/// What a health ticket asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HealthPart {
+    /// The events, open and closed.
+    Events,
+    /// Each GPU's state.
+    States,
+}
+
+impl HealthPart {
+    fn name(self) -> &'static str {
+        match self {
+            HealthPart::Events => "events",
+            HealthPart::States => "states",
+        }
+    }
 }
 
 /// A decoded select request.
@@ -144,6 +173,8 @@ pub(crate) struct SelectRequest {
     pub labels_only: bool,
     /// Rollup records instead of series (`min_ts`/`max_ts` bound window starts).
     pub rollups: Option<RollupRequest>,
+    /// Health events or GPU states instead of series (`min_ts` is the clock).
+    pub health: Option<HealthPart>,
 }
 
 fn wire_matcher(m: &Matcher) -> WireMatcher {
@@ -192,6 +223,26 @@ pub(crate) fn encode_ticket(
         shards: wire_shards(shards),
         labels_only,
         rollups: None,
+        health: None,
+    };
+    serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
+}
+
+/// The ticket bytes of a health request for `shards`, at `now_ms`.
+pub(crate) fn encode_health_ticket(
+    part: HealthPart,
+    now_ms: i64,
+    shards: &BTreeSet<ShardKey>,
+) -> Vec<u8> {
+    let t = WireTicket {
+        v: TICKET_VERSION,
+        matchers: Vec::new(),
+        min_ts: now_ms,
+        max_ts: now_ms,
+        shards: wire_shards(shards),
+        labels_only: false,
+        rollups: None,
+        health: Some(part.name().to_owned()),
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -224,6 +275,7 @@ pub(crate) fn encode_rollup_ticket(
                 gpu: f.gpu.clone(),
             },
         }),
+        health: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -303,6 +355,19 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
             })
         }
     };
+    let health = match t.health.as_deref() {
+        None => None,
+        Some("events") => Some(HealthPart::Events),
+        Some("states") => Some(HealthPart::States),
+        Some(other) => {
+            return Err(format!(
+                "unknown health request {other:?}: events or states"
+            ));
+        }
+    };
+    if health.is_some() && rollups.is_some() {
+        return Err("a ticket asks for rollups or health, not both".into());
+    }
     Ok(SelectRequest {
         matchers,
         min_ts: t.min_ts,
@@ -310,6 +375,7 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
         shards,
         labels_only: t.labels_only,
         rollups,
+        health,
     })
 }
 
