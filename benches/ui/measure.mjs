@@ -1,7 +1,10 @@
 // Measures the fleet view at scale and prints the figures; asserts nothing
 // (the house rule: performance is measured by benchmarks, not timed tests).
 //
-//   GPULSE_UI_URL=http://127.0.0.1:7401 node benches/ui/measure.mjs [10000 100000 ...]
+//   GPULSE_UI_URL=http://127.0.0.1:7401 node benches/ui/measure.mjs [10000 100000 ... | real]
+//
+// `real` measures the server's own fleet instead (its real data API, e.g. a
+// `gpulse serve` loaded by `gpulse-bench ingest --gpus 10000`).
 //
 // A running `gpulse serve` or `gpulse demo` serves the real UI; the fleet API
 // calls are answered in the browser with a synthetic fleet of each size
@@ -25,14 +28,15 @@ if (!BASE) {
   console.error('set GPULSE_UI_URL to a running gpulse node (e.g. http://127.0.0.1:7401)');
   process.exit(2);
 }
-const sizes = process.argv.slice(2).map(Number).filter((n) => n > 0);
+const sizes = process.argv.slice(2).map((a) => (a === 'real' ? 0 : Number(a))).filter((n) => n >= 0);
 if (!sizes.length) sizes.push(10000, 100000);
 
 const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 async function measure(browser, n) {
   const page = await browser.newPage({ viewport: { width: 1400, height: 900 } });
-  await fakeFleet(page, n);
+  if (n > 0) await fakeFleet(page, n);
+  else n = `${(await (await fetch(`${BASE}/api/v1/fleet/layout`)).json()).data.gpus} (real)`;
   await page.goto(`${BASE}/#/`);
   await page.waitForFunction(() => window.gpulse && window.gpulse.ready);
   const firstPaint = await page.evaluate(() => window.gpulse.ready.then(() => performance.now()));
