@@ -142,7 +142,7 @@ fn print_endpoints(s: &Server, node: &NodeArgs) {
         "  query (HTTP)    http://{}   (POST /api/v1/sql)",
         s.http_addr
     );
-    println!("  fleet UI        http://{}/", s.http_addr);
+    println!("  fleet UI        http://{}", s.http_addr);
     if let Some(pg) = s.pg_addr {
         println!("  query (pg)      postgres://{pg}   (psql \"postgresql://{pg}/gpulse\")");
     }
