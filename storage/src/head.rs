@@ -183,6 +183,9 @@ pub(crate) struct Head {
     /// Ref -> index in `series`.
     slots: RefMap<u32>,
     by_key: HashMap<Arc<SeriesKey>, SeriesRef>,
+    /// Metric name -> its live series, in ref order: a selector that names
+    /// its metric (nearly every one) visits those alone, not every series.
+    by_metric: HashMap<String, Vec<SeriesRef>>,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -201,6 +204,7 @@ impl Head {
             series: Vec::new(),
             slots: RefMap::default(),
             by_key: HashMap::new(),
+            by_metric: HashMap::new(),
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
@@ -264,6 +268,12 @@ impl Head {
             ooo: Vec::new(),
             logged: false,
         });
+        match self.by_metric.get_mut(key.metric()) {
+            Some(refs) => refs.push(r),
+            None => {
+                self.by_metric.insert(key.metric().to_owned(), vec![r]);
+            }
+        }
         self.by_key.insert(key, r);
         Ok(r)
     }
@@ -373,6 +383,15 @@ impl Head {
             }
             self.slots.shrink_to_fit();
             self.by_key.shrink_to_fit();
+            self.by_metric.clear();
+            for s in &self.series {
+                match self.by_metric.get_mut(s.key.metric()) {
+                    Some(refs) => refs.push(s.r),
+                    None => {
+                        self.by_metric.insert(s.key.metric().to_owned(), vec![s.r]);
+                    }
+                }
+            }
         }
         evicted
     }
@@ -492,12 +511,36 @@ impl Head {
 
     /// Calls `f` with each series that `pred` accepts and a copy of its chunks
     /// (the open chunk included). Chunks are shared, except the open one's bytes.
+    #[cfg(test)]
     pub(crate) fn for_each_series(
         &self,
+        pred: impl FnMut(&SeriesKey) -> bool,
+        f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
+    ) {
+        self.for_each_series_of(None, pred, f);
+    }
+
+    /// [`Self::for_each_series`] over the series of `metric` alone, or of
+    /// every metric with `None`.
+    pub(crate) fn for_each_series_of(
+        &self,
+        metric: Option<&str>,
         mut pred: impl FnMut(&SeriesKey) -> bool,
         mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
     ) {
-        for s in &self.series {
+        let of_metric: Vec<&HeadSeries>;
+        let series: &mut dyn Iterator<Item = &HeadSeries> = match metric {
+            None => &mut self.series.iter(),
+            Some(m) => {
+                of_metric = self
+                    .by_metric
+                    .get(m)
+                    .map(|refs| refs.iter().map(|&r| self.get(r)).collect())
+                    .unwrap_or_default();
+                &mut of_metric.iter().copied()
+            }
+        };
+        for s in series {
             if !pred(&s.key) {
                 continue;
             }
@@ -668,6 +711,52 @@ mod tests {
         ));
         // An existing series is still found at the limit.
         assert!(h.get_or_create(key("1")).is_ok());
+    }
+
+    /// A selector that names its metric visits that metric's series only,
+    /// in ref order, also after evictions moved the series around.
+    #[test]
+    fn series_of_one_metric_are_found_by_name() {
+        let named = |m: &str, g: &str| SeriesKey::new(m, vec![Label::new("gpu", g)]).unwrap();
+        let mut h = Head::new(100, 100, 0);
+        let t0 = h.get_or_create(named("temp", "0")).unwrap();
+        let p0 = h.get_or_create(named("power", "0")).unwrap();
+        let t1 = h.get_or_create(named("temp", "1")).unwrap();
+        for (i, r) in [t0, p0, t1].into_iter().enumerate() {
+            h.append(r, 1, i as f64);
+        }
+        let visit = |h: &Head, m: Option<&str>| {
+            let mut seen = Vec::new();
+            h.for_each_series_of(m, |_| true, |k, _| seen.push((**k).clone()));
+            seen
+        };
+        assert_eq!(
+            visit(&h, Some("temp")),
+            [named("temp", "0"), named("temp", "1")]
+        );
+        assert_eq!(visit(&h, Some("power")), [named("power", "0")]);
+        assert!(visit(&h, Some("clock")).is_empty());
+        assert_eq!(visit(&h, None).len(), 3);
+        // temp/0 goes idle and leaves; temp/1 and power/0 keep writing.
+        h.freeze();
+        h.take_rollups();
+        h.evict_idle(Instant::now(), Duration::ZERO);
+        h.append(p0, 2, 0.0);
+        h.append(t1, 2, 0.0);
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
+        // (Only series holding samples are visited.)
+        h.append(t1, 3, 0.0);
+        h.append(p0, 3, 0.0);
+        assert_eq!(visit(&h, Some("temp")), [named("temp", "1")]);
+        let t2 = h.get_or_create(named("temp", "2")).unwrap();
+        h.append(t2, 3, 0.0);
+        assert_eq!(
+            visit(&h, Some("temp")),
+            [named("temp", "1"), named("temp", "2")]
+        );
+        assert_eq!(visit(&h, Some("power")), [named("power", "0")]);
     }
 
     /// Issue #14: a series idle through a flush leaves the head at the next

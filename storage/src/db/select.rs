@@ -64,7 +64,15 @@ impl Storage {
                 }
             }
         }
-        lock!(self.head.read()).for_each_series(
+        // A selector that names its metric visits that metric's series.
+        let metric = matchers.iter().find_map(|m| match m {
+            Matcher::Equal { name, value } if name == crate::series::METRIC_NAME_LABEL => {
+                Some(value.as_str())
+            }
+            _ => None,
+        });
+        lock!(self.head.read()).for_each_series_of(
+            metric,
             |k| matchers.iter().all(|m| m.matches(k)),
             |key, chunks| mem(&mut by_key, key, chunks),
         );
