@@ -11,7 +11,8 @@
 //! - `GET /api/v1/fleet/frame?color=&time=`: one value per GPU of the layout
 //!   at a time: its health state (`color=health`: 0 ok, 1 warning,
 //!   2 critical, 3 no data, 4 lost) or a metric's latest sample within
-//!   PromQL's 5-minute lookback (null where none).
+//!   PromQL's 5-minute lookback (null where none), read from storage as a
+//!   PromQL instant selector reads it.
 //! - `GET /api/v1/fleet/frames?color=&start=&end=&step=`: the same at every
 //!   step of a range, for replay, from the rollup tier of the step: a
 //!   metric's average over each step, or the health state of each step from
@@ -33,9 +34,9 @@ use axum::response::{IntoResponse, Response};
 use health::GpuId;
 use health::engine::{Event, GpuState};
 use health::{Kind, Severity};
-use query::cluster::{ClusterError, ClusterReader};
+use query::cluster::{ClusterError, ClusterReader, ClusterSeries};
 use query::health_events::HealthSource;
-use query::promql::{PromEngine, PromValue};
+use query::promql::PromEngine;
 use storage::{RollupFilter, RollupLevel, RollupTier, Storage};
 
 use crate::health::Shared;
@@ -223,17 +224,6 @@ impl From<ClusterError> for ApiError {
     }
 }
 
-impl From<query::promql::PromError> for ApiError {
-    fn from(e: query::promql::PromError) -> Self {
-        let (status, kind) = e.status();
-        ApiError {
-            status: StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            kind,
-            message: e.to_string(),
-        }
-    }
-}
-
 impl From<query::limits::Refusal> for ApiError {
     fn from(r: query::limits::Refusal) -> Self {
         ApiError {
@@ -289,6 +279,20 @@ impl Layout {
     }
 }
 
+/// Where a GPU sits in the layout: by cluster, row, rack, host, GPU index
+/// (borrowed: a sort of 100,000 GPUs allocates nothing).
+#[allow(clippy::type_complexity)]
+fn layout_key(g: &GpuId) -> (Option<&str>, Option<&str>, Option<&str>, &str, u32, &str) {
+    (
+        g.cluster.as_deref(),
+        g.row.as_deref(),
+        g.rack.as_deref(),
+        g.host.as_str(),
+        g.gpu,
+        g.uuid.as_str(),
+    )
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -308,19 +312,28 @@ impl Fleet {
                 (got.states, got.warnings)
             }
         };
-        states.sort_by(|(a, _), (b, _)| {
-            let key = |g: &GpuId| {
-                (
-                    g.cluster.clone(),
-                    g.row.clone(),
-                    g.rack.clone(),
-                    g.host.clone(),
-                    g.gpu,
-                    g.uuid.clone(),
-                )
+        // GPUs whose agents said hello (the `gpus` inventory) but whose
+        // samples the health engine has not seen (none yet, or its queue
+        // dropped them under a burst: `gpulse_health_batches_dropped_total`)
+        // are in the layout too, as no data.
+        let known: std::collections::HashSet<String> =
+            states.iter().map(|(g, _)| g.uuid.clone()).collect();
+        for r in self.storage.inventory().snapshot() {
+            if r.uuid.is_empty() || known.contains(&r.uuid) {
+                continue;
+            }
+            let place = |s: String| (!s.is_empty()).then_some(s);
+            let gpu = GpuId {
+                gpu: r.gpu.parse().unwrap_or(0),
+                uuid: r.uuid,
+                host: r.host,
+                rack: place(r.rack),
+                row: place(r.row),
+                cluster: place(r.cluster),
             };
-            key(a).cmp(&key(b))
-        });
+            states.push((gpu, GpuState::Unknown));
+        }
+        states.sort_unstable_by(|(a, _), (b, _)| layout_key(a).cmp(&layout_key(b)));
         // Same GPUs in the same order, same version (SipHash with fixed
         // keys: the same on every node of one release).
         let mut h = std::hash::DefaultHasher::new();
@@ -346,41 +359,74 @@ impl Fleet {
         }
     }
 
-    /// `metric`'s newest sample of each GPU at `time_ms` (PromQL's lookback).
+    /// `metric`'s newest sample of each GPU at `time_ms`, as a PromQL
+    /// instant selector finds it (within the 5-minute lookback, a staleness
+    /// marker meaning none), read straight from storage or the cluster:
+    /// only the value of each series is wanted, not its labels.
     async fn metric_frame(
         &self,
         layout: &Layout,
         metric: &str,
         time_ms: i64,
     ) -> Result<(Vec<Option<f64>>, Vec<String>), ApiError> {
-        let prom = self.prom.clone();
-        let q = format!("{{__name__=\"{metric}\"}}");
-        let answer = self
-            .prom
-            .guard()
-            .spawn_blocking(move |deadline| prom.instant_answer_until(&q, time_ms, deadline))
-            .await??;
+        let matchers = vec![storage::Matcher::equal(
+            storage::series::METRIC_NAME_LABEL,
+            metric,
+        )];
+        let (min_ms, max_ms) = (
+            time_ms.saturating_sub(query::promql::DEFAULT_LOOKBACK_MS) + 1,
+            time_ms,
+        );
+        let guard = self.prom.guard().clone();
+        let (series, warnings): (Vec<ClusterSeries>, Vec<String>) = match &self.cluster {
+            Some(reader) => {
+                let got = reader.select(&matchers, min_ms, max_ms).await?;
+                (got.series, got.warnings)
+            }
+            None => {
+                let storage = self.storage.clone();
+                let selected = guard
+                    .spawn_blocking(move |_| storage.select(&matchers, min_ms, max_ms))
+                    .await?;
+                (
+                    selected.into_iter().map(ClusterSeries::from).collect(),
+                    Vec::new(),
+                )
+            }
+        };
+        let newest = guard
+            .spawn_blocking(move |_| {
+                let (mut ts, mut values) = (Vec::new(), Vec::new());
+                let mut out = Vec::with_capacity(series.len());
+                for s in series {
+                    ts.clear();
+                    values.clear();
+                    if s.read_into(min_ms, max_ms, &mut ts, &mut values).is_err() {
+                        // Counted and logged by storage; the GPU shows no data.
+                        continue;
+                    }
+                    if let Some(&v) = values.last()
+                        && !query::promql::is_stale_nan(v)
+                    {
+                        out.push((s.key, v));
+                    }
+                }
+                out
+            })
+            .await?;
         let (by_uuid, by_host) = layout.index();
         let mut values = vec![None; layout.gpus.len()];
-        if let PromValue::Vector(samples) = answer.value {
-            for s in samples {
-                let label = |name: &str| {
-                    s.labels
-                        .iter()
-                        .find(|(n, _)| n == name)
-                        .map(|(_, v)| v.as_str())
-                };
-                let at = label("UUID").and_then(|u| by_uuid.get(u)).or_else(|| {
-                    let host = label("Hostname").or_else(|| label("hostname"))?;
-                    let gpu = label("gpu")?.parse().ok()?;
-                    by_host.get(&(host, gpu))
-                });
-                if let Some(&i) = at {
-                    values[i] = Some(s.v);
-                }
+        for (key, v) in newest {
+            let at = key.get("UUID").and_then(|u| by_uuid.get(u)).or_else(|| {
+                let host = key.get("Hostname").or_else(|| key.get("hostname"))?;
+                let gpu = key.get("gpu")?.parse().ok()?;
+                by_host.get(&(host, gpu))
+            });
+            if let Some(&i) = at {
+                values[i] = Some(v);
             }
         }
-        Ok((values, answer.warnings))
+        Ok((values, warnings))
     }
 
     /// The gpu-level rollup records of `metric` over `[min_ms, max_ms]`.

@@ -141,6 +141,37 @@ fn the_fleet_ui_in_headless_chromium() {
         );
         std::thread::sleep(Duration::from_secs(1));
     }
+    // The data API itself, against what was written: the backfilled GPUs'
+    // newest temperatures (a minute old, within the lookback), and the
+    // faulty GPUs' health codes (2 critical, 4 lost).
+    let l = layout(&node);
+    let index = |host: &str, gpu: u32| {
+        let d = &l["data"];
+        (0..d["gpus"].as_u64().unwrap() as usize)
+            .find(|&i| d["host"][i] == host && d["gpu"][i] == gpu)
+            .unwrap_or_else(|| panic!("{host}/{gpu} not in the layout: {l}"))
+    };
+    let frame = |color: &str| -> Value {
+        let body = super::support::http()
+            .get(format!("{}/api/v1/fleet/frame", node.http_url))
+            .query("color", color)
+            .call()
+            .expect("GET /api/v1/fleet/frame")
+            .body_mut()
+            .read_to_string()
+            .unwrap();
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["data"]["version"], l["data"]["version"], "{v}");
+        v["data"]["values"].clone()
+    };
+    let temps = frame("DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(temps[index(HEATED_HOST, 0)], 85.0, "{temps}");
+    assert_eq!(temps[index(HOSTILE_HOST, 0)], 40.0, "{temps}");
+    let health = frame("health");
+    assert_eq!(health[index(XID48.0, XID48.1)], 2, "{health}");
+    assert_eq!(health[index(XID79.0, XID79.1)], 4, "{health}");
+    assert_eq!(health[index(HEALTHY.0, HEALTHY.1)], 0, "{health}");
+
     let gpu = |(host, gpu): (&str, u32)| json!({"host": host, "gpu": gpu});
     let facts = json!({
         "critical": gpu(XID48),
