@@ -60,13 +60,14 @@ pub mod fuzzing {
         // As the reader does, a panic inside Arrow's decoder is a malformed
         // answer.
         std::panic::catch_unwind(|| {
-            let Ok(reader) =
+            let Ok(reader) = arrow_decodes(|| {
                 arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-            else {
+            }) else {
                 return false;
             };
+            let mut reader = reader;
             let mut decoder = super::wire::AnswerDecoder::default();
-            for batch in reader {
+            while let Some(batch) = arrow_decodes(|| reader.next()) {
                 match batch {
                     Ok(b) if decoder.push(&b).is_ok() => {}
                     _ => return false,
@@ -76,6 +77,61 @@ pub mod fuzzing {
             true
         })
         .unwrap_or(false)
+    }
+
+    /// Reads `bytes` as an Arrow IPC stream of a peer's health answer
+    /// (events or GPU states), as the reader takes it; true if every batch
+    /// reads as one or the other.
+    pub fn health_answer(bytes: &[u8]) -> bool {
+        if !ipc_lengths_fit(bytes) {
+            return false;
+        }
+        std::panic::catch_unwind(|| {
+            let Ok(reader) = arrow_decodes(|| {
+                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
+            }) else {
+                return false;
+            };
+            let mut reader = reader;
+            while let Some(batch) = arrow_decodes(|| reader.next()) {
+                let Ok(b) = batch else { return false };
+                let events = crate::health_events::events_from_batch(&b).is_ok();
+                let states = crate::health_events::states_from_batch(&b).is_ok();
+                if !events && !states {
+                    return false;
+                }
+            }
+            true
+        })
+        .unwrap_or(false)
+    }
+
+    thread_local! {
+        static IN_ARROW: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Runs `f`, a step of Arrow's own IPC decoder, flagged so that
+    /// [`in_arrow_decoder`] says so while it runs (also while a panic in it
+    /// unwinds).
+    fn arrow_decodes<T>(f: impl FnOnce() -> T) -> T {
+        struct Flag;
+        impl Drop for Flag {
+            fn drop(&mut self) {
+                IN_ARROW.with(|c| c.set(false));
+            }
+        }
+        IN_ARROW.with(|c| c.set(true));
+        let _flag = Flag;
+        f()
+    }
+
+    /// True inside Arrow's IPC decoder: the node catches a panic there as a
+    /// malformed answer (`ClusterReader::fetch`, `fetch_health`), so the
+    /// fuzz targets' panic hooks let such a panic unwind to that catch,
+    /// wherever in Arrow's crates it was raised. A panic in gpulse's own
+    /// decoders is not flagged and stays a crash.
+    pub fn in_arrow_decoder() -> bool {
+        IN_ARROW.with(std::cell::Cell::get)
     }
 
     /// Whether every message of the IPC stream `bytes` (continuation

@@ -339,3 +339,108 @@ impl TableProvider for HealthEventsTable {
         mem.scan(state, projection, filters, limit).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Arrow IPC stream bytes of `batch` (a peer's answer as the fuzz target
+    /// and the tests take it).
+    fn ipc_bytes(batch: &RecordBatch) -> Vec<u8> {
+        let mut out = Vec::new();
+        {
+            let mut w = arrow::ipc::writer::StreamWriter::try_new(&mut out, &batch.schema())
+                .expect("BUG: an in-memory IPC writer");
+            w.write(batch).expect("BUG: writing to memory");
+            w.finish().expect("BUG: writing to memory");
+        }
+        out
+    }
+
+    fn events() -> Vec<Event> {
+        let gpu = |uuid: &str, rack: Option<&str>| GpuId {
+            uuid: uuid.into(),
+            host: "h<1>".into(),
+            gpu: 7,
+            rack: rack.map(str::to_owned),
+            row: None,
+            cluster: Some("c".into()),
+        };
+        vec![
+            Event {
+                id: 3,
+                gpu: gpu("GPU-a", Some("r1")),
+                kind: Kind::Xid,
+                severity: Severity::Critical,
+                xid: Some(79),
+                onset_ts_ms: 1_000,
+                detected_ts_ms: 2_000,
+                cleared_ts_ms: None,
+                action: "drain".into(),
+                evidence: "XID 79".into(),
+            },
+            Event {
+                id: 4,
+                gpu: gpu("GPU-b", None),
+                kind: Kind::Straggler,
+                severity: Severity::Warning,
+                xid: None,
+                onset_ts_ms: -5,
+                detected_ts_ms: 0,
+                cleared_ts_ms: Some(9_000),
+                action: String::new(),
+                evidence: "12 % behind".into(),
+            },
+        ]
+    }
+
+    /// What a node sends its peers reads back as it was.
+    #[test]
+    fn events_and_states_read_back_from_a_peers_batch() {
+        let want = events();
+        let got = events_from_batch(&events_batch(&want).unwrap()).unwrap();
+        assert_eq!(got, want);
+        let states = vec![
+            (want[0].gpu.clone(), GpuState::Critical),
+            (want[1].gpu.clone(), GpuState::Unknown),
+        ];
+        assert_eq!(
+            states_from_batch(&states_batch(&states).unwrap()).unwrap(),
+            states
+        );
+    }
+
+    /// A batch of the wrong shape, or with a bad value, is an error.
+    #[test]
+    fn a_malformed_answer_is_an_error() {
+        let b = events_batch(&events()).unwrap();
+        assert!(states_from_batch(&b).is_err(), "events are not states");
+        let mut cols = b.columns().to_vec();
+        cols[1] = Arc::new(StringArray::from(vec!["xid", "no_such_kind"]));
+        let bad = RecordBatch::try_new(b.schema(), cols).unwrap();
+        let e = events_from_batch(&bad).unwrap_err();
+        assert!(e.contains("no_such_kind"), "{e}");
+        let mut cols = b.columns().to_vec();
+        cols[7] = Arc::new(StringArray::from(vec!["7", "seven"]));
+        let bad = RecordBatch::try_new(b.schema(), cols).unwrap();
+        assert!(events_from_batch(&bad).unwrap_err().contains("seven"));
+    }
+
+    /// Writes the seeds of the `flight_health` fuzz target:
+    /// `GPULSE_WRITE_SEEDS=fuzz/seeds/flight_health cargo test -p query --lib
+    /// write_health_seeds -- --ignored`.
+    #[test]
+    #[ignore = "writes files; run by hand to refresh fuzz seeds"]
+    fn write_health_seeds() {
+        let dir = std::path::PathBuf::from(std::env::var("GPULSE_WRITE_SEEDS").unwrap());
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = events();
+        let states = vec![(e[0].gpu.clone(), GpuState::Warning)];
+        for (name, batch) in [
+            ("events", events_batch(&e).unwrap()),
+            ("states", states_batch(&states).unwrap()),
+        ] {
+            std::fs::write(dir.join(name), ipc_bytes(&batch)).unwrap();
+        }
+    }
+}

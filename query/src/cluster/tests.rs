@@ -1480,3 +1480,33 @@ fn a_raw_answer_that_declares_more_than_it_holds_is_refused_before_reading() {
         assert!(!answer(&whole[..cut]), "cut at {cut} of {}", whole.len());
     }
 }
+
+/// fuzz/crashes/flight_health: a record batch whose validity buffer is
+/// shorter than its array; Arrow's IPC decoder (arrow-buffer 59.3.2,
+/// `BooleanBuffer::new`) panics building it. The node catches a panic of
+/// that step as a malformed answer, and so does the harness; a peer's real
+/// health answers still read.
+#[test]
+fn a_health_answer_that_arrow_cannot_decode_is_refused() {
+    use super::fuzzing::health_answer;
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/crashes/flight_health");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        assert!(
+            !health_answer(&std::fs::read(&path).unwrap()),
+            "{}",
+            path.display()
+        );
+        n += 1;
+    }
+    assert!(n >= 1, "the crash inputs are in {}", dir.display());
+    assert!(!super::fuzzing::in_arrow_decoder(), "the flag is cleared");
+    let seeds =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/flight_health");
+    for name in ["events", "states"] {
+        let bytes = std::fs::read(seeds.join(name)).unwrap();
+        assert!(health_answer(&bytes), "{name}");
+    }
+}
