@@ -48,62 +48,68 @@ pub mod fuzzing {
 
     /// Reads `bytes` as an Arrow IPC stream of a peer's select answer, as
     /// the reader takes Flight data; true if every batch is accepted.
-    ///
-    /// A node gets a peer's answer as Flight messages, each bounded by the
-    /// gRPC message limit before Arrow sees it. A raw IPC stream carries
-    /// its own lengths instead, so they are checked against the input
-    /// first: Arrow's reader allocates what a length prefix declares.
     pub fn answer(bytes: &[u8]) -> bool {
-        if !ipc_lengths_fit(bytes) {
-            return false;
-        }
-        // As the reader does, a panic inside Arrow's decoder is a malformed
-        // answer.
-        std::panic::catch_unwind(|| {
-            let Ok(reader) = arrow_decodes(|| {
-                arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
-            }) else {
-                return false;
-            };
-            let mut reader = reader;
-            let mut decoder = super::wire::AnswerDecoder::default();
-            while let Some(batch) = arrow_decodes(|| reader.next()) {
-                match batch {
-                    Ok(b) if decoder.push(&b).is_ok() => {}
-                    _ => return false,
-                }
-            }
+        let mut decoder = super::wire::AnswerDecoder::default();
+        read_stream(bytes, |b| decoder.push(b).is_ok()) && {
             let _ = decoder.finish();
             true
-        })
-        .unwrap_or(false)
+        }
     }
 
     /// Reads `bytes` as an Arrow IPC stream of a peer's health answer
     /// (events or GPU states), as the reader takes it; true if every batch
     /// reads as one or the other.
     pub fn health_answer(bytes: &[u8]) -> bool {
+        read_stream(bytes, |b| {
+            crate::health_events::events_from_batch(b).is_ok()
+                || crate::health_events::states_from_batch(b).is_ok()
+        })
+    }
+
+    /// Reads the IPC stream `bytes` batch by batch into `take`; true if
+    /// Arrow decodes all of it and `take` accepts every batch.
+    ///
+    /// A node gets a peer's answer as Flight messages, each bounded by the
+    /// gRPC message limit before Arrow sees it. A raw IPC stream carries
+    /// its own lengths instead, so they are checked against the input
+    /// first: Arrow's reader allocates what a length prefix declares. As
+    /// the reader does, a panic inside Arrow's decoder is a malformed answer.
+    fn read_stream(bytes: &[u8], mut take: impl FnMut(&arrow::array::RecordBatch) -> bool) -> bool {
         if !ipc_lengths_fit(bytes) {
             return false;
         }
-        std::panic::catch_unwind(|| {
-            let Ok(reader) = arrow_decodes(|| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let Ok(mut reader) = arrow_decodes(|| {
                 arrow::ipc::reader::StreamReader::try_new(std::io::Cursor::new(bytes), None)
             }) else {
                 return false;
             };
-            let mut reader = reader;
             while let Some(batch) = arrow_decodes(|| reader.next()) {
-                let Ok(b) = batch else { return false };
-                let events = crate::health_events::events_from_batch(&b).is_ok();
-                let states = crate::health_events::states_from_batch(&b).is_ok();
-                if !events && !states {
-                    return false;
+                match batch {
+                    Ok(b) if take(&b) => {}
+                    _ => return false,
                 }
             }
             true
-        })
+        }))
         .unwrap_or(false)
+    }
+
+    /// Installs the panic hook of the Flight fuzz targets: libFuzzer's own
+    /// aborts on every panic, even a caught one. Arrow's IPC decoder panics
+    /// on some malformed input (arrow-ipc 59.3.2: a schema without a field
+    /// list; arrow-buffer, from the decoder: a validity buffer shorter than
+    /// its array); the node catches panics of that step
+    /// (`ClusterReader::fetch`, `fetch_health`) and so does [`read_stream`],
+    /// so those unwind to that catch. Any other panic, in gpulse's decoders
+    /// included, still aborts: a crash.
+    pub fn let_arrow_decoder_panics_unwind() {
+        let abort = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !in_arrow_decoder() {
+                abort(info);
+            }
+        }));
     }
 
     thread_local! {

@@ -271,9 +271,7 @@ impl ClusterReader {
         let inner = &self.inner;
         let mut warnings = self.preflight().await?;
         let map = inner.state.map();
-        let me = map
-            .node_index(inner.state.self_id())
-            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let me = self.self_index(&map)?;
         let known = inner.state.known_keys();
         let keys: BTreeSet<ShardKey> = known
             .iter()
@@ -405,9 +403,7 @@ impl ClusterReader {
             return Ok(RollupSelection::default());
         }
         let map = inner.state.map();
-        let me = map
-            .node_index(inner.state.self_id())
-            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let me = self.self_index(&map)?;
         let known = inner.state.known_keys();
         let keys: BTreeSet<ShardKey> = known
             .iter()
@@ -546,9 +542,7 @@ impl ClusterReader {
         let inner = &self.inner;
         let mut warnings = self.preflight().await?;
         let map = inner.state.map();
-        let me = map
-            .node_index(inner.state.self_id())
-            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))?;
+        let me = self.self_index(&map)?;
         let known = inner.state.known_keys();
         let now_ms = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -759,6 +753,12 @@ impl ClusterReader {
                 format!("{addr} sent a malformed answer: {e}")
             })?;
         }
+    }
+
+    /// This node's index in `map`.
+    fn self_index(&self, map: &ShardMap) -> Result<usize, ClusterError> {
+        map.node_index(self.inner.state.self_id())
+            .ok_or_else(|| ClusterError::Internal("this node is not in the cluster map".into()))
     }
 
     fn plan(
