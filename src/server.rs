@@ -148,6 +148,26 @@ async fn same_origin_only(
 /// asked for over HTTP never interleave. Compaction and retention run even
 /// when the flush fails; the flush's error is returned (storage has counted
 /// and logged it).
+/// Connections a listener queues before it accepts them. Tokio's default
+/// is 1,024; when an ingest node restarts, every agent of a large fleet
+/// reconnects at once (1,250 hosts of 8 GPUs for 10,000 GPUs), and
+/// connections beyond the queue were reset (`TcpExtListenOverflows`) while
+/// the node was busy. The kernel caps it at `net.core.somaxconn`.
+const LISTEN_BACKLOG: u32 = 8192;
+
+/// Binds `addr` (with `SO_REUSEADDR`, as [`TcpListener::bind`] does) and
+/// listens with [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 fn maintain(st: &Storage) -> storage::Result<()> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -226,14 +246,12 @@ impl Server {
         let health =
             crate::health::Health::start(storage.clone(), config.alertmanager_url.as_deref())?;
 
-        let grpc = TcpListener::bind(config.grpc_listen)
-            .await
+        let grpc = listen(config.grpc_listen)
             .with_context(|| format!("binding the gRPC listener on {}", config.grpc_listen))?;
-        let http = TcpListener::bind(config.http_listen)
-            .await
+        let http = listen(config.http_listen)
             .with_context(|| format!("binding the HTTP listener on {}", config.http_listen))?;
         let pg = match config.pg_listen {
-            Some(addr) => Some(TcpListener::bind(addr).await.with_context(|| {
+            Some(addr) => Some(listen(addr).with_context(|| {
                 format!("binding the PostgreSQL listener on {addr} (--pg-listen off disables it)")
             })?),
             None => None,
@@ -309,8 +327,7 @@ impl Server {
                 (Some(state), Some(node)) => {
                     let metrics = Arc::new(query::cluster::ClusterMetrics::default());
                     let addr = node.spec().flight;
-                    let fl = TcpListener::bind(addr)
-                        .await
+                    let fl = listen(addr)
                         .with_context(|| format!("binding the Arrow Flight listener on {addr}"))?;
                     flight_addr = Some(fl.local_addr()?);
                     let fut = query::cluster::serve_flight(
