@@ -34,10 +34,10 @@ use axum::response::{IntoResponse, Response};
 use health::GpuId;
 use health::engine::{Event, GpuState};
 use health::{Kind, Severity};
-use query::cluster::{ClusterError, ClusterReader, ClusterSeries};
+use query::cluster::{ClusterError, ClusterReader};
 use query::health_events::HealthSource;
 use query::promql::PromEngine;
-use storage::{RollupFilter, RollupLevel, RollupTier, Storage};
+use storage::{RollupFilter, RollupLevel, RollupTier, SeriesKey, Storage};
 
 use crate::health::Shared;
 
@@ -70,9 +70,9 @@ const MAX_VALUES: i64 = 20_000_000;
 /// health states are the engine's own.
 const LIVE_MS: i64 = 60_000;
 
-/// Layout index by UUID, and by (host, GPU index).
-type ByUuid<'a> = HashMap<&'a str, usize>;
-type ByHostGpu<'a> = HashMap<(&'a str, u32), usize>;
+/// Metrics whose series positions [`Placement`] remembers (the colours
+/// switched between most recently).
+const MEMO_METRICS: usize = 4;
 
 /// Gpu-level rollup groups with their records.
 type GpuRollups = Vec<(storage::RollupGroup, Vec<storage::RollupRecord>)>;
@@ -83,6 +83,8 @@ struct Fleet {
     prom: PromEngine,
     storage: Arc<Storage>,
     cluster: Option<ClusterReader>,
+    /// This node's placement, while its GPUs stay the same (single node).
+    placement: Arc<std::sync::Mutex<Option<Arc<Placement>>>>,
 }
 
 /// The routes of the UI and its data API.
@@ -97,6 +99,7 @@ pub(crate) fn router(
         prom,
         storage,
         cluster,
+        placement: Default::default(),
     };
     axum::Router::new()
         .route("/", axum::routing::get(index))
@@ -253,29 +256,160 @@ fn json_answer(body: String) -> Response {
 
 /// The fleet's GPUs in layout order, and their live states.
 struct Layout {
-    gpus: Vec<GpuId>,
+    placement: Arc<Placement>,
     states: Vec<GpuState>,
-    version: String,
     warnings: Vec<String>,
 }
 
 impl Layout {
-    /// Index of each GPU by UUID, and by (host, GPU index) for series and
-    /// rollup groups without a UUID.
-    fn index(&self) -> (ByUuid<'_>, ByHostGpu<'_>) {
-        let by_uuid = self
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| (g.uuid.as_str(), i))
+    /// `states[slot]` is the state of the GPU the placement was built with
+    /// at `slot`; slots beyond it (GPUs that joined since) are not placed.
+    fn new(placement: Arc<Placement>, slot_states: &[GpuState], warnings: Vec<String>) -> Self {
+        let mut states = vec![GpuState::Unknown; placement.gpus.len()];
+        for (&pos, &s) in placement.slot_pos.iter().zip(slot_states) {
+            states[pos] = s;
+        }
+        Layout {
+            placement,
+            states,
+            warnings,
+        }
+    }
+
+    fn gpus(&self) -> &[GpuId] {
+        &self.placement.gpus
+    }
+}
+
+/// The fleet's GPUs in layout order and their indexes. On a single node it
+/// is kept while the health engine's GPUs and the inventory stay the same:
+/// sorting, hashing and indexing 10,000 GPU ids on every frame cost more
+/// than reading the frame's data.
+struct Placement {
+    gpus: Vec<GpuId>,
+    version: String,
+    by_uuid: HashMap<String, usize>,
+    /// Host -> (GPU index, position): series and rollup groups without a UUID.
+    by_host: HashMap<String, Vec<(u32, usize)>>,
+    /// The position of each GPU the placement was built from, by its slot
+    /// (its index in that list).
+    slot_pos: Vec<usize>,
+    /// (GPUs in the list built from, inventory generation).
+    built_from: (usize, u64),
+    /// Positions of series already placed, by the address of their key, for
+    /// the last [`MEMO_METRICS`] metrics: a series keeps its key (one `Arc`)
+    /// while it lives, and finding a GPU's labels in 10,000 keys scattered
+    /// over the heap is most of a frame otherwise. An entry holds its key,
+    /// so an address is never reused while remembered.
+    memo: std::sync::Mutex<std::collections::VecDeque<(String, SeriesPositions)>>,
+}
+
+type SeriesPositions = HashMap<usize, (Arc<SeriesKey>, Option<usize>), foldhash::fast::RandomState>;
+
+impl Placement {
+    /// Sorts `slots` (the engine's GPUs, or a cluster's) and the inventory's
+    /// GPUs that are not among them into layout order.
+    fn build(
+        slots: Vec<GpuId>,
+        inventory: Vec<storage::GpuRecord>,
+        built_from: (usize, u64),
+    ) -> Self {
+        let n_slots = slots.len();
+        let known: std::collections::HashSet<&str> =
+            slots.iter().map(|g| g.uuid.as_str()).collect();
+        // GPUs whose agents said hello (the `gpus` inventory) but whose
+        // samples the health engine has not seen (none yet, or its queue
+        // dropped them under a burst: `gpulse_health_batches_dropped_total`)
+        // are in the layout too, as no data.
+        let place = |s: String| (!s.is_empty()).then_some(s);
+        let extra: Vec<GpuId> = inventory
+            .into_iter()
+            .filter(|r| !r.uuid.is_empty() && !known.contains(r.uuid.as_str()))
+            .map(|r| GpuId {
+                gpu: r.gpu.parse().unwrap_or(0),
+                uuid: r.uuid,
+                host: r.host,
+                rack: place(r.rack),
+                row: place(r.row),
+                cluster: place(r.cluster),
+            })
             .collect();
-        let by_host = self
-            .gpus
-            .iter()
-            .enumerate()
-            .map(|(i, g)| ((g.host.as_str(), g.gpu), i))
+        let mut all: Vec<(GpuId, usize)> = slots.into_iter().chain(extra).zip(0..).collect();
+        all.sort_unstable_by(|(a, _), (b, _)| layout_key(a).cmp(&layout_key(b)));
+        // Same GPUs in the same order, same version (SipHash with fixed
+        // keys: the same on every node of one release).
+        let mut h = std::hash::DefaultHasher::new();
+        for (g, _) in &all {
+            g.hash(&mut h);
+        }
+        let mut slot_pos = vec![0; n_slots];
+        let mut by_uuid = HashMap::with_capacity(all.len());
+        let mut by_host: HashMap<String, Vec<(u32, usize)>> = HashMap::new();
+        for (pos, (g, slot)) in all.iter().enumerate() {
+            if let Some(p) = slot_pos.get_mut(*slot) {
+                *p = pos;
+            }
+            by_uuid.insert(g.uuid.clone(), pos);
+            by_host
+                .entry(g.host.clone())
+                .or_default()
+                .push((g.gpu, pos));
+        }
+        Placement {
+            gpus: all.into_iter().map(|(g, _)| g).collect(),
+            version: format!("{:016x}", h.finish()),
+            by_uuid,
+            by_host,
+            slot_pos,
+            built_from,
+            memo: Default::default(),
+        }
+    }
+
+    /// The position of the GPU at (host, GPU index).
+    fn at_host(&self, host: &str, gpu: u32) -> Option<usize> {
+        let gpus = self.by_host.get(host)?;
+        gpus.iter().find(|&&(g, _)| g == gpu).map(|&(_, pos)| pos)
+    }
+
+    /// The position of the GPU a series is of: by its UUID, else by host
+    /// and GPU index.
+    fn of_series(&self, key: &SeriesKey) -> Option<usize> {
+        if let Some(&pos) = key.get("UUID").and_then(|u| self.by_uuid.get(u)) {
+            return Some(pos);
+        }
+        let host = key.get("Hostname").or_else(|| key.get("hostname"))?;
+        self.at_host(host, key.get("gpu")?.parse().ok()?)
+    }
+
+    /// The position of each series of `metric` (see [`Self::memo`]).
+    fn place<'a>(
+        &self,
+        metric: &str,
+        series: impl Iterator<Item = &'a Arc<SeriesKey>>,
+    ) -> Vec<Option<usize>> {
+        let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = match memo.iter().position(|(m, _)| m == metric) {
+            Some(i) => memo.remove(i).expect("BUG: index from position").1,
+            None => SeriesPositions::default(),
+        };
+        let placed: Vec<Option<usize>> = series
+            .map(|key| {
+                let entry = known
+                    .entry(Arc::as_ptr(key) as usize)
+                    .or_insert_with(|| (key.clone(), self.of_series(key)));
+                entry.1
+            })
             .collect();
-        (by_uuid, by_host)
+        let seen = placed.len();
+        // Series that left storage keep their entries until the metric's
+        // memo outgrows twice what one frame places.
+        if known.len() > 2 * seen.max(1024) {
+            known.clear();
+        }
+        memo.push_front((metric.to_string(), known));
+        memo.truncate(MEMO_METRICS);
+        placed
     }
 }
 
@@ -305,48 +439,32 @@ impl Fleet {
     }
 
     async fn layout(&self) -> Result<Layout, ApiError> {
-        let (mut states, warnings) = match &self.cluster {
-            None => (self.health.as_ref().states(now_ms()), Vec::new()),
-            Some(reader) => {
-                let got = reader.health_states(&self.source()).await?;
-                (got.states, got.warnings)
-            }
-        };
-        // GPUs whose agents said hello (the `gpus` inventory) but whose
-        // samples the health engine has not seen (none yet, or its queue
-        // dropped them under a burst: `gpulse_health_batches_dropped_total`)
-        // are in the layout too, as no data.
-        let known: std::collections::HashSet<String> =
-            states.iter().map(|(g, _)| g.uuid.clone()).collect();
-        for r in self.storage.inventory().snapshot() {
-            if r.uuid.is_empty() || known.contains(&r.uuid) {
-                continue;
-            }
-            let place = |s: String| (!s.is_empty()).then_some(s);
-            let gpu = GpuId {
-                gpu: r.gpu.parse().unwrap_or(0),
-                uuid: r.uuid,
-                host: r.host,
-                rack: place(r.rack),
-                row: place(r.row),
-                cluster: place(r.cluster),
+        let Some(reader) = &self.cluster else {
+            let generation = self.storage.inventory().generation();
+            let states = self.health.slot_states(now_ms());
+            let cached = self
+                .placement
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            let placement = match cached {
+                Some(p) if p.built_from == (states.len(), generation) => p,
+                _ => {
+                    let slots = self.health.slot_ids();
+                    let built_from = (slots.len(), generation);
+                    let inventory = self.storage.inventory().snapshot();
+                    let p = Arc::new(Placement::build(slots, inventory, built_from));
+                    *self.placement.lock().unwrap_or_else(|p| p.into_inner()) = Some(p.clone());
+                    p
+                }
             };
-            states.push((gpu, GpuState::Unknown));
-        }
-        states.sort_unstable_by(|(a, _), (b, _)| layout_key(a).cmp(&layout_key(b)));
-        // Same GPUs in the same order, same version (SipHash with fixed
-        // keys: the same on every node of one release).
-        let mut h = std::hash::DefaultHasher::new();
-        for (g, _) in &states {
-            g.hash(&mut h);
-        }
-        let (gpus, states) = states.into_iter().unzip();
-        Ok(Layout {
-            gpus,
-            states,
-            version: format!("{:016x}", h.finish()),
-            warnings,
-        })
+            return Ok(Layout::new(placement, &states, Vec::new()));
+        };
+        let got = reader.health_states(&self.source()).await?;
+        let (slots, states): (Vec<GpuId>, Vec<GpuState>) = got.states.into_iter().unzip();
+        let built_from = (slots.len(), 0);
+        let placement = Placement::build(slots, self.storage.inventory().snapshot(), built_from);
+        Ok(Layout::new(Arc::new(placement), &states, got.warnings))
     }
 
     async fn events(&self) -> Result<(Vec<Event>, Vec<String>), ApiError> {
@@ -378,51 +496,47 @@ impl Fleet {
             time_ms,
         );
         let guard = self.prom.guard().clone();
-        let (series, warnings): (Vec<ClusterSeries>, Vec<String>) = match &self.cluster {
+        let (newest, warnings): (Vec<(Arc<SeriesKey>, f64)>, Vec<String>) = match &self.cluster {
             Some(reader) => {
                 let got = reader.select(&matchers, min_ms, max_ms).await?;
-                (got.series, got.warnings)
+                let newest = guard
+                    .spawn_blocking(move |_| {
+                        let (mut ts, mut values) = (Vec::new(), Vec::new());
+                        let mut out = Vec::with_capacity(got.series.len());
+                        for s in got.series {
+                            ts.clear();
+                            values.clear();
+                            // A chunk that does not decode: the GPU shows no data.
+                            if s.read_into(min_ms, max_ms, &mut ts, &mut values).is_ok()
+                                && let Some(&v) = values.last()
+                            {
+                                out.push((s.key, v));
+                            }
+                        }
+                        out
+                    })
+                    .await?;
+                (newest, got.warnings)
             }
             None => {
                 let storage = self.storage.clone();
-                let selected = guard
-                    .spawn_blocking(move |_| storage.select(&matchers, min_ms, max_ms))
+                let newest = guard
+                    .spawn_blocking(move |_| {
+                        let newest = storage.newest(&matchers, min_ms, max_ms);
+                        newest.into_iter().map(|(k, n)| (k, n.value)).collect()
+                    })
                     .await?;
-                (
-                    selected.into_iter().map(ClusterSeries::from).collect(),
-                    Vec::new(),
-                )
+                (newest, Vec::new())
             }
         };
-        let newest = guard
-            .spawn_blocking(move |_| {
-                let (mut ts, mut values) = (Vec::new(), Vec::new());
-                let mut out = Vec::with_capacity(series.len());
-                for s in series {
-                    ts.clear();
-                    values.clear();
-                    if s.read_into(min_ms, max_ms, &mut ts, &mut values).is_err() {
-                        // Counted and logged by storage; the GPU shows no data.
-                        continue;
-                    }
-                    if let Some(&v) = values.last()
-                        && !query::promql::is_stale_nan(v)
-                    {
-                        out.push((s.key, v));
-                    }
-                }
-                out
-            })
-            .await?;
-        let (by_uuid, by_host) = layout.index();
-        let mut values = vec![None; layout.gpus.len()];
-        for (key, v) in newest {
-            let at = key.get("UUID").and_then(|u| by_uuid.get(u)).or_else(|| {
-                let host = key.get("Hostname").or_else(|| key.get("hostname"))?;
-                let gpu = key.get("gpu")?.parse().ok()?;
-                by_host.get(&(host, gpu))
-            });
-            if let Some(&i) = at {
+        let mut values = vec![None; layout.gpus().len()];
+        let placed = layout
+            .placement
+            .place(metric, newest.iter().map(|(k, _)| k));
+        for (at, (_, v)) in placed.into_iter().zip(newest) {
+            if let Some(i) = at
+                && !query::promql::is_stale_nan(v)
+            {
                 values[i] = Some(v);
             }
         }
@@ -547,17 +661,17 @@ async fn layout(State(fleet): State<Fleet>) -> Response {
         Err(e) => e.into_response(),
         Ok(l) => {
             let col = |f: &dyn Fn(&GpuId) -> String| -> serde_json::Value {
-                l.gpus.iter().map(f).collect::<Vec<_>>().into()
+                l.gpus().iter().map(f).collect::<Vec<_>>().into()
             };
             let opt = |s: &Option<String>| s.clone().unwrap_or_default();
             let mut answer = serde_json::json!({
                 "status": "success",
                 "data": {
-                    "version": l.version,
-                    "gpus": l.gpus.len(),
+                    "version": l.placement.version,
+                    "gpus": l.gpus().len(),
                     "uuid": col(&|g| g.uuid.clone()),
                     "host": col(&|g| g.host.clone()),
-                    "gpu": l.gpus.iter().map(|g| g.gpu).collect::<Vec<_>>(),
+                    "gpu": l.gpus().iter().map(|g| g.gpu).collect::<Vec<_>>(),
                     "rack": col(&|g| opt(&g.rack)),
                     "row": col(&|g| opt(&g.row)),
                     "cluster": col(&|g| opt(&g.cluster)),
@@ -584,11 +698,11 @@ async fn frame_answer(fleet: &Fleet, p: &HashMap<String, String>) -> Result<Stri
     let time_ms = time_param(p, "time")?.unwrap_or(now);
     let layout = fleet.layout().await?;
     let mut warnings = layout.warnings.clone();
-    let mut out = String::with_capacity(16 + 8 * layout.gpus.len());
+    let mut out = String::with_capacity(16 + 8 * layout.gpus().len());
     let _ = write!(
         out,
         "{{\"status\":\"success\",\"data\":{{\"version\":\"{}\",\"color\":{},\"time_ms\":{time_ms},\"values\":[",
-        layout.version,
+        layout.placement.version,
         serde_json::Value::from(color.as_str())
     );
     if color == "health" {
@@ -627,7 +741,7 @@ async fn health_frame(
 ) -> Result<Vec<u8>, ApiError> {
     let (events, w) = fleet.events().await?;
     warnings.extend(w);
-    let (by_uuid, _) = layout.index();
+    let by_uuid = &layout.placement.by_uuid;
     let mut codes: Vec<u8> = if time_ms >= now - LIVE_MS {
         layout
             .states
@@ -710,7 +824,7 @@ async fn frames_answer(fleet: &Fleet, p: &HashMap<String, String>) -> Result<Str
     let start = tier.window_start(start);
     let steps = (end - start) / step_ms + 1;
     let layout = fleet.layout().await?;
-    let n = layout.gpus.len() as i64;
+    let n = layout.gpus().len() as i64;
     if steps > MAX_STEPS || steps.saturating_mul(n.max(1)) > MAX_VALUES {
         return Err(ApiError {
             status: StatusCode::UNPROCESSABLE_ENTITY,
@@ -722,9 +836,9 @@ async fn frames_answer(fleet: &Fleet, p: &HashMap<String, String>) -> Result<Str
         });
     }
     let mut warnings = layout.warnings.clone();
-    let (steps_u, n_u) = (steps as usize, layout.gpus.len());
+    let (steps_u, n_u) = (steps as usize, layout.gpus().len());
     let last_ms = start + steps * step_ms - 1;
-    let (by_uuid, by_host) = layout.index();
+    let by_uuid = &layout.placement.by_uuid;
     // (sum, count) of each step and GPU, from the gpu-level records.
     let metric = if color == "health" {
         PRESENCE_METRIC
@@ -739,7 +853,7 @@ async fn frames_answer(fleet: &Fleet, p: &HashMap<String, String>) -> Result<Str
         let Ok(gpu) = g.gpu.parse::<u32>() else {
             continue;
         };
-        let Some(&i) = by_host.get(&(g.host.as_str(), gpu)) else {
+        let Some(i) = layout.placement.at_host(&g.host, gpu) else {
             continue;
         };
         for r in records {
@@ -755,7 +869,7 @@ async fn frames_answer(fleet: &Fleet, p: &HashMap<String, String>) -> Result<Str
     let _ = write!(
         out,
         "{{\"status\":\"success\",\"data\":{{\"version\":\"{}\",\"color\":{},\"start_ms\":{start},\"step_ms\":{step_ms},\"steps\":{steps},\"tier\":\"{}\",\"values\":[",
-        layout.version,
+        layout.placement.version,
         serde_json::Value::from(color.as_str()),
         tier.label()
     );
@@ -883,5 +997,74 @@ mod tests {
         s.push(',');
         push_value(&mut s, None);
         assert_eq!(s, "67.833,null,null");
+    }
+
+    fn gpu(host: &str, gpu: u32, rack: &str) -> GpuId {
+        GpuId {
+            uuid: format!("GPU-{host}-{gpu}"),
+            host: host.into(),
+            gpu,
+            rack: Some(rack.into()),
+            row: None,
+            cluster: None,
+        }
+    }
+
+    /// Engine GPUs and inventory-only GPUs in layout order (rack, host,
+    /// GPU), their states where the slots are, and series placed by UUID or
+    /// by host and GPU index, the same again from the memo.
+    #[test]
+    fn a_placement_orders_gpus_and_places_series() {
+        let slots = vec![gpu("h2", 1, "r1"), gpu("h1", 0, "r2"), gpu("h2", 0, "r1")];
+        let inventory = vec![storage::GpuRecord {
+            host: "h0".into(),
+            gpu: "3".into(),
+            uuid: "GPU-h0-3".into(),
+            rack: "r9".into(),
+            ..Default::default()
+        }];
+        let p = Arc::new(Placement::build(slots, inventory, (3, 7)));
+        let order: Vec<(&str, u32)> = p.gpus.iter().map(|g| (g.host.as_str(), g.gpu)).collect();
+        assert_eq!(order, [("h2", 0), ("h2", 1), ("h1", 0), ("h0", 3)]);
+        assert_eq!(p.slot_pos, [1, 2, 0]);
+        let states = [GpuState::Critical, GpuState::Ok, GpuState::Warning];
+        let l = Layout::new(p.clone(), &states, Vec::new());
+        assert_eq!(
+            l.states,
+            [
+                GpuState::Warning,
+                GpuState::Critical,
+                GpuState::Ok,
+                GpuState::Unknown
+            ]
+        );
+
+        let key = |labels: &[(&str, &str)]| {
+            let labels = labels
+                .iter()
+                .map(|(n, v)| storage::Label::new(*n, *v))
+                .collect();
+            Arc::new(SeriesKey::new("DCGM_FI_DEV_GPU_TEMP", labels).unwrap())
+        };
+        let series = [
+            key(&[("UUID", "GPU-h0-3"), ("Hostname", "h2"), ("gpu", "0")]),
+            key(&[("Hostname", "h2"), ("gpu", "1")]),
+            key(&[("hostname", "h1"), ("gpu", "0")]),
+            key(&[("Hostname", "h1"), ("gpu", "5")]),
+            key(&[("UUID", "GPU-elsewhere")]),
+        ];
+        let want = [Some(3), Some(1), Some(2), None, None];
+        assert_eq!(p.place("DCGM_FI_DEV_GPU_TEMP", series.iter()), want);
+        assert_eq!(p.place("DCGM_FI_DEV_GPU_TEMP", series.iter()), want);
+        // A key with the same labels at another address is placed afresh.
+        let again = key(&[("Hostname", "h2"), ("gpu", "1")]);
+        assert_eq!(
+            p.place("DCGM_FI_DEV_GPU_TEMP", [&again].into_iter()),
+            [Some(1)]
+        );
+        for m in 0..2 * MEMO_METRICS {
+            p.place(&format!("m{m}"), series.iter());
+        }
+        assert_eq!(p.memo.lock().unwrap().len(), MEMO_METRICS);
     }
 }

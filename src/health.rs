@@ -235,6 +235,28 @@ fn event_json(e: &Event) -> serde_json::Value {
     })
 }
 
+impl Shared {
+    /// The engine's GPUs in slot order. A slot's GPU never changes and new
+    /// GPUs take new slots at the end, so a reader can keep what it derives
+    /// from this list while [`Self::slot_states`] returns as many states.
+    pub(crate) fn slot_ids(&self) -> Vec<GpuId> {
+        self.engine()
+            .states(0, STALE_MS)
+            .into_iter()
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The state of each engine slot at `now_ms` (see [`Self::slot_ids`]).
+    pub(crate) fn slot_states(&self, now_ms: i64) -> Vec<GpuState> {
+        self.engine()
+            .states(now_ms, STALE_MS)
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect()
+    }
+}
+
 impl query::health_events::HealthSource for Shared {
     fn events(&self) -> Vec<Event> {
         self.engine().events().cloned().collect()

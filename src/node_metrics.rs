@@ -111,7 +111,7 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     );
 
     let s = m.storage.metrics();
-    let counters: [(&str, &str, &AtomicU64); 18] = [
+    let counters: [(&str, &str, &AtomicU64); 19] = [
         (
             "gpulse_storage_flush_failures_total",
             "Flushes that failed (I/O: retried by the next flush; data a writer refused: set aside in quarantine/).",
@@ -186,6 +186,11 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
             "gpulse_storage_rollup_read_errors_total",
             "Rollup blocks skipped at query time because they failed to decode.",
             &s.rollup_read_errors,
+        ),
+        (
+            "gpulse_storage_chunk_read_errors_total",
+            "Raw chunks that failed to decode in a newest-sample read (the fleet view); their series were left out.",
+            &s.chunk_read_errors,
         ),
         (
             "gpulse_wal_replayed_samples_total",

@@ -150,6 +150,9 @@ pub struct StorageMetrics {
     pub rollup_files_quarantined: AtomicU64,
     /// Rollup file blocks that failed to decode at query time (skipped).
     pub rollup_read_errors: AtomicU64,
+    /// Raw chunks that failed to decode in [`Storage::newest`] (their series
+    /// left out of the answer). Other reads return the error to the caller.
+    pub chunk_read_errors: AtomicU64,
     /// Rollup files written by merges (compaction and downsampling).
     pub rollup_compactions: AtomicU64,
     /// Series that left the head at a flush because they took no sample

@@ -174,6 +174,11 @@ impl GorillaEncoder {
         (self.count > 0).then_some(self.t)
     }
 
+    /// The last sample, if any, without decoding.
+    pub fn last(&self) -> Option<(i64, f64)> {
+        (self.count > 0).then(|| (self.t, f64::from_bits(self.xor.v)))
+    }
+
     /// Appends one sample.
     pub fn append(&mut self, ts_ms: i64, value: f64) {
         let vbits = value.to_bits();

@@ -39,7 +39,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::gorilla::{GorillaDecoder, GorillaEncoder};
+use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::rollup::{RollupDelta, RollupGroup, SeriesRollup};
 use crate::series::SeriesKey;
 use crate::{Error, Result};
@@ -528,19 +528,7 @@ impl Head {
         mut pred: impl FnMut(&SeriesKey) -> bool,
         mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
     ) {
-        let of_metric: Vec<&HeadSeries>;
-        let series: &mut dyn Iterator<Item = &HeadSeries> = match metric {
-            None => &mut self.series.iter(),
-            Some(m) => {
-                of_metric = self
-                    .by_metric
-                    .get(m)
-                    .map(|refs| refs.iter().map(|&r| self.get(r)).collect())
-                    .unwrap_or_default();
-                &mut of_metric.iter().copied()
-            }
-        };
-        for s in series {
+        for s in self.series_of(metric) {
             if !pred(&s.key) {
                 continue;
             }
@@ -550,6 +538,150 @@ impl Head {
             if !chunks.is_empty() {
                 f(&s.key, chunks);
             }
+        }
+    }
+
+    /// Calls `f` with each series of `metric` (of every metric with `None`)
+    /// that `pred` accepts and its newest sample in `[min_ts, max_ts]`, if
+    /// it has one; see [`Newest`] for which sample that is. Reads the open
+    /// chunk's last sample without decoding when it is in range, which it
+    /// is for a live read, and decodes only chunks that could hold a newer
+    /// one otherwise. A chunk that does not decode ends that series' search
+    /// with `Err` passed to `f`.
+    pub(crate) fn for_each_newest_of(
+        &self,
+        metric: Option<&str>,
+        mut pred: impl FnMut(&SeriesKey) -> bool,
+        (min_ts, max_ts): (i64, i64),
+        source: u32,
+        mut f: impl FnMut(&Arc<SeriesKey>, std::result::Result<Newest, DecodeError>),
+    ) {
+        for s in self.series_of(metric) {
+            if !pred(&s.key) {
+                continue;
+            }
+            let mut best = None;
+            let mut search = || -> std::result::Result<(), DecodeError> {
+                // Read order in the head: sealed chunks, the open one, then
+                // the out-of-order buffer. [`Newest::offer`] does not depend
+                // on the order of offers, so the open chunk goes first: when
+                // its last sample is in range, no sealed chunk can beat it
+                // and none is decoded.
+                let closed = s.closed.len() as u32;
+                let at = (source, closed);
+                let at_ooo = |closed: u32| (source, closed + 1);
+                match s.open.last() {
+                    Some(last @ (t, _)) if min_ts <= t && t <= max_ts => {
+                        Newest::offer_newest(&mut best, [last], (min_ts, max_ts), at);
+                    }
+                    Some((t, _))
+                        if Newest::may_beat(best, s.open_min_ts, t, (min_ts, max_ts), at) =>
+                    {
+                        let (bytes, count) = (s.open.bytes(), s.open.count());
+                        Newest::scan(&mut best, bytes, count, (min_ts, max_ts), at)?;
+                    }
+                    _ => {}
+                }
+                let ooo = s.ooo.iter().copied();
+                Newest::offer_newest(&mut best, ooo, (min_ts, max_ts), at_ooo(closed));
+                for (i, c) in s.closed.iter().enumerate().rev() {
+                    let at = (source, i as u32);
+                    if Newest::may_beat(best, c.min_ts, c.max_ts, (min_ts, max_ts), at) {
+                        Newest::scan(&mut best, &c.bytes, c.count, (min_ts, max_ts), at)?;
+                    }
+                }
+                Ok(())
+            };
+            match search() {
+                Err(e) => f(&s.key, Err(e)),
+                Ok(()) => {
+                    if let Some(n) = best {
+                        f(&s.key, Ok(n));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The live series of `metric`, in ref order, or every live series.
+    fn series_of<'a>(&'a self, metric: Option<&str>) -> impl Iterator<Item = &'a HeadSeries> {
+        let refs = metric.map(|m| self.by_metric.get(m).map_or(&[][..], Vec::as_slice));
+        let every = refs.is_none().then(|| self.series.iter());
+        every
+            .into_iter()
+            .flatten()
+            .chain(refs.into_iter().flatten().map(|&r| self.get(r)))
+    }
+}
+
+/// A series' newest sample in a time range, as a merged read
+/// ([`crate::SelectedSeries::read_into`]) would end with: the greatest
+/// timestamp, and of samples at one timestamp the one read first. `at`
+/// orders where it was read: (source, chunk), sources being segments in
+/// order, then a flush in progress, then the head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Newest {
+    pub ts_ms: i64,
+    pub value: f64,
+    pub at: (u32, u32),
+}
+
+impl Newest {
+    /// Keeps `n` in `best` if it comes after it in a merged read.
+    pub(crate) fn offer(best: &mut Option<Newest>, n: Newest) {
+        if best.is_none_or(|b| n.ts_ms > b.ts_ms || (n.ts_ms == b.ts_ms && n.at < b.at)) {
+            *best = Some(n);
+        }
+    }
+
+    /// Whether a chunk spanning `[lo, hi]`, read at `at`, could hold a
+    /// sample in `range` that [`Self::offer`] keeps over `best`.
+    pub(crate) fn may_beat(
+        best: Option<Newest>,
+        lo: i64,
+        hi: i64,
+        range: (i64, i64),
+        at: (u32, u32),
+    ) -> bool {
+        let (min_ts, max_ts) = range;
+        if lo > max_ts || hi < min_ts {
+            return false;
+        }
+        let top = hi.min(max_ts);
+        best.is_none_or(|b| top > b.ts_ms || (top == b.ts_ms && at < b.at))
+    }
+
+    /// Decodes a Gorilla chunk and offers its newest sample in `range`.
+    pub(crate) fn scan(
+        best: &mut Option<Newest>,
+        bytes: &[u8],
+        count: u32,
+        range: (i64, i64),
+        at: (u32, u32),
+    ) -> Result<(), DecodeError> {
+        let mut failed = None;
+        let samples =
+            GorillaDecoder::new(bytes, count).map_while(|s| s.map_err(|e| failed = Some(e)).ok());
+        Newest::offer_newest(best, samples, range, at);
+        failed.map_or(Ok(()), Err)
+    }
+
+    /// Offers the newest of `samples` (in any order) in `range`: of several
+    /// at its timestamp, the first.
+    pub(crate) fn offer_newest(
+        best: &mut Option<Newest>,
+        samples: impl IntoIterator<Item = (i64, f64)>,
+        (min_ts, max_ts): (i64, i64),
+        at: (u32, u32),
+    ) {
+        let mut found: Option<(i64, f64)> = None;
+        for (t, v) in samples {
+            if min_ts <= t && t <= max_ts && found.is_none_or(|(ft, _)| t > ft) {
+                found = Some((t, v));
+            }
+        }
+        if let Some((ts_ms, value)) = found {
+            Newest::offer(best, Newest { ts_ms, value, at });
         }
     }
 }

@@ -77,6 +77,8 @@ struct Inner {
     /// Last batch per host, folded into the records by `snapshot` and `persist`.
     host_seen: HashMap<String, i64>,
     dirty: bool,
+    /// Bumped when a GPU is added or its attributes change.
+    generation: u64,
 }
 
 /// See the module docs. Thread-safe.
@@ -147,6 +149,9 @@ impl Inventory {
             }
         }
         inner.dirty = true;
+        if changed {
+            inner.generation += 1;
+        }
         if changed && let Err(e) = write(&self.path, &mut inner) {
             error!(error = %e, "could not write the inventory; it is retried at the next upkeep");
         }
@@ -162,6 +167,16 @@ impl Inventory {
             }
         }
         inner.dirty = true;
+    }
+
+    /// A number that changes whenever a GPU is added or changes its
+    /// attributes (not when it is merely seen again): readers that derive
+    /// something from [`Self::snapshot`] keep it while this stays the same.
+    pub fn generation(&self) -> u64 {
+        self.inner
+            .lock()
+            .expect("BUG: inventory lock poisoned")
+            .generation
     }
 
     /// Every GPU, sorted by host and UUID.

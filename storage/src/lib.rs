@@ -30,7 +30,7 @@ pub use db::{
     StorageConfig, StorageMetrics, StorageStats, UpkeepReport,
 };
 pub use error::{Error, Result};
-pub use head::{MemChunk, SeriesRef};
+pub use head::{MemChunk, Newest, SeriesRef};
 pub use inventory::{GpuRecord, Inventory};
 pub use rollup::file::RollupFile;
 pub use rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};

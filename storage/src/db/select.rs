@@ -12,7 +12,7 @@ use super::{Storage, normalize};
 use crate::Result;
 use crate::error::Error;
 use crate::gorilla::GorillaDecoder;
-use crate::head::MemChunk;
+use crate::head::{MemChunk, Newest};
 use crate::rollup::{Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{Matcher, SeriesKey};
@@ -64,22 +64,134 @@ impl Storage {
                 }
             }
         }
-        // A selector that names its metric visits that metric's series.
-        let metric = matchers.iter().find_map(|m| match m {
-            Matcher::Equal { name, value } if name == crate::series::METRIC_NAME_LABEL => {
-                Some(value.as_str())
-            }
-            _ => None,
-        });
+        let (metric, rest) = split_metric(matchers);
         lock!(self.head.read()).for_each_series_of(
             metric,
-            |k| matchers.iter().all(|m| m.matches(k)),
+            |k| rest.iter().all(|m| m.matches(k)),
             |key, chunks| mem(&mut by_key, key, chunks),
         );
         drop(state);
         by_key
             .into_iter()
             .map(|(key, chunks)| SelectedSeries { key, chunks })
+            .collect()
+    }
+
+    /// The newest sample in `[min_ts, max_ts]` of every series matching all
+    /// `matchers`, in no particular order: the last sample that
+    /// [`Self::select`] and [`SelectedSeries::read_into`] would give, without
+    /// merging every sample of every series to find it. For a live read
+    /// (the range ends now) nothing in the head is decoded, the open chunk's
+    /// last sample being at hand, and a chunk elsewhere is decoded only if
+    /// it could hold a newer sample than those found. A chunk that does not
+    /// decode is logged and counted (`chunk_read_errors`) and its series
+    /// left out, as a merged read of it would fail.
+    pub fn newest(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Vec<(Arc<SeriesKey>, Newest)> {
+        let range = (min_ts, max_ts);
+        let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
+        // Each series met: its newest sample so far, and whether a chunk of
+        // it failed to decode.
+        let mut found: Vec<(Arc<SeriesKey>, Option<Newest>, bool)> = Vec::new();
+        let count_failure = |key: &SeriesKey, e: &dyn std::fmt::Display| {
+            error!(series = %key, error = %e, "chunk does not decode; the series is left out of the read");
+            self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
+        };
+        let (segments, frozen) = {
+            let state = lock!(self.state.read());
+            let n_segments = state.segments.len() as u32;
+            let (metric, rest) = split_metric(matchers);
+            lock!(self.head.read()).for_each_newest_of(
+                metric,
+                |k| rest.iter().all(|m| m.matches(k)),
+                range,
+                n_segments + 1,
+                |key, n| match n {
+                    Ok(n) => found.push((key.clone(), Some(n), false)),
+                    Err(e) => {
+                        count_failure(key, &e);
+                        found.push((key.clone(), None, true));
+                    }
+                },
+            );
+            // Sources are numbered in read order: segments, then a flush in
+            // progress, then the head.
+            let segments: Vec<(u32, Arc<Segment>)> = (0..)
+                .zip(&state.segments)
+                .filter(|(_, s)| {
+                    let (lo, hi) = s.time_range();
+                    overlaps(lo, hi)
+                })
+                .map(|(i, s)| (i, s.clone()))
+                .collect();
+            (segments, state.frozen.clone().map(|f| (n_segments, f)))
+        };
+        if !segments.is_empty() || frozen.is_some() {
+            let mut index: std::collections::HashMap<Arc<SeriesKey>, usize> = found
+                .iter()
+                .enumerate()
+                .map(|(i, (k, ..))| (k.clone(), i))
+                .collect();
+            type Found = Vec<(Arc<SeriesKey>, Option<Newest>, bool)>;
+            let mut entry = |found: &mut Found, key: &Arc<SeriesKey>| -> usize {
+                *index.entry(key.clone()).or_insert_with(|| {
+                    found.push((key.clone(), None, false));
+                    found.len() - 1
+                })
+            };
+            if let Some((source, frozen)) = &frozen {
+                for (key, chunks) in frozen.iter() {
+                    if !matchers.iter().all(|m| m.matches(key)) {
+                        continue;
+                    }
+                    let i = entry(&mut found, key);
+                    let (_, best, failed) = &mut found[i];
+                    for (i, c) in chunks.iter().enumerate().rev() {
+                        let at = (*source, i as u32);
+                        if *failed || !Newest::may_beat(*best, c.min_ts, c.max_ts, range, at) {
+                            continue;
+                        }
+                        if let Err(e) = Newest::scan(best, &c.bytes, c.count, range, at) {
+                            count_failure(key, &e);
+                            *failed = true;
+                        }
+                    }
+                }
+            }
+            let (mut ts, mut values) = (Vec::new(), Vec::new());
+            for (source, seg) in &segments {
+                for ord in seg.select(matchers) {
+                    let key = seg.series_key(ord);
+                    let i = entry(&mut found, key);
+                    let (_, best, failed) = &mut found[i];
+                    for (i, c) in seg.chunks(ord).iter().enumerate().rev() {
+                        let at = (*source, i as u32);
+                        if *failed || !Newest::may_beat(*best, c.min_ts, c.max_ts, range, at) {
+                            continue;
+                        }
+                        ts.clear();
+                        values.clear();
+                        match seg.read_chunk(c, &mut ts, &mut values) {
+                            Ok(()) => {
+                                let samples = ts.iter().copied().zip(values.iter().copied());
+                                Newest::offer_newest(best, samples, range, at);
+                            }
+                            Err(e) => {
+                                count_failure(key, &e);
+                                *failed = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        found
+            .into_iter()
+            .filter_map(|(key, best, failed)| Some((key, best.filter(|_| !failed)?)))
             .collect()
     }
 
@@ -135,6 +247,23 @@ impl Storage {
         drop(state);
         q.finish()
     }
+}
+
+/// The metric a selector names, whose series alone it visits in the head,
+/// and the matchers left to test on them (the head's index by metric name
+/// answers that one).
+fn split_metric(matchers: &[Matcher]) -> (Option<&str>, Vec<&Matcher>) {
+    let named = matchers.iter().enumerate().find_map(|(i, m)| match m {
+        Matcher::Equal { name, value } if name == crate::series::METRIC_NAME_LABEL => {
+            Some((i, value.as_str()))
+        }
+        _ => None,
+    });
+    let rest = (0..matchers.len())
+        .filter(|&i| named.is_none_or(|(n, _)| n != i))
+        .map(|i| &matchers[i])
+        .collect();
+    (named.map(|(_, metric)| metric), rest)
 }
 
 #[derive(Debug, Clone)]

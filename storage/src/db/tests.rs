@@ -493,3 +493,93 @@ fn the_observer_sees_stored_batches_but_not_refused_or_resent_ones() {
         ]
     );
 }
+
+/// `newest` gives, for every range, the last sample of a merged read
+/// (`select` + `read_into`) and of a model of what was accepted, with the
+/// series spread over two segments, a flush in progress (a failed flush
+/// leaves its data frozen) and the head, with out-of-order samples, chunks
+/// sealed in the head and ranges that end in the past or between samples.
+#[test]
+fn newest_is_the_last_sample_of_a_merged_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.max_chunk_samples = 7;
+    cfg.ooo_window = std::time::Duration::from_secs(3600);
+    let st = Storage::open(cfg).unwrap();
+    // series -> ts -> the value stored (the first write of a timestamp).
+    let mut model: std::collections::BTreeMap<(u32, i64), f64> = Default::default();
+    let mut lcg = 0x2545_f491_4f6c_dd1du64;
+    let mut next = move |n: u64| {
+        lcg = lcg
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        (lcg >> 33) % n
+    };
+    let mut t_now = [0i64; 5];
+    let mut phase = |st: &Storage, model: &mut std::collections::BTreeMap<_, _>| {
+        for _ in 0..60 {
+            let gpu = next(5) as u32;
+            let r = st.series_ref(key("temp", gpu)).unwrap();
+            // Mostly forward in 1-20 s steps, sometimes back by up to 5 min.
+            let ts = if next(5) == 0 {
+                (t_now[gpu as usize] - 1000 * next(300) as i64).max(0)
+            } else {
+                t_now[gpu as usize] += 1000 * (1 + next(20) as i64);
+                t_now[gpu as usize]
+            };
+            let v = next(1000) as f64 / 8.0;
+            let out = st.append(&[r], &[ts], &[v]).unwrap();
+            if out.accepted == 1 {
+                assert!(model.insert((gpu, ts), v).is_none(), "accepted a duplicate");
+            }
+        }
+    };
+    phase(&st, &mut model);
+    st.flush().unwrap().expect("first segment");
+    phase(&st, &mut model);
+    st.flush().unwrap().expect("second segment");
+    phase(&st, &mut model);
+    st.faults.segment_open.store(1, Relaxed);
+    st.flush().unwrap_err();
+    phase(&st, &mut model);
+    assert!(
+        lock!(st.state.read()).frozen.is_some(),
+        "a flush in progress"
+    );
+    assert_eq!(st.stats().segments, 2);
+
+    let end = *model.keys().map(|(_, t)| t).max().unwrap();
+    let temp = [Matcher::equal("__name__", "temp")];
+    let mut ranges = vec![(i64::MIN, i64::MAX), (0, end), (end - 300_000, end)];
+    for _ in 0..200 {
+        let lo = next(end as u64 + 1) as i64;
+        ranges.push((lo, lo + next(400_000) as i64));
+    }
+    for (lo, hi) in ranges {
+        let mut got: Vec<(String, i64, f64)> = st
+            .newest(&temp, lo, hi)
+            .into_iter()
+            .map(|(k, n)| (k.to_string(), n.ts_ms, n.value))
+            .collect();
+        got.sort_by(|a, b| a.0.cmp(&b.0));
+        let merged: Vec<(String, i64, f64)> = st
+            .select(&temp, lo, hi)
+            .iter()
+            .filter_map(|s| {
+                let &(t, v) = read_range(s, lo, hi).last()?;
+                Some((s.key.to_string(), t, v))
+            })
+            .collect();
+        assert_eq!(got, merged, "range [{lo}, {hi}]");
+        let modelled: Vec<(String, i64, f64)> = (0..5)
+            .filter_map(|gpu| {
+                let (&(_, t), &v) = model.range((gpu, lo)..=(gpu, hi)).next_back()?;
+                Some((key("temp", gpu).to_string(), t, v))
+            })
+            .collect();
+        let mut modelled = modelled;
+        modelled.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(got, modelled, "range [{lo}, {hi}]");
+    }
+    assert_eq!(st.metrics.chunk_read_errors.load(Relaxed), 0);
+}
