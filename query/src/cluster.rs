@@ -435,6 +435,21 @@ impl Source {
         }
     }
 
+    /// Each matching series' newest sample in `[min_ts, max_ts]`
+    /// ([`Storage::newest`]) on a single node; `None` in a cluster, whose
+    /// readers then select and read the samples.
+    pub(crate) fn newest_blocking(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Option<Vec<(Arc<SeriesKey>, storage::Newest)>> {
+        match self {
+            Source::Local(storage) => Some(storage.newest(matchers, min_ts, max_ts)),
+            Source::Cluster(_) => None,
+        }
+    }
+
     /// [`Self::select_blocking`] for label sets only: the samples of the
     /// series it returns must not be read (peers send none).
     pub(crate) fn series_blocking(

@@ -297,6 +297,33 @@ impl<'a> Evaluator<'a> {
         Ok(out)
     }
 
+    /// Each matching series' newest sample in `[min_ts, max_ts]`, staleness
+    /// markers included, as [`Self::load`] would end: series sorted by key,
+    /// one sample each. `None` where the source cannot answer that by
+    /// itself (a cluster reads samples through `select`).
+    fn load_newest(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Option<Vec<RawSeries>>> {
+        let Some(mut newest) = self.engine.newest(matchers, min_ts, max_ts) else {
+            return Ok(None);
+        };
+        self.account(newest.len())?;
+        newest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(
+            newest
+                .into_iter()
+                .map(|(key, n)| RawSeries {
+                    labels: Arc::new(labels_of(&key)),
+                    ts: vec![n.ts_ms],
+                    vs: vec![n.value],
+                })
+                .collect(),
+        ))
+    }
+
     /// An instant vector selector at every step: the newest sample at or
     /// before the reference time and not older than the lookback, unless it
     /// is a staleness marker. With `sample_time`, the value is the sample's
@@ -313,7 +340,16 @@ impl<'a> Evaluator<'a> {
         let lookback = self.engine.limits.lookback_ms;
         let lo = refs.iter().copied().min().unwrap_or(0) - lookback;
         let hi = refs.iter().copied().max().unwrap_or(0);
-        let series = self.load(&matchers, lo, hi, true)?;
+        // One reference time (an instant query, or `@`): each series' newest
+        // sample is all that is read.
+        let newest = match refs.first() {
+            Some(&r) if refs.iter().all(|&x| x == r) => self.load_newest(&matchers, lo, hi)?,
+            _ => None,
+        };
+        let series = match newest {
+            Some(series) => series,
+            None => self.load(&matchers, lo, hi, true)?,
+        };
         let mut out: Vec<Vector> = vec![Vec::new(); self.steps.len()];
         let mut produced = 0usize;
         for s in &series {

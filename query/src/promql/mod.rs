@@ -197,6 +197,17 @@ impl PromEngine {
         Ok(self.source.select_blocking(matchers, min_ts, max_ts)?)
     }
 
+    /// Each matching series' newest sample in `[min_ts, max_ts]` from this
+    /// node's storage; `None` in a cluster (see [`crate::cluster::Source`]).
+    pub(crate) fn newest(
+        &self,
+        matchers: &[storage::Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Option<Vec<(Arc<storage::SeriesKey>, storage::Newest)>> {
+        self.source.newest_blocking(matchers, min_ts, max_ts)
+    }
+
     /// Selects series for their label sets only (their samples must not be
     /// read: in cluster mode peers send none).
     pub(crate) fn series(
