@@ -211,11 +211,19 @@ done
 # --- 6. report -------------------------------------------------------------
 say "report"
 ELAPSED=$(( $(date +%s) - START_S ))
+COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
+# A tree changed outside docs/ (which this script writes) is not that commit.
+git -C "$ROOT" diff --quiet HEAD -- . ':!docs' 2>/dev/null || COMMIT="$COMMIT, with uncommitted changes"
+if [ -n "${GPULSE_BIN:-}" ]; then
+  COMMAND="GPULSE_BIN=$GPULSE_BIN benches/peers/run.sh\` ($ELAPSED s, the build not included)"
+else
+  COMMAND="benches/peers/run.sh\` ($ELAPSED s, build included)"
+fi
 NOTE="Run $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)), \
 $(( $(grep MemTotal /proc/meminfo | awk '{print $2}') / 1048576 )) GiB; gpulse $("$BIN" --version | cut -d' ' -f2) \
-(commit \`$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)\`), ${VM_VERSION} and ${PROM_VERSION} (Debian packages). \
+(commit \`$COMMIT\`), ${VM_VERSION} and ${PROM_VERSION} (Debian packages). \
 Data: simulated fleet of $GPUS GPUs, $SPAN at $INTERVAL (53 DCGM fields per GPU), and the real DCGM recordings. \
-Command: \`benches/peers/run.sh\` ($ELAPSED s, build included). Client and server share the machine's cores; \
+Command: \`$COMMAND. Client and server share the machine's cores; \
 per-core figures divide by the server's own CPU time. Unless GPULSE_BIN named another binary, gpulse is the \
 release build: SQL planning is unoptimised there (root Cargo.toml), the operators and Arrow's kernels are not."
 if ((QUICK)); then

@@ -40,8 +40,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
+use crate::postings::{self, Postings};
 use crate::rollup::{RollupDelta, RollupGroup, SeriesRollup};
-use crate::series::SeriesKey;
+use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result};
 
 /// Handle of a series in the head. Valid while the series is in the head;
@@ -183,9 +184,10 @@ pub(crate) struct Head {
     /// Ref -> index in `series`.
     slots: RefMap<u32>,
     by_key: HashMap<Arc<SeriesKey>, SeriesRef>,
-    /// Metric name -> its live series, in ref order: a selector that names
-    /// its metric (nearly every one) visits those alone, not every series.
-    by_metric: HashMap<String, Vec<SeriesRef>>,
+    /// (label, value) -> the refs of its live series, ascending; the metric
+    /// name under `__name__`. A selector visits the series its equality and
+    /// regex matchers pick through them, not every series.
+    postings: Postings,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -204,7 +206,7 @@ impl Head {
             series: Vec::new(),
             slots: RefMap::default(),
             by_key: HashMap::new(),
-            by_metric: HashMap::new(),
+            postings: Postings::new(),
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
@@ -268,12 +270,7 @@ impl Head {
             ooo: Vec::new(),
             logged: false,
         });
-        match self.by_metric.get_mut(key.metric()) {
-            Some(refs) => refs.push(r),
-            None => {
-                self.by_metric.insert(key.metric().to_owned(), vec![r]);
-            }
-        }
+        index(&mut self.postings, &key, r);
         self.by_key.insert(key, r);
         Ok(r)
     }
@@ -383,14 +380,9 @@ impl Head {
             }
             self.slots.shrink_to_fit();
             self.by_key.shrink_to_fit();
-            self.by_metric.clear();
+            self.postings.clear();
             for s in &self.series {
-                match self.by_metric.get_mut(s.key.metric()) {
-                    Some(refs) => refs.push(s.r),
-                    None => {
-                        self.by_metric.insert(s.key.metric().to_owned(), vec![s.r]);
-                    }
-                }
+                index(&mut self.postings, &s.key, s.r);
             }
         }
         evicted
@@ -509,57 +501,38 @@ impl Head {
         }
     }
 
-    /// Calls `f` with each series that `pred` accepts and a copy of its chunks
-    /// (the open chunk included). Chunks are shared, except the open one's bytes.
-    #[cfg(test)]
+    /// Calls `f` with each series that matches all `matchers` and a copy of
+    /// its chunks (the open chunk included). Chunks are shared, except the
+    /// open one's bytes.
     pub(crate) fn for_each_series(
         &self,
-        pred: impl FnMut(&SeriesKey) -> bool,
-        f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
-    ) {
-        self.for_each_series_of(None, pred, f);
-    }
-
-    /// [`Self::for_each_series`] over the series of `metric` alone, or of
-    /// every metric with `None`.
-    pub(crate) fn for_each_series_of(
-        &self,
-        metric: Option<&str>,
-        mut pred: impl FnMut(&SeriesKey) -> bool,
+        matchers: &[Matcher],
         mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
     ) {
-        for s in self.series_of(metric) {
-            if !pred(&s.key) {
-                continue;
-            }
+        self.matching(matchers, |s| {
             let mut chunks = s.closed.clone();
             chunks.extend(s.open_chunk());
             chunks.extend(s.ooo_chunk());
             if !chunks.is_empty() {
                 f(&s.key, chunks);
             }
-        }
+        });
     }
 
-    /// Calls `f` with each series of `metric` (of every metric with `None`)
-    /// that `pred` accepts and its newest sample in `[min_ts, max_ts]`, if
-    /// it has one; see [`Newest`] for which sample that is. Reads the open
+    /// Calls `f` with each series that matches all `matchers` and its newest
+    /// sample in `[min_ts, max_ts]`, if it has one; see [`Newest`] for which sample that is. Reads the open
     /// chunk's last sample without decoding when it is in range, which it
     /// is for a live read, and decodes only chunks that could hold a newer
     /// one otherwise. A chunk that does not decode ends that series' search
     /// with `Err` passed to `f`.
-    pub(crate) fn for_each_newest_of(
+    pub(crate) fn for_each_newest(
         &self,
-        metric: Option<&str>,
-        mut pred: impl FnMut(&SeriesKey) -> bool,
+        matchers: &[Matcher],
         (min_ts, max_ts): (i64, i64),
         source: u32,
         mut f: impl FnMut(&Arc<SeriesKey>, std::result::Result<Newest, DecodeError>),
     ) {
-        for s in self.series_of(metric) {
-            if !pred(&s.key) {
-                continue;
-            }
+        self.matching(matchers, |s| {
             let mut best = None;
             let mut search = || -> std::result::Result<(), DecodeError> {
                 // Read order in the head: sealed chunks, the open one, then
@@ -600,17 +573,31 @@ impl Head {
                     }
                 }
             }
-        }
+        });
     }
 
-    /// The live series of `metric`, in ref order, or every live series.
-    fn series_of<'a>(&'a self, metric: Option<&str>) -> impl Iterator<Item = &'a HeadSeries> {
-        let refs = metric.map(|m| self.by_metric.get(m).map_or(&[][..], Vec::as_slice));
-        let every = refs.is_none().then(|| self.series.iter());
-        every
-            .into_iter()
-            .flatten()
-            .chain(refs.into_iter().flatten().map(|&r| self.get(r)))
+    /// Calls `f` with each live series that matches all `matchers`, in ref
+    /// order: those the postings pick, or every series when no matcher can
+    /// go through them, tested against the other matchers.
+    fn matching(&self, matchers: &[Matcher], mut f: impl FnMut(&HeadSeries)) {
+        let (picked, rest) = postings::select(&self.postings, matchers);
+        let mut visit = |s: &HeadSeries| {
+            if rest.iter().all(|m| m.matches(&s.key)) {
+                f(s);
+            }
+        };
+        match picked {
+            None => self.series.iter().for_each(visit),
+            Some(refs) => refs.into_iter().for_each(|r| visit(self.get(SeriesRef(r)))),
+        }
+    }
+}
+
+/// Lists a new series under each of its labels and its metric name.
+fn index(postings: &mut Postings, key: &SeriesKey, r: SeriesRef) {
+    postings::add(postings, METRIC_NAME_LABEL, key.metric(), r.0);
+    for l in key.labels() {
+        postings::add(postings, &l.name, &l.value, r.0);
     }
 }
 
@@ -716,7 +703,7 @@ mod tests {
             assert_eq!(h.append(a, t, t as f64), Appended::InOrder);
         }
         let mut seen = Vec::new();
-        h.for_each_series(|_| true, |_, c| seen.push(c));
+        h.for_each_series(&[], |_, c| seen.push(c));
         assert_eq!(seen.len(), 1);
         assert_eq!(
             seen[0].iter().map(|c| c.count).collect::<Vec<_>>(),
@@ -757,7 +744,7 @@ mod tests {
         assert_eq!(h.append(a, 11, 7.0), Appended::InOrder);
         assert_eq!(h.num_samples(), 4);
         let mut seen = Vec::new();
-        h.for_each_series(|_| true, |_, c| seen = c);
+        h.for_each_series(&[], |_, c| seen = c);
         // In-order chunk, then the out-of-order chunk, sorted within itself.
         assert_eq!(
             decode_all(&seen),
@@ -859,7 +846,11 @@ mod tests {
         }
         let visit = |h: &Head, m: Option<&str>| {
             let mut seen = Vec::new();
-            h.for_each_series_of(m, |_| true, |k, _| seen.push((**k).clone()));
+            let by_name: Vec<Matcher> = m
+                .map(|m| Matcher::equal("__name__", m))
+                .into_iter()
+                .collect();
+            h.for_each_series(&by_name, |k, _| seen.push((**k).clone()));
             seen
         };
         assert_eq!(
@@ -889,6 +880,72 @@ mod tests {
             [named("temp", "1"), named("temp", "2")]
         );
         assert_eq!(visit(&h, Some("power")), [named("power", "0")]);
+    }
+
+    /// The postings pick the same series as testing every matcher on every
+    /// series, before and after an eviction rebuilds them.
+    #[test]
+    fn postings_pick_what_a_scan_picks() {
+        let mut h = Head::new(100, 1000, 0);
+        let mut refs = Vec::new();
+        for i in 0..60u32 {
+            let mut labels = vec![
+                Label::new("host", format!("h{}", i % 7)),
+                Label::new("gpu", (i % 8).to_string()),
+            ];
+            if i % 3 == 0 {
+                labels.push(Label::new("rack", format!("r{}", i % 2)));
+            }
+            let metric = ["temp", "power", "util"][i as usize % 3];
+            let k = SeriesKey::new(metric, labels).unwrap();
+            refs.push(h.get_or_create(k).unwrap());
+        }
+        let re = |n: &str, p: &str| Matcher::regex(n, p).unwrap();
+        let selectors = [
+            vec![],
+            vec![Matcher::equal("__name__", "temp")],
+            vec![Matcher::equal("host", "h3"), Matcher::equal("gpu", "3")],
+            vec![re("host", "h[12]"), Matcher::not_equal("gpu", "1")],
+            vec![Matcher::equal("rack", "")],
+            vec![Matcher::equal("rack", "r1"), re("__name__", "temp|util")],
+            vec![
+                Matcher::not_regex("host", "h0|h1").unwrap(),
+                re("rack", "r.*|"),
+            ],
+            vec![Matcher::equal("host", "nowhere")],
+        ];
+        let check = |h: &Head| {
+            for m in &selectors {
+                let mut picked = Vec::new();
+                h.for_each_series(m, |k, _| picked.push(k.to_string()));
+                let mut want = Vec::new();
+                for s in &h.series {
+                    if m.iter().all(|m| m.matches(&s.key)) && s.open.count() > 0 {
+                        want.push(s.key.to_string());
+                    }
+                }
+                assert_eq!(picked, want, "{m:?}");
+            }
+        };
+        for (i, &r) in refs.iter().enumerate() {
+            h.append(r, 1, i as f64);
+        }
+        check(&h);
+        // Flush 1, then only every other series takes a sample: the rest
+        // leave at flush 2, and the postings are rebuilt without them.
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
+        for &r in refs.iter().step_by(2) {
+            h.append(r, 2, 2.0);
+        }
+        h.freeze();
+        h.take_rollups();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 30);
+        for &r in refs.iter().step_by(2) {
+            h.append(r, 3, 3.0);
+        }
+        check(&h);
     }
 
     /// Issue #14: a series idle through a flush leaves the head at the next
@@ -936,10 +993,9 @@ mod tests {
         // Samples after the eviction land on the right series.
         assert_eq!(h.append(c, 5, 5.0), Appended::InOrder);
         let mut seen = Vec::new();
-        h.for_each_series(
-            |_| true,
-            |k, ch| seen.push((k.as_ref().clone(), decode_all(&ch))),
-        );
+        h.for_each_series(&[], |k, ch| {
+            seen.push((k.as_ref().clone(), decode_all(&ch)))
+        });
         assert_eq!(seen, [(key("c"), vec![(5, 5.0)])]);
         // Flush 3 and 4 with no samples: both leave; nothing is left.
         h.freeze();

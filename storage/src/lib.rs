@@ -20,6 +20,7 @@ mod golden;
 pub mod gorilla;
 mod head;
 pub mod inventory;
+mod postings;
 pub mod rollup;
 pub mod segment;
 pub mod series;

@@ -34,6 +34,7 @@ use memmap2::Mmap;
 use crate::codec::{self, Reader};
 use crate::column;
 use crate::error::Corruption;
+use crate::postings::Postings;
 use crate::series::{Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result, SegmentId};
 
@@ -85,7 +86,7 @@ pub struct Segment {
     map: Mmap,
     series: Vec<SegmentSeries>,
     /// label name -> label value -> ascending series ordinals.
-    postings: HashMap<String, HashMap<String, Vec<u32>>>,
+    postings: Postings,
     samples: u64,
     min_ts: i64,
     max_ts: i64,
@@ -284,46 +285,21 @@ impl Segment {
         (self.min_ts, self.max_ts)
     }
 
-    /// Ordinals of the series matching all `matchers`, ascending. Matchers
-    /// that cannot match an absent label (`=` a non-empty value, `=~` a pattern
-    /// that does not match "") go through the postings: the union of the
-    /// lists of every matching value, intersected across matchers. Every
-    /// matcher is then checked against each candidate's labels.
+    /// Ordinals of the series matching all `matchers`, ascending: the
+    /// postings answer what they can ([`crate::postings::select`]), the
+    /// other matchers are checked against each candidate's labels.
     pub fn select(&self, matchers: &[Matcher]) -> Vec<u32> {
-        let mut candidates: Option<Vec<u32>> = None;
-        for m in matchers {
-            let values = self.postings.get(m.name());
-            let list: Vec<u32> = match m {
-                Matcher::Equal { value, .. } if !value.is_empty() => values
-                    .and_then(|v| v.get(value))
-                    .cloned()
-                    .unwrap_or_default(),
-                Matcher::Regex { pattern, .. } if !pattern.is_match("") => {
-                    let mut ids: Vec<u32> = values
-                        .into_iter()
-                        .flatten()
-                        .filter(|(v, _)| pattern.is_match(v))
-                        .flat_map(|(_, ids)| ids.iter().copied())
-                        .collect();
-                    ids.sort_unstable();
-                    ids.dedup();
-                    ids
-                }
-                _ => continue,
-            };
-            candidates = Some(match candidates {
-                None => list,
-                Some(c) => intersect(&c, &list),
-            });
-        }
+        let (candidates, rest) = crate::postings::select(&self.postings, matchers);
         let all = || (0..self.series.len() as u32).collect();
         candidates
             .unwrap_or_else(all)
             .into_iter()
             .filter(|&i| {
-                matchers
-                    .iter()
-                    .all(|m| m.matches(&self.series[i as usize].key))
+                // Ordinals from the postings were checked against the index
+                // when the segment opened.
+                self.series
+                    .get(i as usize)
+                    .is_some_and(|s| rest.iter().all(|m| m.matches(&s.key)))
             })
             .collect()
     }
@@ -428,22 +404,6 @@ impl Drop for Segment {
     }
 }
 
-fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                out.push(a[i]);
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    out
-}
-
 fn parse_index(
     buf: &[u8],
     base: u64,
@@ -542,8 +502,6 @@ fn parse_index(
     }
     Ok(out)
 }
-
-type Postings = HashMap<String, HashMap<String, Vec<u32>>>;
 
 fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Postings> {
     let mut r = Reader::new(buf, base);

@@ -64,12 +64,8 @@ impl Storage {
                 }
             }
         }
-        let (metric, rest) = split_metric(matchers);
-        lock!(self.head.read()).for_each_series_of(
-            metric,
-            |k| rest.iter().all(|m| m.matches(k)),
-            |key, chunks| mem(&mut by_key, key, chunks),
-        );
+        lock!(self.head.read())
+            .for_each_series(matchers, |key, chunks| mem(&mut by_key, key, chunks));
         drop(state);
         by_key
             .into_iter()
@@ -104,20 +100,15 @@ impl Storage {
         let (segments, frozen) = {
             let state = lock!(self.state.read());
             let n_segments = state.segments.len() as u32;
-            let (metric, rest) = split_metric(matchers);
-            lock!(self.head.read()).for_each_newest_of(
-                metric,
-                |k| rest.iter().all(|m| m.matches(k)),
-                range,
-                n_segments + 1,
-                |key, n| match n {
+            lock!(self.head.read()).for_each_newest(matchers, range, n_segments + 1, |key, n| {
+                match n {
                     Ok(n) => found.push((key.clone(), Some(n), false)),
                     Err(e) => {
                         count_failure(key, &e);
                         found.push((key.clone(), None, true));
                     }
-                },
-            );
+                }
+            });
             // Sources are numbered in read order: segments, then a flush in
             // progress, then the head.
             let segments: Vec<(u32, Arc<Segment>)> = (0..)
@@ -247,23 +238,6 @@ impl Storage {
         drop(state);
         q.finish()
     }
-}
-
-/// The metric a selector names, whose series alone it visits in the head,
-/// and the matchers left to test on them (the head's index by metric name
-/// answers that one).
-fn split_metric(matchers: &[Matcher]) -> (Option<&str>, Vec<&Matcher>) {
-    let named = matchers.iter().enumerate().find_map(|(i, m)| match m {
-        Matcher::Equal { name, value } if name == crate::series::METRIC_NAME_LABEL => {
-            Some((i, value.as_str()))
-        }
-        _ => None,
-    });
-    let rest = (0..matchers.len())
-        .filter(|&i| named.is_none_or(|(n, _)| n != i))
-        .map(|i| &matchers[i])
-        .collect();
-    (named.map(|(_, metric)| metric), rest)
 }
 
 #[derive(Debug, Clone)]
