@@ -7,7 +7,7 @@ use promql_parser::parser::{Call, Expr};
 use super::aggregate::quantile;
 use super::eval::{Evaluator, unsupported};
 use super::value::{
-    Elem, METRIC_NAME, Val, Vector, check_unique, drop_name, get, set_label, valid_label_name,
+    Elem, METRIC_NAME, Val, Vector, check_unique_steps, drop_name, get, set_label, valid_label_name,
 };
 use super::{LabelSet, PromError};
 
@@ -69,9 +69,7 @@ fn map_values(v: Vec<Vector>, f: impl Fn(f64, usize) -> f64) -> Vec<Vector> {
 }
 
 fn checked(v: Vec<Vector>) -> Result<Val> {
-    for s in &v {
-        check_unique(s)?;
-    }
+    check_unique_steps(&v)?;
     Ok(Val::Vector(v))
 }
 
@@ -658,9 +656,10 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
         } else {
             drop_name(&s.labels)
         };
+        let mut at = None;
         for (i, &t) in ev.steps.iter().enumerate() {
             let reference = input.reference(t);
-            let (lo, hi) = input.window(s, reference);
+            let (lo, hi) = input.next_window(s, reference, &mut at);
             if hi == lo {
                 continue;
             }

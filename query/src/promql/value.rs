@@ -1,6 +1,7 @@
 //! The values of evaluation (instant vectors, range inputs), label-set
 //! helpers and the formatting of values and label sets.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{LabelSet, PromError};
@@ -56,6 +57,33 @@ impl RangeInput {
         let hi = s.ts.partition_point(|&t| t <= reference);
         (lo, hi.max(lo))
     }
+
+    /// [`Self::window`] for one series at references that mostly increase
+    /// (the steps of a range query): the bounds in `at` move forward from
+    /// the last window, a step costing the samples it passes rather than
+    /// two binary searches; a reference below the last one searches anew.
+    pub(super) fn next_window(
+        &self,
+        s: &RawSeries,
+        reference: i64,
+        at: &mut Option<(i64, usize, usize)>,
+    ) -> (usize, usize) {
+        let (lo, hi) = match *at {
+            Some((last, mut lo, mut hi)) if reference >= last => {
+                let start = reference - self.range_ms;
+                while lo < s.ts.len() && s.ts[lo] < start {
+                    lo += 1;
+                }
+                while hi < s.ts.len() && s.ts[hi] <= reference {
+                    hi += 1;
+                }
+                (lo, hi)
+            }
+            _ => self.window(s, reference),
+        };
+        *at = Some((reference, lo, hi));
+        (lo, hi.max(lo))
+    }
 }
 
 /// `labels` without `__name__` (shared when there is none).
@@ -104,6 +132,43 @@ pub(super) fn key_of(labels: &LabelSet) -> String {
     s
 }
 
+/// [`check_unique`] for every step of an evaluation at once. A series keeps
+/// one shared label set over all steps, so each distinct set is keyed once
+/// (by its address), not once per step: a step then only compares small
+/// ids. Distinct sets with equal labels get the same id.
+pub(super) fn check_unique_steps(per_step: &[Vector]) -> Result<()> {
+    let mut of_set: HashMap<usize, usize> = HashMap::new();
+    let mut of_key: HashMap<String, usize> = HashMap::new();
+    // The step (1-based) at which each id was last seen.
+    let mut seen_at: Vec<usize> = Vec::new();
+    for (i, v) in per_step.iter().enumerate() {
+        if v.len() < 2 {
+            continue;
+        }
+        for e in v {
+            // The sets live in `per_step` throughout: no address is reused.
+            let id = *of_set
+                .entry(Arc::as_ptr(&e.labels) as usize)
+                .or_insert_with(|| {
+                    let next = of_key.len();
+                    *of_key.entry(key_of(&e.labels)).or_insert(next)
+                });
+            if id >= seen_at.len() {
+                seen_at.resize(id + 1, 0);
+            }
+            if seen_at[id] == i + 1 {
+                return Err(duplicate_labelset());
+            }
+            seen_at[id] = i + 1;
+        }
+    }
+    Ok(())
+}
+
+fn duplicate_labelset() -> PromError {
+    PromError::Execution("vector cannot contain metrics with the same labelset".into())
+}
+
 pub(super) fn check_unique(v: &Vector) -> Result<()> {
     if v.len() < 2 {
         return Ok(());
@@ -111,9 +176,7 @@ pub(super) fn check_unique(v: &Vector) -> Result<()> {
     let mut seen = std::collections::HashSet::with_capacity(v.len());
     for e in v {
         if !seen.insert(key_of(&e.labels)) {
-            return Err(PromError::Execution(
-                "vector cannot contain metrics with the same labelset".into(),
-            ));
+            return Err(duplicate_labelset());
         }
     }
     Ok(())
@@ -151,5 +214,90 @@ pub(super) fn format_value(v: f64) -> String {
         "-Inf".into()
     } else {
         format!("{v}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(host: &str) -> Arc<LabelSet> {
+        Arc::new(vec![("host".to_owned(), host.to_owned())])
+    }
+
+    fn elem(labels: &Arc<LabelSet>) -> Elem {
+        Elem {
+            labels: labels.clone(),
+            v: 1.0,
+        }
+    }
+
+    /// Equal label sets in one step are refused whether they share one
+    /// allocation or not; in different steps they are fine.
+    #[test]
+    fn one_step_holds_each_label_set_once() {
+        let (a, b) = (set("a"), set("b"));
+        let also_a = set("a");
+        let ok = vec![
+            vec![elem(&a), elem(&b)],
+            vec![elem(&also_a)],
+            vec![elem(&a), elem(&b)],
+        ];
+        check_unique_steps(&ok).unwrap();
+        let shared = vec![vec![elem(&a)], vec![elem(&b), elem(&a), elem(&a)]];
+        assert!(check_unique_steps(&shared).is_err());
+        let copies = vec![
+            vec![elem(&a), elem(&b)],
+            vec![elem(&b), elem(&also_a), elem(&a)],
+        ];
+        assert!(check_unique_steps(&copies).is_err());
+        for v in [&ok, &shared, &copies] {
+            let per_step: Vec<bool> = v.iter().map(|s| check_unique(s).is_ok()).collect();
+            assert_eq!(
+                check_unique_steps(v).is_ok(),
+                per_step.iter().all(|&ok| ok),
+                "agrees with the check of each step"
+            );
+        }
+    }
+
+    /// Moving the bounds forward gives the windows that two binary
+    /// searches give, with gaps, repeated timestamps in the references,
+    /// references that go back, and windows before and after the samples.
+    #[test]
+    fn sliding_windows_are_the_searched_ones() {
+        let ts: Vec<i64> = (0..200i64).map(|i| i * 10 + (i / 7) * 35).collect();
+        let s = RawSeries {
+            labels: set("a"),
+            vs: vec![0.0; ts.len()],
+            ts,
+        };
+        for range_ms in [0, 1, 10, 95, 300, 5000] {
+            let input = RangeInput {
+                series: Vec::new(),
+                range_ms,
+                offset_ms: 0,
+                at_ms: None,
+            };
+            let mut at = None;
+            let mut reference = -400i64;
+            let mut x = 17u64;
+            for _ in 0..500 {
+                x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+                // Forward by 0-40 ms mostly; back by up to 200 ms now and then.
+                let step = (x >> 40) as i64 % 41;
+                reference += if (x >> 20).is_multiple_of(13) {
+                    -5 * step
+                } else {
+                    step
+                };
+                assert_eq!(
+                    input.next_window(&s, reference, &mut at),
+                    input.window(&s, reference),
+                    "range {range_ms}, reference {reference}"
+                );
+            }
+            assert!(reference > 3000, "the references passed the samples");
+        }
     }
 }
