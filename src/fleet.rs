@@ -492,7 +492,7 @@ impl Fleet {
             metric,
         )];
         let (min_ms, max_ms) = (
-            time_ms.saturating_sub(query::promql::DEFAULT_LOOKBACK_MS) + 1,
+            time_ms.saturating_sub(query::promql::DEFAULT_LOOKBACK_MS),
             time_ms,
         );
         let guard = self.prom.guard().clone();
