@@ -520,11 +520,11 @@ impl Head {
     }
 
     /// Calls `f` with each series that matches all `matchers` and its newest
-    /// sample in `[min_ts, max_ts]`, if it has one; see [`Newest`] for which sample that is. Reads the open
-    /// chunk's last sample without decoding when it is in range, which it
-    /// is for a live read, and decodes only chunks that could hold a newer
-    /// one otherwise. A chunk that does not decode ends that series' search
-    /// with `Err` passed to `f`.
+    /// sample in `[min_ts, max_ts]`, if it has one (see [`Newest`] for which
+    /// sample that is). Reads the open chunk's last sample without decoding
+    /// when it is in range, which it is for a live read, and decodes only
+    /// chunks that could hold a newer one otherwise. A chunk that does not
+    /// decode ends that series' search with `Err` passed to `f`.
     pub(crate) fn for_each_newest(
         &self,
         matchers: &[Matcher],
@@ -557,13 +557,7 @@ impl Head {
                 }
                 let ooo = s.ooo.iter().copied();
                 Newest::offer_newest(&mut best, ooo, (min_ts, max_ts), at_ooo(closed));
-                for (i, c) in s.closed.iter().enumerate().rev() {
-                    let at = (source, i as u32);
-                    if Newest::may_beat(best, c.min_ts, c.max_ts, (min_ts, max_ts), at) {
-                        Newest::scan(&mut best, &c.bytes, c.count, (min_ts, max_ts), at)?;
-                    }
-                }
-                Ok(())
+                Newest::search_mem(&mut best, &s.closed, source, (min_ts, max_ts))
             };
             match search() {
                 Err(e) => f(&s.key, Err(e)),
@@ -636,6 +630,41 @@ impl Newest {
         }
         let top = hi.min(max_ts);
         best.is_none_or(|b| top > b.ts_ms || (top == b.ts_ms && at < b.at))
+    }
+
+    /// Offers the newest sample in `range` of `chunks`, the chunks of one
+    /// series in one source, read at `(source, index)`: newest chunk first,
+    /// each decoded by `decode` only if it [may beat](Self::may_beat) what
+    /// was found. The first decoding error ends the search.
+    pub(crate) fn search<C, E>(
+        best: &mut Option<Newest>,
+        chunks: &[C],
+        source: u32,
+        range: (i64, i64),
+        span: impl Fn(&C) -> (i64, i64),
+        mut decode: impl FnMut(&C, &mut Option<Newest>, (u32, u32)) -> Result<(), E>,
+    ) -> Result<(), E> {
+        for (i, c) in chunks.iter().enumerate().rev() {
+            let at = (source, i as u32);
+            let (lo, hi) = span(c);
+            if Self::may_beat(*best, lo, hi, range, at) {
+                decode(c, best, at)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::search`] over Gorilla chunks in memory.
+    pub(crate) fn search_mem(
+        best: &mut Option<Newest>,
+        chunks: &[MemChunk],
+        source: u32,
+        range: (i64, i64),
+    ) -> Result<(), DecodeError> {
+        let span = |c: &MemChunk| (c.min_ts, c.max_ts);
+        Self::search(best, chunks, source, range, span, |c, best, at| {
+            Self::scan(best, &c.bytes, c.count, range, at)
+        })
     }
 
     /// Decodes a Gorilla chunk and offers its newest sample in `range`.

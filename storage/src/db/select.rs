@@ -141,15 +141,9 @@ impl Storage {
                     }
                     let i = entry(&mut found, key);
                     let (_, best, failed) = &mut found[i];
-                    for (i, c) in chunks.iter().enumerate().rev() {
-                        let at = (*source, i as u32);
-                        if *failed || !Newest::may_beat(*best, c.min_ts, c.max_ts, range, at) {
-                            continue;
-                        }
-                        if let Err(e) = Newest::scan(best, &c.bytes, c.count, range, at) {
-                            count_failure(key, &e);
-                            *failed = true;
-                        }
+                    if !*failed && let Err(e) = Newest::search_mem(best, chunks, *source, range) {
+                        count_failure(key, &e);
+                        *failed = true;
                     }
                 }
             }
@@ -159,23 +153,23 @@ impl Storage {
                     let key = seg.series_key(ord);
                     let i = entry(&mut found, key);
                     let (_, best, failed) = &mut found[i];
-                    for (i, c) in seg.chunks(ord).iter().enumerate().rev() {
-                        let at = (*source, i as u32);
-                        if *failed || !Newest::may_beat(*best, c.min_ts, c.max_ts, range, at) {
-                            continue;
-                        }
+                    if *failed {
+                        continue;
+                    }
+                    let span = |c: &ChunkRef| (c.min_ts, c.max_ts);
+                    let decode = |c: &ChunkRef, best: &mut Option<Newest>, at| {
                         ts.clear();
                         values.clear();
-                        match seg.read_chunk(c, &mut ts, &mut values) {
-                            Ok(()) => {
-                                let samples = ts.iter().copied().zip(values.iter().copied());
-                                Newest::offer_newest(best, samples, range, at);
-                            }
-                            Err(e) => {
-                                count_failure(key, &e);
-                                *failed = true;
-                            }
-                        }
+                        seg.read_chunk(c, &mut ts, &mut values)?;
+                        let samples = ts.iter().copied().zip(values.iter().copied());
+                        Newest::offer_newest(best, samples, range, at);
+                        Ok::<(), Error>(())
+                    };
+                    let searched =
+                        Newest::search(best, seg.chunks(ord), *source, range, span, decode);
+                    if let Err(e) = searched {
+                        count_failure(key, &e);
+                        *failed = true;
                     }
                 }
             }
