@@ -2,7 +2,6 @@
 //! once (one storage read per selector), as Prometheus's `rangeEval` does.
 
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -12,10 +11,10 @@ use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelect
 use storage::Matcher;
 
 use super::value::{
-    Elem, METRIC_NAME, RangeInput, RawSeries, Val, Vector, check_unique, check_unique_steps,
-    drop_name, key_of,
+    Elem, LabelSetIds, METRIC_NAME, RangeInput, RawSeries, Val, Vector, check_unique,
+    check_unique_steps, drop_name,
 };
-use super::{LabelSet, PromEngine, PromError, PromValue, Sample, Series, is_stale_nan, labels_of};
+use super::{PromEngine, PromError, PromValue, Sample, Series, is_stale_nan, labels_of};
 
 type Result<T> = std::result::Result<T, PromError>;
 
@@ -171,31 +170,26 @@ impl<'a> Evaluator<'a> {
 
     /// Collects per-step vectors into series, in label order.
     pub(super) fn to_matrix(&self, per_step: Vec<Vector>) -> Result<Vec<Series>> {
-        check_unique_steps(&per_step)?;
-        // Each label set's series: by the set's address first (a series
-        // shares one set over its steps), then by its labels.
-        let mut of_set: HashMap<usize, (Arc<LabelSet>, usize)> = HashMap::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
+        let mut ids = LabelSetIds::default();
+        check_unique_steps(&per_step, &mut ids)?;
+        // The series of each label set id.
+        let mut series_of: Vec<usize> = Vec::new();
         let mut out: Vec<Series> = Vec::new();
         for (i, v) in per_step.into_iter().enumerate() {
             let t = self.steps[i];
             for e in v {
-                let addr = Arc::as_ptr(&e.labels) as usize;
-                let at = match of_set.get(&addr) {
-                    Some(&(_, at)) => at,
-                    None => {
-                        let at = *index.entry(key_of(&e.labels)).or_insert_with(|| {
-                            out.push(Series {
-                                labels: e.labels.clone(),
-                                points: Vec::new(),
-                            });
-                            out.len() - 1
-                        });
-                        // Held here so that the address is not reused.
-                        of_set.insert(addr, (e.labels.clone(), at));
-                        at
-                    }
-                };
+                let id = ids.id(&e.labels);
+                if id >= series_of.len() {
+                    series_of.resize(id + 1, usize::MAX);
+                }
+                if series_of[id] == usize::MAX {
+                    series_of[id] = out.len();
+                    out.push(Series {
+                        labels: e.labels.clone(),
+                        points: Vec::new(),
+                    });
+                }
+                let at = series_of[id];
                 out[at].points.push((t, e.v));
             }
         }

@@ -7,7 +7,8 @@ use promql_parser::parser::{Call, Expr};
 use super::aggregate::quantile;
 use super::eval::{Evaluator, unsupported};
 use super::value::{
-    Elem, METRIC_NAME, Val, Vector, check_unique_steps, drop_name, get, set_label, valid_label_name,
+    Elem, LabelSetIds, METRIC_NAME, Val, Vector, check_unique_steps, drop_name, get, set_label,
+    valid_label_name,
 };
 use super::{LabelSet, PromError};
 
@@ -69,7 +70,7 @@ fn map_values(v: Vec<Vector>, f: impl Fn(f64, usize) -> f64) -> Vec<Vector> {
 }
 
 fn checked(v: Vec<Vector>) -> Result<Val> {
-    check_unique_steps(&v)?;
+    check_unique_steps(&v, &mut LabelSetIds::default())?;
     Ok(Val::Vector(v))
 }
 

@@ -132,13 +132,34 @@ pub(super) fn key_of(labels: &LabelSet) -> String {
     s
 }
 
-/// [`check_unique`] for every step of an evaluation at once. A series keeps
-/// one shared label set over all steps, so each distinct set is keyed once
-/// (by its address), not once per step: a step then only compares small
-/// ids. Distinct sets with equal labels get the same id.
-pub(super) fn check_unique_steps(per_step: &[Vector]) -> Result<()> {
-    let mut of_set: HashMap<usize, usize> = HashMap::new();
-    let mut of_key: HashMap<String, usize> = HashMap::new();
+/// Small ids for label sets, one per distinct set of labels. A series keeps
+/// one shared set over all the steps of an evaluation, so a set is found by
+/// its address, and keyed by its labels only the first time: a step then
+/// costs a lookup per element, not a string key. Each set met is held, so
+/// that its address is not reused while the ids live.
+#[derive(Debug, Default)]
+pub(super) struct LabelSetIds {
+    of_set: HashMap<usize, (Arc<LabelSet>, usize)>,
+    of_key: HashMap<String, usize>,
+}
+
+impl LabelSetIds {
+    /// The id of `labels`: ids count up from 0 in the order sets are met.
+    pub(super) fn id(&mut self, labels: &Arc<LabelSet>) -> usize {
+        let addr = Arc::as_ptr(labels) as usize;
+        if let Some(&(_, id)) = self.of_set.get(&addr) {
+            return id;
+        }
+        let next = self.of_key.len();
+        let id = *self.of_key.entry(key_of(labels)).or_insert(next);
+        self.of_set.insert(addr, (labels.clone(), id));
+        id
+    }
+}
+
+/// [`check_unique`] for every step of an evaluation at once, by the ids of
+/// `ids` (which then hold every label set of a step of two or more).
+pub(super) fn check_unique_steps(per_step: &[Vector], ids: &mut LabelSetIds) -> Result<()> {
     // The step (1-based) at which each id was last seen.
     let mut seen_at: Vec<usize> = Vec::new();
     for (i, v) in per_step.iter().enumerate() {
@@ -146,13 +167,7 @@ pub(super) fn check_unique_steps(per_step: &[Vector]) -> Result<()> {
             continue;
         }
         for e in v {
-            // The sets live in `per_step` throughout: no address is reused.
-            let id = *of_set
-                .entry(Arc::as_ptr(&e.labels) as usize)
-                .or_insert_with(|| {
-                    let next = of_key.len();
-                    *of_key.entry(key_of(&e.labels)).or_insert(next)
-                });
+            let id = ids.id(&e.labels);
             if id >= seen_at.len() {
                 seen_at.resize(id + 1, 0);
             }
@@ -243,18 +258,18 @@ mod tests {
             vec![elem(&also_a)],
             vec![elem(&a), elem(&b)],
         ];
-        check_unique_steps(&ok).unwrap();
+        check_unique_steps(&ok, &mut LabelSetIds::default()).unwrap();
         let shared = vec![vec![elem(&a)], vec![elem(&b), elem(&a), elem(&a)]];
-        assert!(check_unique_steps(&shared).is_err());
+        assert!(check_unique_steps(&shared, &mut LabelSetIds::default()).is_err());
         let copies = vec![
             vec![elem(&a), elem(&b)],
             vec![elem(&b), elem(&also_a), elem(&a)],
         ];
-        assert!(check_unique_steps(&copies).is_err());
+        assert!(check_unique_steps(&copies, &mut LabelSetIds::default()).is_err());
         for v in [&ok, &shared, &copies] {
             let per_step: Vec<bool> = v.iter().map(|s| check_unique(s).is_ok()).collect();
             assert_eq!(
-                check_unique_steps(v).is_ok(),
+                check_unique_steps(v, &mut LabelSetIds::default()).is_ok(),
                 per_step.iter().all(|&ok| ok),
                 "agrees with the check of each step"
             );
