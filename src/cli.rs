@@ -37,6 +37,9 @@ pub(crate) enum Command {
     /// Sharded cluster operations.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Access tokens (`--auth-file`).
+    #[command(subcommand)]
+    Token(TokenCommand),
 }
 
 #[derive(Debug, Subcommand)]
@@ -57,6 +60,42 @@ pub(crate) struct ClusterStatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// A file holding a token (write scope) for nodes that ask for one.
+    #[arg(long, env = "GPULSE_TOKEN_FILE")]
+    pub(crate) token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum TokenCommand {
+    /// Make a new token: prints the token (shown once) and the token-file
+    /// entry that lets it in (only its SHA-256 is kept).
+    Create(TokenCreateArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct TokenCreateArgs {
+    /// Who or what uses it (letters, digits, `-`, `_`, `.`), e.g. `grafana`.
+    #[arg(long, value_parser = token_name)]
+    pub(crate) name: String,
+    /// What it may do: `read`, `write`, `admin`, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true, value_parser = auth::Scope::parse)]
+    pub(crate) scope: Vec<auth::Scope>,
+    /// Append the entry to this token file (created with mode 0600) and
+    /// print only the token.
+    #[arg(long)]
+    pub(crate) auth_file: Option<PathBuf>,
+}
+
+fn token_name(s: &str) -> Result<String, String> {
+    if !s.is_empty()
+        && s.len() <= 64
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        Ok(s.to_owned())
+    } else {
+        Err("1 to 64 letters, digits, '-', '_' or '.'".into())
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -270,6 +309,20 @@ pub(crate) struct ServeArgs {
     /// This node's id in the cluster file.
     #[arg(long, env = "GPULSE_NODE_ID", requires = "cluster")]
     pub(crate) node_id: Option<String>,
+    /// Require a token on every surface (HTTP, gRPC, PostgreSQL, Flight):
+    /// a TOML file of token hashes and scopes, made with `gpulse token
+    /// create` (README "Security").
+    #[arg(long, env = "GPULSE_AUTH_FILE")]
+    pub(crate) auth_file: Option<PathBuf>,
+    /// With --auth-file and --cluster: a file holding the token (read and
+    /// write scopes) this node presents to its peers.
+    #[arg(long, env = "GPULSE_CLUSTER_TOKEN_FILE", requires = "cluster")]
+    pub(crate) cluster_token_file: Option<PathBuf>,
+    /// Listen on non-loopback addresses although this version speaks
+    /// plaintext only (no TLS yet): for a network you trust. Without it,
+    /// `serve` refuses any address but loopback.
+    #[arg(long, env = "GPULSE_INSECURE")]
+    pub(crate) insecure: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -288,6 +341,9 @@ pub(crate) struct SqlArgs {
     pub(crate) url: String,
     #[arg(long, value_enum, default_value = "table")]
     pub(crate) format: OutputFormat,
+    /// A file holding the token (read scope) to send, when the node asks for one.
+    #[arg(long, env = "GPULSE_TOKEN_FILE")]
+    pub(crate) token_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -92,11 +92,12 @@ pub(crate) fn configure(
 /// directory already holds), the peer poller, and the SIGHUP reload.
 pub(crate) async fn start(
     node: &NodeConfig,
+    token: Option<String>,
     storage: &Arc<Storage>,
     stop: watch::Receiver<bool>,
     tasks: &mut Vec<(&'static str, JoinHandle<()>)>,
 ) -> anyhow::Result<Arc<ClusterState>> {
-    let state = Arc::new(ClusterState::new(node.map.clone(), &node.node_id));
+    let state = Arc::new(ClusterState::new(node.map.clone(), &node.node_id).with_token(token));
     let (st, seeded) = (storage.clone(), state.clone());
     let shards = tokio::task::spawn_blocking(move || {
         for key in query::cluster::local_shard_keys(&st) {
@@ -181,22 +182,37 @@ pub(crate) struct NodeLine {
 
 /// `gpulse cluster status`: asks every node of the file twice, `interval`
 /// apart (for the ingest rate), and returns one line per node.
-pub(crate) async fn status(file: &Path, interval: Duration) -> anyhow::Result<Vec<NodeLine>> {
+pub(crate) async fn status(
+    file: &Path,
+    interval: Duration,
+    token: Option<&str>,
+) -> anyhow::Result<Vec<NodeLine>> {
     use gpulse_proto::v1::NodeStatusRequest;
     use gpulse_proto::v1::ingest_client::IngestClient;
     let map = ShardMap::load(file)?;
-    let ask = |addr: SocketAddr| async move {
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .expect("BUG: a socket address is a valid URI")
-            .connect_timeout(Duration::from_secs(2))
-            .timeout(Duration::from_secs(2));
-        let mut c = IngestClient::connect(endpoint.clone())
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        c.node_status(NodeStatusRequest {})
-            .await
-            .map(|r| r.into_inner())
-            .map_err(|s| s.message().to_owned())
+    let authorization: Option<tonic::metadata::MetadataValue<_>> = token
+        .map(|t| format!("Bearer {t}").parse())
+        .transpose()
+        .context("the token makes no valid header")?;
+    let ask = |addr: SocketAddr| {
+        let authorization = authorization.clone();
+        async move {
+            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+                .expect("BUG: a socket address is a valid URI")
+                .connect_timeout(Duration::from_secs(2))
+                .timeout(Duration::from_secs(2));
+            let mut c = IngestClient::connect(endpoint.clone())
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            let mut request = tonic::Request::new(NodeStatusRequest {});
+            if let Some(a) = authorization {
+                request.metadata_mut().insert("authorization", a);
+            }
+            c.node_status(request)
+                .await
+                .map(|r| r.into_inner())
+                .map_err(|s| s.message().to_owned())
+        }
     };
     let round = || futures::future::join_all(map.nodes().iter().map(|n| ask(n.grpc)));
     let first = round().await;

@@ -6,6 +6,7 @@
 // A command-line program: printing to stdout is its job.
 #![allow(clippy::print_stdout)]
 
+mod access;
 mod cli;
 mod cluster;
 mod fleet;
@@ -22,7 +23,7 @@ use agent::sim::{SimConfig, SimulatedSource};
 use agent::{AgentConfig, Topology};
 use anyhow::{Context, bail};
 use clap::{CommandFactory, FromArgMatches};
-use tracing::warn;
+use tracing::{info, warn};
 
 use agent::cmd::shutdown_signal;
 use cli::{Cli, Command, DemoArgs, NodeArgs, OutputFormat, ServeArgs, SqlArgs};
@@ -73,7 +74,12 @@ fn run() -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Cluster(cli::ClusterCommand::Status(a)) => {
-                let lines = cluster::status(&a.cluster, a.interval).await?;
+                let token = a
+                    .token_file
+                    .as_deref()
+                    .map(agent::cmd::read_token_file)
+                    .transpose()?;
+                let lines = cluster::status(&a.cluster, a.interval, token.as_deref()).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&lines)?);
                 } else {
@@ -81,6 +87,7 @@ fn run() -> anyhow::Result<()> {
                 }
                 Ok(())
             }
+            Command::Token(cli::TokenCommand::Create(a)) => token_create(&a),
             Command::Stats(a) => {
                 let s = stats::collect(&a.data_dir)?;
                 print!("{}", stats::render(&a.data_dir, &s, a.by_metric));
@@ -102,6 +109,8 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
             .http_listen
             .unwrap_or_else(|| default(server::DEFAULT_HTTP_LISTEN)),
         cluster: None,
+        auth: None,
+        cluster_token: None,
         pg_listen: node.pg_listen.0,
         limits: query::ResultLimits {
             max_rows: node.max_result_rows,
@@ -164,12 +173,110 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let (Some(file), Some(id)) = (&args.cluster, &args.node_id) {
         config = cluster::configure(config, &args.node, file, id)?;
     }
+    secure(&mut config, &args)?;
     let server = Server::start(&config).await?;
     print_endpoints(&server, &args.node);
     println!("gpulse ready");
     std::io::stdout().flush()?;
     shutdown_signal().await;
     server.shutdown().await
+}
+
+/// Applies `--auth-file`, `--cluster-token-file` and `--insecure`: loads the
+/// tokens, and refuses a non-loopback listener without `--insecure`, since
+/// every listener speaks plaintext.
+fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.auth_file {
+        let tokens = auth::Tokens::load(path)?;
+        info!(file = %path.display(), tokens = ?tokens, "tokens required on every surface");
+        config.auth = Some(std::sync::Arc::new(auth::Gate::new(tokens)));
+    }
+    match (&args.cluster_token_file, &config.auth, &config.cluster) {
+        (Some(path), Some(gate), Some(_)) => {
+            let token = agent::cmd::read_token_file(path)?;
+            for need in [auth::Scope::Read, auth::Scope::Write] {
+                gate.tokens().authorize(&token, need).map_err(|d| {
+                    anyhow::anyhow!(
+                        "--cluster-token-file {}: {d}; peers need read and write with it",
+                        path.display()
+                    )
+                })?;
+            }
+            config.cluster_token = Some(token);
+        }
+        (None, Some(_), Some(_)) => bail!(
+            "--auth-file with --cluster needs --cluster-token-file: the token (read and write scopes) this node presents to its peers"
+        ),
+        (Some(_), None, _) => bail!("--cluster-token-file needs --auth-file"),
+        _ => {}
+    }
+    let mut listeners = vec![("gRPC", config.grpc_listen), ("HTTP", config.http_listen)];
+    listeners.extend(config.pg_listen.map(|a| ("PostgreSQL", a)));
+    listeners.extend(
+        config
+            .cluster
+            .as_ref()
+            .map(|c| ("Arrow Flight", c.spec().flight)),
+    );
+    let open: Vec<String> = listeners
+        .iter()
+        .filter(|(_, a)| !a.ip().is_loopback())
+        .map(|(what, a)| format!("{what} on {a}"))
+        .collect();
+    if open.is_empty() {
+        return Ok(());
+    }
+    if !args.insecure {
+        bail!(
+            "refusing to listen beyond loopback ({}): this version speaks plaintext only (TLS is not built yet),              so tokens and data would cross the network in the clear. Give --insecure (GPULSE_INSECURE=true)              to serve a network you trust anyway, with --auth-file so that requests need tokens",
+            open.join(", ")
+        );
+    }
+    if config.auth.is_none() {
+        warn!(
+            listeners = %open.join(", "),
+            "--insecure without --auth-file: anyone who can reach these addresses can read, write and flush"
+        );
+    } else {
+        warn!(listeners = %open.join(", "), "--insecure: plaintext beyond loopback; tokens cross the network in the clear");
+    }
+    Ok(())
+}
+
+/// `gpulse token create`.
+fn token_create(args: &cli::TokenCreateArgs) -> anyhow::Result<()> {
+    let token = auth::new_token();
+    let entry = auth::entry(&args.name, auth::Scopes::of(&args.scope), &token);
+    match &args.auth_file {
+        Some(path) => {
+            use std::os::unix::fs::OpenOptionsExt as _;
+            // Checked before writing: a file that would not load is not made worse.
+            let before = std::fs::read_to_string(path).unwrap_or_default();
+            let after = format!(
+                "{before}{}{entry}",
+                if before.is_empty() { "" } else { "\n" }
+            );
+            auth::Tokens::parse(&after).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+            let mut f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o600)
+                .open(path)
+                .with_context(|| format!("opening {}", path.display()))?;
+            f.write_all(&after.as_bytes()[before.len()..])?;
+            println!("{token}");
+            eprintln!(
+                "token {:?} added to {}; restart serve to use it. The token is shown once.",
+                args.name,
+                path.display()
+            );
+        }
+        None => {
+            println!("{token}");
+            eprintln!("# the token above is shown once. Add this to the --auth-file:\n{entry}");
+        }
+    }
+    Ok(())
 }
 
 async fn sql(args: SqlArgs) -> anyhow::Result<()> {
@@ -179,16 +286,26 @@ async fn sql(args: SqlArgs) -> anyhow::Result<()> {
         OutputFormat::Table | OutputFormat::Csv => "arrow",
     };
     let query = args.query.clone();
+    let authorization = args
+        .token_file
+        .as_deref()
+        .map(agent::cmd::read_token_file)
+        .transpose()?
+        .map(|t| format!("Bearer {t}"));
     let (status, body) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u16, Vec<u8>)> {
         let agent: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_global(Some(Duration::from_secs(300)))
             .build()
             .into();
-        let mut resp = agent
+        let mut request = agent
             .post(&url)
             .query("format", format)
-            .header("content-type", "text/plain; charset=utf-8")
+            .header("content-type", "text/plain; charset=utf-8");
+        if let Some(a) = &authorization {
+            request = request.header("authorization", a);
+        }
+        let mut resp = request
             .send(query.as_bytes())
             .with_context(|| format!("sending the query to {url}"))?;
         let status = resp.status().as_u16();

@@ -35,6 +35,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) cluster: Option<Arc<query::cluster::ClusterMetrics>>,
     /// The health engine's input and events.
     pub(crate) health: Arc<crate::health::HealthMetrics>,
+    /// Requests refused for their credentials (`--auth-file`).
+    pub(crate) auth: Option<Arc<auth::AuthMetrics>>,
 }
 
 pub(crate) fn router(m: NodeMetrics) -> Router {
@@ -277,6 +279,9 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.readonly.render(&mut out);
     m.guard.render(&mut out);
     m.health.render(&mut out);
+    if let Some(a) = &m.auth {
+        a.render(&mut out);
+    }
     if let Some(c) = &m.cluster {
         c.render(&mut out);
     }

@@ -48,6 +48,10 @@ pub(crate) struct ServeConfig {
     pub(crate) edges: EdgeLimits,
     /// Cluster mode (`--cluster`, `--node-id`).
     pub(crate) cluster: Option<crate::cluster::NodeConfig>,
+    /// `--auth-file`: tokens every surface asks for. `None`: open.
+    pub(crate) auth: Option<Arc<auth::Gate>>,
+    /// `--cluster-token-file`: the token this node presents to its peers.
+    pub(crate) cluster_token: Option<String>,
 }
 
 /// What is admitted at the door, and the network edges' limits: the flags
@@ -280,13 +284,20 @@ impl Server {
                 hello_timeout: edges.grpc_hello_timeout,
                 max_streams_per_connection: edges.grpc_max_streams_per_connection,
                 max_streams: edges.grpc_max_streams,
+                auth: config.auth.clone(),
                 ..ingest::IngestConfig::default()
             },
         );
         let cluster = match &config.cluster {
             Some(node) => {
-                let state =
-                    crate::cluster::start(node, &storage, stop.subscribe(), &mut tasks).await?;
+                let state = crate::cluster::start(
+                    node,
+                    config.cluster_token.clone(),
+                    &storage,
+                    stop.subscribe(),
+                    &mut tasks,
+                )
+                .await?;
                 service = service.with_cluster(state.clone());
                 Some(state)
             }
@@ -336,6 +347,7 @@ impl Server {
                         metrics.clone(),
                         Some(health.shared.clone()),
                         config.query.timeout,
+                        config.auth.clone(),
                         stopped(&stop),
                     );
                     tasks.push((
@@ -417,6 +429,7 @@ impl Server {
                     cluster: cluster_metrics,
                     http: edge_metrics.clone(),
                     health: health.shared.metrics.clone(),
+                    auth: config.auth.as_ref().map(|g| g.metrics().clone()),
                 },
             ))
             .merge(
@@ -425,6 +438,13 @@ impl Server {
                     same_origin_only,
                 )),
             );
+        let router = match &config.auth {
+            Some(gate) => router.layer(axum::middleware::from_fn_with_state(
+                gate.clone(),
+                crate::access::check,
+            )),
+            None => router,
+        };
         let fut = query::http::serve_with(http, router, edges.http, edge_metrics, stopped(&stop));
         tasks.push((
             "http",
@@ -435,7 +455,7 @@ impl Server {
             }),
         ));
         if let Some(pg) = pg {
-            let fut = query::pg::serve(pg, engine, stopped(&stop));
+            let fut = query::pg::serve(pg, engine, config.auth.clone(), stopped(&stop));
             tasks.push((
                 "postgres",
                 tokio::spawn(async move {

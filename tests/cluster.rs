@@ -147,7 +147,7 @@ impl Cluster {
 
 /// 8 racks of 4 hosts, 2 series a host, `n` samples each from `from`, 10 s
 /// apart in 2023.
-fn write_request(from: i64, n: i64) -> WriteRequest {
+pub(crate) fn write_request(from: i64, n: i64) -> WriteRequest {
     request(1_700_000_000_000 + from * 10_000, 10_000, from, n)
 }
 

@@ -16,6 +16,7 @@ mod promql;
 mod readonly;
 mod remote;
 mod replay;
+mod security;
 mod support;
 mod ui;
 mod write_path;

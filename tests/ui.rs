@@ -219,3 +219,72 @@ fn the_fleet_ui_in_headless_chromium() {
     eprintln!("{report}");
     node.stop();
 }
+
+/// A node with `--auth-file`: the UI asks for a token and then works
+/// (`tests/ui/auth.spec.mjs`).
+#[test]
+fn the_fleet_ui_asks_for_a_token() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    if let Err(why) = browser_ready(root) {
+        assert!(
+            std::env::var_os("GPULSE_REQUIRE_BROWSER").is_none(),
+            "GPULSE_REQUIRE_BROWSER is set, but {why}"
+        );
+        eprintln!("skipping the browser test: {why}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("tokens.toml");
+    let (read, write) = (
+        super::security::create(&file, "ui", "read"),
+        super::security::create(&file, "agent", "write"),
+    );
+    let node = Node::start_with_args(
+        &dir.path().join("data"),
+        &["--auth-file", file.to_str().unwrap()],
+    );
+    let gpus = 2;
+    let token = dir.path().join("agent.token");
+    std::fs::write(&token, &write).unwrap();
+    let agent = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .args([
+            "agent",
+            "--simulate",
+            "--gpus",
+            &gpus.to_string(),
+            "--polls",
+            "3",
+        ])
+        .args([
+            "--interval",
+            "200ms",
+            "--no-spool",
+            "--metrics-listen",
+            "off",
+        ])
+        .args(["--ingest", &node.grpc_url, "--token-file"])
+        .arg(&token)
+        .output()
+        .unwrap();
+    assert!(
+        agent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&agent.stderr)
+    );
+    let out = Command::new("node")
+        .args(["--test", "tests/ui/auth.spec.mjs"])
+        .current_dir(root)
+        .env("GPULSE_UI_AUTH_URL", &node.http_url)
+        .env("GPULSE_UI_TOKEN", &read)
+        .env("GPULSE_UI_GPUS", gpus.to_string())
+        .output()
+        .expect("run node --test");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && report.contains("# pass 1") && report.contains("# skipped 0"),
+        "browser test failed:\n{report}\n{}\nnode log:\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        log_tail(&node.log)
+    );
+    node.stop();
+}

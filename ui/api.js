@@ -13,12 +13,57 @@ export class ApiError extends Error {
 /** Main-thread cost of the last JSON parse, for the performance hook. */
 export const timings = { lastParseMs: 0 };
 
+// ---- tokens ------------------------------------------------------------------
+// A node started with --auth-file answers 401 without a token. The UI then asks
+// for one (read scope) once, keeps it for this tab only (sessionStorage), and
+// sends it as `Authorization: Bearer` with every call.
+
+const TOKEN_KEY = 'gpulse.token';
+
+function storedToken() {
+  try {
+    return sessionStorage.getItem(TOKEN_KEY) || '';
+  } catch {
+    return '';
+  }
+}
+
+function withToken(init, token) {
+  if (!token) return init;
+  const headers = new Headers((init && init.headers) || {});
+  headers.set('authorization', `Bearer ${token}`);
+  return { ...(init || {}), headers };
+}
+
+/**
+ * After a 401 with `used`: true when there is a token to try again with. A
+ * call that raced another one's prompt takes the token it got; otherwise the
+ * user is asked (a cancelled prompt leaves the 401 to be shown).
+ */
+function askToken(used) {
+  const now = storedToken();
+  if (now && now !== used) return true;
+  const entered = window.prompt('This gpulse node needs a token with the read scope (gpulse token create --scope read):', '');
+  const token = (entered || '').trim();
+  if (!token) return false;
+  try {
+    sessionStorage.setItem(TOKEN_KEY, token);
+  } catch {
+    return false;
+  }
+  return true;
+}
+
 async function request(url, init) {
   let res;
-  try {
-    res = await fetch(url, init);
-  } catch (e) {
-    throw new ApiError(`network error: ${e && e.message ? e.message : e}`);
+  for (let attempt = 0; ; attempt++) {
+    const token = storedToken();
+    try {
+      res = await fetch(url, withToken(init, token));
+    } catch (e) {
+      throw new ApiError(`network error: ${e && e.message ? e.message : e}`);
+    }
+    if (res.status !== 401 || attempt >= 2 || !askToken(token)) break;
   }
   const text = await res.text();
   let body;

@@ -158,7 +158,11 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// One `Owners` call to `url`.
-async fn ask(url: &str, request: &OwnersRequest) -> Result<OwnersReply, String> {
+async fn ask(
+    url: &str,
+    request: &OwnersRequest,
+    token: Option<&str>,
+) -> Result<OwnersReply, String> {
     let endpoint = shipper::endpoint(url)
         .map_err(|e| e.to_string())?
         .timeout(OWNERS_TIMEOUT);
@@ -166,7 +170,10 @@ async fn ask(url: &str, request: &OwnersRequest) -> Result<OwnersReply, String> 
         .await
         .map_err(|_| "connect: timed out".to_owned())?
         .map_err(|e| format!("connect: {}", chain(&e)))?;
-    match IngestClient::new(channel).owners(request.clone()).await {
+    match IngestClient::new(channel)
+        .owners(crate::authorized(request.clone(), token))
+        .await
+    {
         Ok(r) => Ok(r.into_inner()),
         Err(s) if s.code() == tonic::Code::FailedPrecondition => Err(format!(
             "not a cluster node ({}); give the agent nodes started with a cluster file",
@@ -215,11 +222,13 @@ async fn lookup(
         let mut errors = Vec::new();
         let mut answer = None;
         for node in &candidates {
-            let outcome = ask(node, &request).await.and_then(|reply| {
-                owners_from(&reply.owners)
-                    .map(|o| (o, reply))
-                    .map_err(|why| format!("refused its answer: {why}"))
-            });
+            let outcome = ask(node, &request, config.token.as_deref())
+                .await
+                .and_then(|reply| {
+                    owners_from(&reply.owners)
+                        .map(|o| (o, reply))
+                        .map_err(|why| format!("refused its answer: {why}"))
+                });
             match outcome {
                 Ok((o, reply)) => {
                     answer = Some((node.clone(), o, reply));
@@ -271,8 +280,9 @@ async fn lookup(
     }
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct LookupConfig {
+    token: Option<String>,
     backoff_min: Duration,
     backoff_max: Duration,
     queue_polls: usize,
@@ -400,6 +410,7 @@ impl Coordinator {
             self.seeds.clone(),
             request,
             LookupConfig {
+                token: self.config.token.clone(),
                 backoff_min: self.config.reconnect_min,
                 backoff_max: self.config.reconnect_max,
                 queue_polls: self.config.queue_polls,

@@ -10,7 +10,7 @@ mod args;
 mod run;
 
 pub use args::{AgentArgs, AgentCli, ReplayTimestampsArg, parse_duration, parse_size};
-pub use run::{run_agent, shutdown_signal, sim_config};
+pub use run::{read_token_file, run_agent, shutdown_signal, sim_config};
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`): the setup of both
 /// binaries, `gpulse` and `gpulse-agent`.

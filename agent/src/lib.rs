@@ -82,6 +82,9 @@ pub struct AgentConfig {
     /// Appends every sample the agent produces to this file, in the long CSV
     /// format of `gpulse import` (a trace to replay, or ground truth for a test).
     pub record: Option<PathBuf>,
+    /// `--token-file`: the bearer token (write scope) sent with every call,
+    /// for nodes started with `--auth-file`.
+    pub token: Option<String>,
 }
 
 impl AgentConfig {
@@ -103,8 +106,18 @@ impl AgentConfig {
             drain_timeout: Duration::from_secs(5),
             buffer: BufferConfig::default(),
             record: None,
+            token: None,
         }
     }
+}
+
+/// `request` with `authorization: Bearer <token>` when there is a token.
+pub(crate) fn authorized<T>(request: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(request);
+    if let Some(value) = token.and_then(|t| format!("Bearer {t}").parse().ok()) {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }
 
 /// One poll of every GPU of the node.

@@ -384,7 +384,8 @@ impl Shipper {
         if tx.send(hello).await.is_err() {
             return StreamEnd::Broken("request stream closed".into());
         }
-        let mut inbound = match client.stream(ReceiverStream::new(rx)).await {
+        let request = crate::authorized(ReceiverStream::new(rx), self.config.token.as_deref());
+        let mut inbound = match client.stream(request).await {
             Ok(r) => r.into_inner(),
             Err(status) => return StreamEnd::Broken(format!("open stream: {status}")),
         };

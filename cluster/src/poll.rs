@@ -61,8 +61,13 @@ pub async fn refresh_peers(state: &ClusterState, clients: &PeerClients) {
         .map(|node| {
             let mut client = clients.client(&node.id, node.grpc.to_string());
             let id = node.id.clone();
+            let authorization = state.authorization();
             async move {
-                let r = client.node_status(NodeStatusRequest {}).await;
+                let mut request = tonic::Request::new(NodeStatusRequest {});
+                if let Some(a) = authorization.as_deref().and_then(|a| a.parse().ok()) {
+                    request.metadata_mut().insert("authorization", a);
+                }
+                let r = client.node_status(request).await;
                 (
                     id,
                     r.map(|r| r.into_inner())

@@ -36,6 +36,9 @@ pub struct ClusterState {
     peers: Mutex<HashMap<String, PeerView>>,
     /// Samples stored through paths other than agent streams (remote write).
     other_samples: AtomicU64,
+    /// `--cluster-token-file`: the bearer token this node presents to its
+    /// peers (Flight reads, `NodeStatus`, forwarded writes).
+    token: Option<String>,
 }
 
 impl ClusterState {
@@ -54,7 +57,20 @@ impl ClusterState {
             backlog: Mutex::default(),
             peers: Mutex::default(),
             other_samples: AtomicU64::new(0),
+            token: None,
         }
+    }
+
+    /// Sets the token this node presents to its peers.
+    #[must_use]
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// The `Authorization` value for calls to peers, when authentication is on.
+    pub fn authorization(&self) -> Option<String> {
+        self.token.as_ref().map(|t| format!("Bearer {t}"))
     }
 
     /// The map in force. A reload swaps it; holders keep the one they took.

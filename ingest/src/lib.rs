@@ -91,6 +91,9 @@ pub struct IngestConfig {
     /// HTTP/2 keepalive: a PING after this long without frames; the
     /// connection is closed when its answer takes more than 20 s. Default 30 s.
     pub keepalive_interval: Duration,
+    /// `--auth-file`: every call needs a token with the write scope (agents'
+    /// streams and `Owners`, and peers' `NodeStatus`). `None`: open.
+    pub auth: Option<Arc<auth::Gate>>,
 }
 
 impl Default for IngestConfig {
@@ -103,6 +106,7 @@ impl Default for IngestConfig {
             max_streams_per_connection: 16,
             max_streams: 10_000,
             keepalive_interval: Duration::from_secs(30),
+            auth: None,
         }
     }
 }
@@ -128,7 +132,10 @@ pub async fn serve(
         .max_concurrent_streams(config.max_streams_per_connection)
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
-        .add_service(IngestServer::new(service).max_decoding_message_size(max))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            IngestServer::new(service).max_decoding_message_size(max),
+            auth::interceptor(config.auth, auth::Surface::Grpc, auth::Scope::Write),
+        ))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }

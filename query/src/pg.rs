@@ -22,8 +22,10 @@
 //!   preceded by one NoticeResponse per warning (severity WARNING, SQLSTATE
 //!   01000); psql prints them as `WARNING:  partial result: ...`.
 //!
-//! There is no authentication: any user name and database name are accepted
-//! (bind to a loopback or otherwise trusted address). TLS is not offered.
+//! - authentication: with a token file (`--auth-file`), the password is a
+//!   gpulse token with the read scope, any user name (cleartext password
+//!   exchange: as plaintext as the connection, since TLS is not offered
+//!   yet). Without one, any user name and database name are accepted.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -93,6 +95,7 @@ pub(crate) fn setup_catalog(ctx: &SessionContext) {
 pub async fn serve(
     listener: TcpListener,
     engine: QueryEngine,
+    auth: Option<Arc<auth::Gate>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let registry = Arc::new(ConnectionManager::new());
@@ -108,7 +111,7 @@ pub async fn serve(
                 Ok((socket, peer)) => {
                     // Handlers of its own: a context whose memory pool is this
                     // connection's (it runs one statement at a time).
-                    let handlers = Arc::new(Handlers::new(&engine, registry.clone()));
+                    let handlers = Arc::new(Handlers::new(&engine, registry.clone(), auth.clone()));
                     connections.spawn_on(async move {
                         if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
                             debug!(%peer, error = %e, "PostgreSQL connection ended with an error");
@@ -136,7 +139,11 @@ struct Handlers {
 }
 
 impl Handlers {
-    fn new(engine: &QueryEngine, connections: Arc<ConnectionManager>) -> Self {
+    fn new(
+        engine: &QueryEngine,
+        connections: Arc<ConnectionManager>,
+        auth: Option<Arc<auth::Gate>>,
+    ) -> Self {
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook {
                 metrics: engine.readonly_metrics().clone(),
@@ -159,7 +166,11 @@ impl Handlers {
                 guard: engine.guard().clone(),
             }),
             startup: Arc::new(Startup {
-                connections: connections.clone(),
+                open: Open {
+                    connections: connections.clone(),
+                },
+                auth,
+                pending: std::sync::Mutex::new(None),
             }),
             cancel: Arc::new(DefaultCancelHandler::new(connections)),
         }
@@ -190,15 +201,104 @@ impl PgWireServerHandlers for Handlers {
     }
 }
 
-/// Accepts every client without a password; registers the connection so
-/// that a cancel request (Ctrl-C in psql) can find it.
-struct Startup {
+/// Registers the connection so that a cancel request (Ctrl-C in psql) can
+/// find it; accepts every client.
+struct Open {
     connections: Arc<ConnectionManager>,
 }
 
-impl NoopStartupHandler for Startup {
+impl NoopStartupHandler for Open {
     fn connection_manager(&self) -> Option<Arc<ConnectionManager>> {
         Some(self.connections.clone())
+    }
+}
+
+/// With a token file (`--auth-file`), asks for a password and takes a token
+/// with the read scope (any user name), then goes on as [`Open`]; without
+/// one, is [`Open`]. A refusal is FATAL 28P01 and closes the connection.
+struct Startup {
+    open: Open,
+    auth: Option<Arc<auth::Gate>>,
+    /// The client's startup message while its password is awaited.
+    pending: std::sync::Mutex<Option<pgwire::messages::startup::Startup>>,
+}
+
+#[async_trait]
+impl StartupHandler for Startup {
+    async fn on_startup<C>(
+        &self,
+        client: &mut C,
+        message: pgwire::messages::PgWireFrontendMessage,
+    ) -> PgWireResult<()>
+    where
+        C: ClientInfo + Sink<PgWireBackendMessage> + Unpin + Send + Sync,
+        C::Error: std::fmt::Debug,
+        PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
+    {
+        use pgwire::messages::PgWireFrontendMessage as Message;
+        let Some(gate) = &self.auth else {
+            return self.open.on_startup(client, message).await;
+        };
+        match message {
+            Message::Startup(mut startup) => {
+                pgwire::api::auth::protocol_negotiation(client, &startup).await?;
+                // Replayed after the password as the version now agreed, so
+                // that it is not negotiated twice.
+                let (major, minor) = client.protocol_version().version_number();
+                startup.protocol_number_major = major;
+                startup.protocol_number_minor = minor;
+                client.set_state(pgwire::api::PgWireConnectionState::AuthenticationInProgress);
+                *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(startup);
+                client
+                    .send(PgWireBackendMessage::Authentication(
+                        pgwire::messages::startup::Authentication::CleartextPassword,
+                    ))
+                    .await?;
+                Ok(())
+            }
+            Message::PasswordMessageFamily(password) => {
+                let password = password.into_password()?;
+                let denial = if password.password.is_empty() {
+                    Some(auth::Denial::Missing)
+                } else {
+                    gate.tokens()
+                        .authorize(&password.password, auth::Scope::Read)
+                        .err()
+                };
+                let startup = self
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take();
+                match (denial, startup) {
+                    (None, Some(startup)) => {
+                        self.open
+                            .on_startup(client, Message::Startup(startup))
+                            .await
+                    }
+                    (Some(d), _) => {
+                        gate.refused(auth::Surface::Postgres, &d);
+                        let message = match d {
+                            auth::Denial::Missing => {
+                                "password authentication failed: give a gpulse token with the read scope as the password".to_owned()
+                            }
+                            d => format!("password authentication failed: {d}"),
+                        };
+                        Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                            "FATAL".into(),
+                            "28P01".into(),
+                            message,
+                        ))))
+                    }
+                    (None, None) => Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                        "FATAL".into(),
+                        "08P01".into(),
+                        "a password message before the startup message".into(),
+                    )))),
+                }
+            }
+            _ => Ok(()),
+        }
     }
 }
 

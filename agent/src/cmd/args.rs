@@ -64,6 +64,10 @@ pub struct AgentArgs {
     /// flags and GPULSE_* variables win over it.
     #[arg(long, env = "GPULSE_CONFIG")]
     pub config: Option<PathBuf>,
+    /// A file holding the token (write scope) to send, for nodes started
+    /// with `--auth-file`.
+    #[arg(long, env = "GPULSE_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
     /// Agent identity for de-duplication at ingest (default: the host name).
     #[arg(long, env = "GPULSE_AGENT_ID")]
     pub agent_id: Option<String>,

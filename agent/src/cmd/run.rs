@@ -58,6 +58,7 @@ pub(crate) struct AgentFile {
     metrics_listen: Option<String>,
     drain_timeout: Option<String>,
     record: Option<PathBuf>,
+    token_file: Option<PathBuf>,
 }
 
 /// Fills every argument not given by flag or environment from `file`.
@@ -109,7 +110,29 @@ pub(crate) fn apply_file(
     take!(metrics_listen, |s: &str| Ok::<_, String>(s.to_string()));
     take!(drain_timeout, parse_duration);
     take!(record);
+    if let Some(v) = file.token_file
+        && unset("token_file")
+    {
+        args.token_file = Some(v);
+    }
     Ok(())
+}
+
+/// Reads a token from `path`: its one line, without surrounding space.
+///
+/// # Errors
+/// The file cannot be read, is empty, or holds more than one line.
+pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the token file {}", path.display()))?;
+    let token = text.trim();
+    if token.is_empty() || token.contains(char::is_whitespace) {
+        bail!(
+            "the token file {} must hold one token (from `gpulse token create`)",
+            path.display()
+        );
+    }
+    Ok(token.to_owned())
 }
 
 /// Reads and parses the TOML file.
@@ -186,6 +209,11 @@ pub(crate) fn agent_config(args: &AgentArgs) -> anyhow::Result<AgentConfig> {
     config.buffer.spool_max_bytes = args.spool_max_bytes;
     config.buffer.spool_dir = (!args.no_spool).then(|| args.spool_dir.clone());
     config.record = args.record.clone();
+    config.token = args
+        .token_file
+        .as_deref()
+        .map(read_token_file)
+        .transpose()?;
     Ok(config)
 }
 

@@ -88,10 +88,16 @@ pub(super) fn route(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError
                 let body = encode_part(w, &labels_of, series);
                 let spec = &map.nodes()[node];
                 let me_id = cluster.self_id();
+                let authorization = cluster.authorization();
                 scope.spawn(move || {
                     (
                         spec.id.clone(),
-                        forward(&spec.http.to_string(), me_id, body),
+                        forward(
+                            &spec.http.to_string(),
+                            me_id,
+                            authorization.as_deref(),
+                            body,
+                        ),
                     )
                 })
             })
@@ -178,7 +184,12 @@ enum Forward {
     Failed(String),
 }
 
-fn forward(http: &str, me: &str, body: Vec<u8>) -> Result<(), Forward> {
+fn forward(
+    http: &str,
+    me: &str,
+    authorization: Option<&str>,
+    body: Vec<u8>,
+) -> Result<(), Forward> {
     thread_local! {
         static AGENT: ureq::Agent = ureq::Agent::config_builder()
             .http_status_as_error(false)
@@ -187,13 +198,16 @@ fn forward(http: &str, me: &str, body: Vec<u8>) -> Result<(), Forward> {
             .into();
     }
     let response = AGENT.with(|agent| {
-        agent
+        let mut request = agent
             .post(&format!("http://{http}/api/v1/write"))
             .header("content-type", "application/x-protobuf")
             .header("content-encoding", "snappy")
             .header("x-prometheus-remote-write-version", "0.1.0")
-            .header(FORWARDED_HEADER, me)
-            .send(&body[..])
+            .header(FORWARDED_HEADER, me);
+        if let Some(a) = authorization {
+            request = request.header("authorization", a);
+        }
+        request.send(&body[..])
     });
     let mut response = response.map_err(|e| Forward::Failed(e.to_string()))?;
     let status = response.status();

@@ -85,14 +85,19 @@ pub async fn serve_flight(
     metrics: Arc<ClusterMetrics>,
     health: Option<Arc<dyn HealthSource>>,
     timeout: std::time::Duration,
+    auth: Option<Arc<auth::Gate>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let mut node = FlightNode::new(storage, metrics).with_timeout(timeout);
     if let Some(h) = health {
         node = node.with_health(h);
     }
+    // Peers read with the cluster token: the read scope.
     tonic::transport::Server::builder()
-        .add_service(node.into_server())
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            node.into_server(),
+            auth::interceptor(auth, auth::Surface::Flight, auth::Scope::Read),
+        ))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
 }

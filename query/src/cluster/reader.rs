@@ -713,6 +713,11 @@ impl ClusterReader {
         let client = FlightServiceClient::new(self.channel(addr))
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let mut client = FlightClient::new_from_inner(client);
+        if let Some(a) = self.inner.state.authorization() {
+            client
+                .add_header("authorization", &a)
+                .map_err(|e| format!("the cluster token makes no valid header: {e}"))?;
+        }
         tokio::time::timeout(idle, client.do_get(Ticket::new(ticket)))
             .await
             .map_err(|_| format!("no answer from {addr} within {idle:?}"))?

@@ -1,0 +1,762 @@
+//! Authentication with the real binary: tokens made by `gpulse token create`,
+//! refused and accepted on HTTP, gRPC and PostgreSQL (with the real `psql`),
+//! each refusal counted; the real agent and a real Prometheus (2.42, the
+//! Debian package) scraping, remote-writing and remote-reading with tokens;
+//! and `serve` refusing non-loopback addresses without `--insecure`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use gpulse_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
+use gpulse_proto::v1::{AgentMessage, Batch, Hello, SeriesDef, agent_message, ingest_reply};
+use prost::Message;
+use serde_json::Value;
+
+use crate::support::{Node, http, now_ms};
+
+/// Tokens of each scope, and the file that lets them in.
+struct Tokens {
+    file: PathBuf,
+    read: String,
+    write: String,
+    admin: String,
+}
+
+/// `gpulse token create --name NAME --scope SCOPE --auth-file FILE`: the token.
+pub(crate) fn create(file: &Path, name: &str, scope: &str) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .args([
+            "token",
+            "create",
+            "--name",
+            name,
+            "--scope",
+            scope,
+            "--auth-file",
+        ])
+        .arg(file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let token = String::from_utf8(out.stdout).unwrap().trim().to_owned();
+    assert!(token.starts_with("gpulse_"), "{token:?}");
+    token
+}
+
+fn tokens(dir: &Path) -> Tokens {
+    let file = dir.join("tokens.toml");
+    let t = Tokens {
+        read: create(&file, "reader", "read"),
+        write: create(&file, "writer", "write"),
+        admin: create(&file, "ops", "admin"),
+        file,
+    };
+    let text = std::fs::read_to_string(&t.file).unwrap();
+    for token in [&t.read, &t.write, &t.admin] {
+        assert!(!text.contains(token.as_str()), "a token in the file");
+    }
+    use std::os::unix::fs::PermissionsExt as _;
+    let mode = std::fs::metadata(&t.file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the token file is the owner's only");
+    t
+}
+
+fn token_file(dir: &Path, name: &str, token: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{token}\n")).unwrap();
+    path
+}
+
+/// One HTTP request: (status, WWW-Authenticate, body).
+fn call(
+    node: &Node,
+    method: &str,
+    path: &str,
+    authorization: Option<&str>,
+) -> (u16, Option<String>, String) {
+    let url = format!("{}{path}", node.http_url);
+    let agent = http();
+    let result = match method {
+        "GET" => {
+            let mut r = agent.get(&url);
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.call()
+        }
+        _ => {
+            let mut r = agent.post(&url).header("content-type", "application/json");
+            if let Some(a) = authorization {
+                r = r.header("authorization", a);
+            }
+            r.send(&b""[..])
+        }
+    };
+    let mut resp = result.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    let challenge = resp
+        .headers()
+        .get("www-authenticate")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = resp.body_mut().read_to_string().unwrap_or_default();
+    (resp.status().as_u16(), challenge, body)
+}
+
+fn bearer(token: &str) -> String {
+    format!("Bearer {token}")
+}
+
+/// `gpulse_auth_refused_total` by (surface, reason), from `/metrics`.
+fn refused(node: &Node, t: &Tokens, surface: &str, reason: &str) -> u64 {
+    let (status, _, body) = call(node, "GET", "/metrics", Some(&bearer(&t.read)));
+    assert_eq!(status, 200);
+    let line = format!("gpulse_auth_refused_total{{surface=\"{surface}\",reason=\"{reason}\"}} ");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .unwrap_or_else(|| panic!("no {line} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
+/// Opens an agent stream with `authorization` and sends one batch of `n`
+/// samples: the gRPC code it ends with, or `Ok` after the ack.
+fn stream(grpc_url: &str, authorization: Option<&str>, n: u32) -> Result<(), tonic::Code> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let url = grpc_url.replace("grpc://", "http://");
+        let mut client = gpulse_proto::v1::ingest_client::IngestClient::connect(url)
+            .await
+            .unwrap();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tx.send(AgentMessage {
+            msg: Some(agent_message::Msg::Hello(Hello {
+                agent_id: "sec-host".into(),
+                host: "sec-host".into(),
+                ..Default::default()
+            })),
+        })
+        .await
+        .unwrap();
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        if let Some(a) = authorization {
+            request
+                .metadata_mut()
+                .insert("authorization", a.parse().unwrap());
+        }
+        let mut replies = client
+            .stream(request)
+            .await
+            .map_err(|s| s.code())?
+            .into_inner();
+        let now = now_ms();
+        let batch = Batch {
+            seq: 1,
+            new_series: vec![SeriesDef {
+                id: 0,
+                metric: "sec_probe_grpc".into(),
+                labels: vec![],
+            }],
+            series_ids: vec![0; n as usize],
+            timestamps_ms: (0..n).map(|i| now - 60_000 + i64::from(i) * 1000).collect(),
+            values: (0..n).map(f64::from).collect(),
+            ..Default::default()
+        };
+        tx.send(AgentMessage {
+            msg: Some(agent_message::Msg::Batch(batch)),
+        })
+        .await
+        .unwrap();
+        match replies.message().await {
+            Ok(Some(r)) => match r.reply.unwrap() {
+                ingest_reply::Reply::Ack(a) => {
+                    assert_eq!((a.seq, a.accepted), (1, n));
+                    Ok(())
+                }
+                other => panic!("{other:?}"),
+            },
+            Ok(None) => panic!("stream ended without an ack"),
+            Err(s) => Err(s.code()),
+        }
+    })
+}
+
+/// `psql -c query` with `password` (none: psql never prompts): (success, stdout + stderr).
+fn psql(node: &Node, password: Option<&str>, query: &str) -> (bool, String) {
+    let url = format!(
+        "{}/gpulse?user=grafana",
+        node.pg_url.replace("postgres://", "postgresql://")
+    );
+    let mut cmd = Command::new("psql");
+    cmd.arg(url)
+        .args(["-X", "-At", "-w", "-c", query])
+        .env("PGCONNECT_TIMEOUT", "10")
+        .env_remove("PGSERVICE")
+        .env_remove("PGPASSWORD");
+    if let Some(p) = password {
+        cmd.env("PGPASSWORD", p);
+    }
+    let out = cmd
+        .output()
+        .expect("psql (Debian: apt-get install postgresql-client)");
+    (
+        out.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    )
+}
+
+#[test]
+fn every_surface_refuses_what_its_token_does_not_allow() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tokens(dir.path());
+    let file = t.file.to_str().unwrap().to_owned();
+    let node = Node::start_with_args(&dir.path().join("data"), &["--auth-file", &file]);
+
+    // HTTP: (method, path, credentials, status). Counted: 401s as missing or
+    // invalid, 403s as scope.
+    let basic = |token: &str| {
+        // base64 of "grafana:" + token, computed here with coreutils.
+        let out = Command::new("base64")
+            .args(["-w", "0"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write as _;
+                c.stdin
+                    .take()
+                    .unwrap()
+                    .write_all(format!("grafana:{token}").as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        format!("Basic {}", String::from_utf8(out.stdout).unwrap())
+    };
+    let q = "/api/v1/query?query=vector(1)";
+    let cases: Vec<(&str, &str, Option<String>, u16)> = vec![
+        ("GET", q, None, 401),
+        ("GET", q, Some("Bearer gpulse_0000".into()), 401),
+        ("GET", q, Some(t.read.clone()), 401), // no scheme
+        ("GET", q, Some(bearer(&t.read)), 200),
+        ("GET", q, Some(basic(&t.read)), 200),
+        ("GET", q, Some(bearer(&t.write)), 403),
+        ("GET", "/api/v1/sql?query=SELECT%201", None, 401),
+        ("GET", "/api/v1/health", Some(bearer(&t.admin)), 403),
+        ("GET", "/api/v1/fleet/layout", None, 401),
+        ("GET", "/metrics", None, 401),
+        ("POST", "/api/v1/write", Some(bearer(&t.read)), 403),
+        ("POST", "/api/v1/read", None, 401),
+        ("POST", "/api/v1/admin/flush", Some(bearer(&t.write)), 403),
+        ("POST", "/api/v1/admin/flush", Some(bearer(&t.read)), 403),
+        ("POST", "/api/v1/admin/flush", None, 401),
+        ("POST", "/api/v1/admin/flush", Some(bearer(&t.admin)), 200),
+        // Open: liveness, and the UI's page and assets (no data in them).
+        ("GET", "/healthz", None, 200),
+        ("GET", "/", None, 200),
+        ("GET", "/ui/app.js", None, 200),
+    ];
+    let (mut missing, mut invalid, mut scope) = (0, 0, 0);
+    for (method, path, auth, want) in &cases {
+        let (status, challenge, body) = call(&node, method, path, auth.as_deref());
+        assert_eq!(status, *want, "{method} {path} with {auth:?}: {body}");
+        match want {
+            401 => {
+                assert_eq!(challenge.as_deref(), Some("Bearer realm=\"gpulse\""));
+                let v: Value = serde_json::from_str(&body).unwrap();
+                assert_eq!(v["errorType"], "unauthorized", "{body}");
+                if auth.is_some() && auth.as_deref().unwrap().starts_with("Bearer") {
+                    assert!(body.contains("invalid token"), "{body}");
+                    invalid += 1;
+                } else {
+                    assert!(body.contains("Authorization: Bearer"), "{body}");
+                    missing += 1;
+                }
+            }
+            403 => {
+                assert!(body.contains("lacks the"), "{body}");
+                assert!(
+                    !body.contains("gpulse_"),
+                    "a refusal names no token: {body}"
+                );
+                scope += 1;
+            }
+            _ => assert!(challenge.is_none()),
+        }
+    }
+
+    // gRPC: the agent stream needs the write scope.
+    let grpc = node.grpc_url.clone();
+    assert_eq!(stream(&grpc, None, 3), Err(tonic::Code::Unauthenticated));
+    assert_eq!(
+        stream(&grpc, Some("Bearer gpulse_nope"), 3),
+        Err(tonic::Code::Unauthenticated)
+    );
+    assert_eq!(
+        stream(&grpc, Some(&bearer(&t.read)), 3),
+        Err(tonic::Code::PermissionDenied)
+    );
+    assert_eq!(stream(&grpc, Some(&bearer(&t.write)), 5), Ok(()));
+
+    // The real agent with its token file: every sample it records is stored.
+    let record = dir.path().join("agent.csv");
+    let agent = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .args(["agent", "--simulate", "--gpus", "2", "--polls", "3"])
+        .args([
+            "--interval",
+            "200ms",
+            "--no-spool",
+            "--metrics-listen",
+            "off",
+        ])
+        .args(["--host", "sec-agent", "--ingest", &grpc, "--token-file"])
+        .arg(token_file(dir.path(), "agent.token", &t.write))
+        .arg("--record")
+        .arg(&record)
+        .output()
+        .unwrap();
+    assert!(
+        agent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&agent.stderr)
+    );
+    let recorded = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("labels,"))
+        .count();
+    assert!(recorded > 0);
+
+    // PostgreSQL: the password is a token with the read scope.
+    let count = "SELECT count(*) FROM samples WHERE host = 'sec-agent' AND metric NOT LIKE 'gpulse_health%'";
+    let (ok, out) = psql(&node, None, count);
+    assert!(!ok && out.contains("password"), "{out}");
+    let (ok, out) = psql(&node, Some("gpulse_wrong"), count);
+    assert!(
+        !ok && out.contains("password authentication failed"),
+        "{out}"
+    );
+    let (ok, out) = psql(&node, Some(&t.write), count);
+    assert!(!ok && out.contains("lacks the read scope"), "{out}");
+    let (ok, out) = psql(&node, Some(&t.read), count);
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), recorded.to_string());
+    let (ok, out) = psql(
+        &node,
+        Some(&t.read),
+        "SELECT sum(value) FROM samples WHERE metric = 'sec_probe_grpc'",
+    );
+    assert!(ok, "{out}");
+    assert_eq!(out.trim(), "10.0", "0+1+2+3+4 from the one stream let in");
+
+    // `gpulse sql` with a token file; without one it says why.
+    let sql = |file: Option<&Path>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gpulse"));
+        c.args([
+            "sql",
+            "--format",
+            "csv",
+            "--url",
+            &node.http_url,
+            "SELECT 7 AS x",
+        ]);
+        if let Some(f) = file {
+            c.arg("--token-file").arg(f);
+        }
+        c.env_remove("GPULSE_TOKEN_FILE").output().unwrap()
+    };
+    let out = sql(Some(&token_file(dir.path(), "read.token", &t.read)));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "x\n7\n");
+    let out = sql(None);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("HTTP 401"));
+    missing += 1;
+
+    // Every refusal above, counted where it happened.
+    assert_eq!(refused(&node, &t, "http", "missing"), missing);
+    assert_eq!(refused(&node, &t, "http", "invalid"), invalid);
+    assert_eq!(refused(&node, &t, "http", "scope"), scope);
+    assert_eq!(refused(&node, &t, "grpc", "missing"), 1);
+    assert_eq!(refused(&node, &t, "grpc", "invalid"), 1);
+    assert_eq!(refused(&node, &t, "grpc", "scope"), 1);
+    assert_eq!(refused(&node, &t, "postgres", "invalid"), 1);
+    assert_eq!(refused(&node, &t, "postgres", "scope"), 1);
+    node.stop();
+}
+
+/// `gpulse serve` with `args`: its exit status and output when it exits, or
+/// `None` once it prints `gpulse ready` (it is then stopped).
+fn serve_outcome(dir: &Path, args: &[&str]) -> Option<(bool, String)> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .arg("serve")
+        .arg("--data-dir")
+        .arg(dir)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let ready = BufReader::new(stdout)
+        .lines()
+        .map_while(Result::ok)
+        .any(|l| l.starts_with("gpulse ready"));
+    if ready {
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let _ = child.wait();
+        return None;
+    }
+    let out = child.wait_with_output().unwrap();
+    Some((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    ))
+}
+
+#[test]
+fn serve_needs_insecure_beyond_loopback() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let beyond = [
+        "--grpc-listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        "0.0.0.0:0",
+        "--pg-listen",
+        "off",
+    ];
+    let (ok, err) = serve_outcome(&data, &beyond).expect("serve must refuse to start");
+    assert!(!ok);
+    assert!(
+        err.contains("refusing to listen beyond loopback (HTTP on 0.0.0.0:0)")
+            && err.contains("--insecure"),
+        "{err}"
+    );
+    let mut insecure = beyond.to_vec();
+    insecure.push("--insecure");
+    assert_eq!(serve_outcome(&data, &insecure), None, "--insecure starts");
+    // Loopback needs nothing.
+    assert_eq!(
+        serve_outcome(
+            &data,
+            &[
+                "--grpc-listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--pg-listen",
+                "off"
+            ]
+        ),
+        None
+    );
+    // A bad token file stops the start, with the reason.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[[token]]\nname = \"x\"\nscopes = [\"read\"]\ntoken = \"gpulse_1\"\n",
+    )
+    .unwrap();
+    let (ok, err) = serve_outcome(
+        &data,
+        &[
+            "--http-listen",
+            "127.0.0.1:0",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--pg-listen",
+            "off",
+            "--auth-file",
+            bad.to_str().unwrap(),
+        ],
+    )
+    .expect("serve must refuse the file");
+    assert!(!ok && err.contains("unknown field"), "{err}");
+}
+
+/// A real Prometheus scrapes `/metrics` with a read token, remote-writes
+/// what it scraped with a write token, and remote-reads with a read token.
+#[test]
+fn prometheus_scrapes_writes_and_reads_with_tokens() {
+    let bin = Path::new("/usr/bin/prometheus");
+    if !bin.exists() {
+        assert!(
+            std::env::var_os("GPULSE_REQUIRE_PROMETHEUS").is_none(),
+            "GPULSE_REQUIRE_PROMETHEUS is set but /usr/bin/prometheus is missing"
+        );
+        eprintln!("SKIPPED: /usr/bin/prometheus is missing (apt-get install prometheus)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let t = tokens(dir.path());
+    let node = Node::start_with_args(
+        &dir.path().join("data"),
+        &["--auth-file", t.file.to_str().unwrap()],
+    );
+    // Data only gpulse has, for the remote read: written with the write token.
+    let now = now_ms();
+    let samples: Vec<(i64, f64)> = (0..10)
+        .map(|i| (now - 120_000 + i * 10_000, 1.5 * i as f64))
+        .collect();
+    let body = WriteRequest {
+        timeseries: vec![TimeSeries {
+            labels: vec![Label {
+                name: "__name__".into(),
+                value: "sec_probe_remote".into(),
+            }],
+            samples: samples
+                .iter()
+                .map(|&(timestamp, value)| Sample { value, timestamp })
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let (status, _) = crate::support::post(
+        &node,
+        "/api/v1/write",
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "snappy"),
+            ("x-prometheus-remote-write-version", "0.1.0"),
+            ("authorization", &bearer(&t.write)),
+        ],
+        &snap::raw::Encoder::new().compress_vec(&body).unwrap(),
+    );
+    assert_eq!(status, 204);
+
+    let (read, write) = (
+        token_file(dir.path(), "read.token", &t.read),
+        token_file(dir.path(), "write.token", &t.write),
+    );
+    let target = node.http_url.trim_start_matches("http://");
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1h\n\
+             scrape_configs:\n  - job_name: gpulse\n    static_configs:\n      - targets: ['{target}']\n    \
+             authorization:\n      credentials_file: {read}\n\
+             remote_write:\n  - url: {url}/api/v1/write\n    authorization:\n      credentials_file: {write}\n    \
+             queue_config:\n      batch_send_deadline: 1s\n\
+             remote_read:\n  - url: {url}/api/v1/read\n    read_recent: true\n    authorization:\n      credentials_file: {read}\n",
+            url = node.http_url,
+            read = read.display(),
+            write = write.display(),
+        ),
+    )
+    .unwrap();
+    let port = crate::support::listen_ports(1)[0];
+    let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+    let mut prom = Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("prom").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("starting prometheus");
+    let prom_url = format!("http://127.0.0.1:{port}");
+
+    // `up` is 1 only for a scrape that was let in; gpulse has it only by
+    // Prometheus's remote write.
+    let up = "/api/v1/query?query=up%7Bjob%3D%22gpulse%22%7D";
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, _, body) = call(&node, "GET", up, Some(&bearer(&t.read)));
+        assert_eq!(status, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        if v["data"]["result"][0]["value"][1] == "1" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no up{{job=\"gpulse\"}} = 1 written by Prometheus: {body}; see {}",
+            dir.path().join("prometheus.log").display()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // Prometheus answers for data only gpulse holds: its remote read got in.
+    let at = samples.last().unwrap().0;
+    let mut resp = http()
+        .get(&format!("{prom_url}/api/v1/query"))
+        .query("query", "sec_probe_remote")
+        .query("time", format!("{:.3}", at as f64 / 1000.0))
+        .call()
+        .unwrap();
+    let v: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(v["data"]["result"][0]["value"][1], "13.5", "{v}");
+
+    for surface in ["http"] {
+        for reason in ["missing", "invalid", "scope"] {
+            assert_eq!(refused(&node, &t, surface, reason), 0, "{reason}");
+        }
+    }
+    let _ = prom.kill();
+    let _ = prom.wait();
+    node.stop();
+}
+
+/// SQL over HTTP with a token: (the `x-gpulse-partial` header, the rows).
+fn sql_with(node: &Node, token: &str, query: &str) -> (Option<String>, Vec<Value>) {
+    let mut resp = http()
+        .post(&format!("{}/api/v1/sql", node.http_url))
+        .header("content-type", "text/plain")
+        .header("authorization", &bearer(token))
+        .send(query.as_bytes())
+        .unwrap();
+    let status = resp.status().as_u16();
+    let partial = resp
+        .headers()
+        .get("x-gpulse-partial")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(status, 200, "{body}");
+    (
+        partial,
+        body["rows"].as_array().cloned().unwrap_or_default(),
+    )
+}
+
+/// Three nodes with tokens: peers reach each other with the cluster token
+/// (status polls, forwarded remote writes, Flight reads), and every node
+/// answers for every sample.
+#[test]
+fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tokens(dir.path());
+    let cluster_token = create(&t.file, "peers", "read,write");
+    let peers = token_file(dir.path(), "peers.token", &cluster_token);
+    let ports = crate::support::listen_ports(9);
+    let mut text = "replication_factor = 2\n".to_owned();
+    for (i, id) in ["a", "b", "c"].iter().enumerate() {
+        text += &format!(
+            "\n[[node]]\nid = \"{id}\"\ngrpc = \"127.0.0.1:{}\"\nhttp = \"127.0.0.1:{}\"\nflight = \"127.0.0.1:{}\"\n",
+            ports[3 * i],
+            ports[3 * i + 1],
+            ports[3 * i + 2]
+        );
+    }
+    let file = dir.path().join("cluster.toml");
+    std::fs::write(&file, text).unwrap();
+    let nodes: Vec<Node> = ["a", "b", "c"]
+        .iter()
+        .map(|id| {
+            Node::start_with_args(
+                &dir.path().join(id),
+                &[
+                    "--cluster",
+                    file.to_str().unwrap(),
+                    "--node-id",
+                    id,
+                    "--auth-file",
+                    t.file.to_str().unwrap(),
+                    "--cluster-token-file",
+                    peers.to_str().unwrap(),
+                ],
+            )
+        })
+        .collect();
+    // Until every node has heard from its peers (through the token), answers
+    // say they are partial.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while nodes.iter().any(|n| {
+        sql_with(n, &t.read, "SELECT count(*) FROM samples")
+            .0
+            .is_some()
+    }) {
+        assert!(
+            Instant::now() < deadline,
+            "the nodes never heard from each other"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    let w = crate::cluster::write_request(0, 20);
+    let (n, sum): (u64, f64) = w
+        .timeseries
+        .iter()
+        .flat_map(|s| &s.samples)
+        .fold((0, 0.0), |(n, s), x| (n + 1, s + x.value));
+    let (status, body) = crate::support::post(
+        &nodes[0],
+        "/api/v1/write",
+        &[
+            ("content-type", "application/x-protobuf"),
+            ("content-encoding", "snappy"),
+            ("x-prometheus-remote-write-version", "0.1.0"),
+            ("authorization", &bearer(&t.write)),
+        ],
+        &snap::raw::Encoder::new()
+            .compress_vec(&w.encode_to_vec())
+            .unwrap(),
+    );
+    assert_eq!(status, 204, "every owner took its part: {body}");
+    for (i, node) in nodes.iter().enumerate() {
+        let (partial, rows) = sql_with(node, &t.read, "SELECT count(*), sum(value) FROM samples");
+        assert_eq!(partial, None, "node {i}");
+        assert_eq!(rows[0][0].as_u64(), Some(n), "node {i}");
+        let got = rows[0][1].as_f64().unwrap();
+        assert!((got - sum).abs() < 1e-6 * sum, "node {i}: {got} vs {sum}");
+    }
+
+    // `gpulse cluster status` with a token sees every node up.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .args([
+            "cluster",
+            "status",
+            "--interval",
+            "200ms",
+            "--json",
+            "--cluster",
+        ])
+        .arg(&file)
+        .arg("--token-file")
+        .arg(&peers)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(lines.len(), 3);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["up"] == true && l["same_file"] == true),
+        "{lines:?}"
+    );
+    // None of it was refused.
+    for surface in ["http", "grpc", "flight"] {
+        for reason in ["missing", "invalid", "scope"] {
+            for node in &nodes {
+                assert_eq!(refused(node, &t, surface, reason), 0, "{surface} {reason}");
+            }
+        }
+    }
+    for node in nodes {
+        node.stop();
+    }
+}
