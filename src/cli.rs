@@ -323,6 +323,18 @@ pub(crate) struct ServeArgs {
     /// `serve` refuses any address but loopback.
     #[arg(long, env = "GPULSE_INSECURE")]
     pub(crate) insecure: bool,
+    /// TLS on every listener: the node's certificate chain (PEM). SIGHUP
+    /// reads it and the key again.
+    #[arg(long, env = "GPULSE_TLS_CERT", requires = "tls_key")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "GPULSE_TLS_KEY", requires = "tls_cert")]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// mTLS for agents: CA certificates (PEM) that sign their client
+    /// certificates; an agent then speaks only for the host its certificate
+    /// names.
+    #[arg(long, env = "GPULSE_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub(crate) tls_client_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

@@ -111,6 +111,7 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
         cluster: None,
         auth: None,
         cluster_token: None,
+        tls: None,
         pg_listen: node.pg_listen.0,
         limits: query::ResultLimits {
             max_rows: node.max_result_rows,
@@ -144,16 +145,21 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
     }
 }
 
-fn print_endpoints(s: &Server, node: &NodeArgs) {
+fn print_endpoints(s: &Server, node: &NodeArgs, tls: bool) {
+    let (grpc, http, ssl) = if tls {
+        ("grpcs", "https", "?sslmode=verify-full")
+    } else {
+        ("grpc", "http", "")
+    };
     println!("gpulse {} serving", env!("CARGO_PKG_VERSION"));
-    println!("  ingest (gRPC)   grpc://{}", s.grpc_addr);
+    println!("  ingest (gRPC)   {grpc}://{}", s.grpc_addr);
     println!(
-        "  query (HTTP)    http://{}   (POST /api/v1/sql)",
+        "  query (HTTP)    {http}://{}   (POST /api/v1/sql)",
         s.http_addr
     );
-    println!("  fleet UI        http://{}", s.http_addr);
+    println!("  fleet UI        {http}://{}", s.http_addr);
     if let Some(pg) = s.pg_addr {
-        println!("  query (pg)      postgres://{pg}   (psql \"postgresql://{pg}/gpulse\")");
+        println!("  query (pg)      postgres://{pg}   (psql \"postgresql://{pg}/gpulse{ssl}\")");
     }
     println!("  data dir        {}", node.data_dir.display());
     if let Some(c) = &s.cluster {
@@ -175,21 +181,37 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     secure(&mut config, &args)?;
     let server = Server::start(&config).await?;
-    print_endpoints(&server, &args.node);
+    print_endpoints(&server, &args.node, config.tls.is_some());
     println!("gpulse ready");
     std::io::stdout().flush()?;
     shutdown_signal().await;
     server.shutdown().await
 }
 
-/// Applies `--auth-file`, `--cluster-token-file` and `--insecure`: loads the
-/// tokens, and refuses a non-loopback listener without `--insecure`, since
-/// every listener speaks plaintext.
+/// Applies `--auth-file`, `--cluster-token-file`, the TLS files and
+/// `--insecure`: loads the tokens and certificates, and refuses a
+/// non-loopback listener unless TLS and tokens are both on, or `--insecure`
+/// is given.
 fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.auth_file {
         let tokens = auth::Tokens::load(path)?;
         info!(file = %path.display(), tokens = ?tokens, "tokens required on every surface");
         config.auth = Some(std::sync::Arc::new(auth::Gate::new(tokens)));
+    }
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        if config.cluster.is_some() {
+            bail!(
+                "--tls-cert with --cluster: TLS between cluster nodes is not built yet; run the cluster on a network you trust (--insecure) with --auth-file"
+            );
+        }
+        let tls = auth::tls::ServerTls::load(auth::tls::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        })
+        .map_err(|e| anyhow::anyhow!(e))?;
+        info!(cert = %cert.display(), agents_need_certificates = tls.mutual(), "TLS on every listener");
+        config.tls = Some(std::sync::Arc::new(tls));
     }
     match (&args.cluster_token_file, &config.auth, &config.cluster) {
         (Some(path), Some(gate), Some(_)) => {
@@ -223,23 +245,28 @@ fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
         .filter(|(_, a)| !a.ip().is_loopback())
         .map(|(what, a)| format!("{what} on {a}"))
         .collect();
-    if open.is_empty() {
+    let (tls, tokens) = (config.tls.is_some(), config.auth.is_some());
+    if open.is_empty() || (tls && tokens) {
         return Ok(());
     }
     if !args.insecure {
+        let missing = match (tls, tokens) {
+            (false, false) => "TLS (--tls-cert, --tls-key) and tokens (--auth-file)",
+            (false, true) => "TLS (--tls-cert, --tls-key)",
+            _ => "tokens (--auth-file)",
+        };
         bail!(
-            "refusing to listen beyond loopback ({}): this version speaks plaintext only (TLS is not built yet),              so tokens and data would cross the network in the clear. Give --insecure (GPULSE_INSECURE=true)              to serve a network you trust anyway, with --auth-file so that requests need tokens",
+            "refusing to listen beyond loopback ({}) without {missing}: data and credentials would be open to the network. \
+             Give them, or --insecure (GPULSE_INSECURE=true) to serve a network you trust anyway",
             open.join(", ")
         );
     }
-    if config.auth.is_none() {
-        warn!(
-            listeners = %open.join(", "),
-            "--insecure without --auth-file: anyone who can reach these addresses can read, write and flush"
-        );
-    } else {
-        warn!(listeners = %open.join(", "), "--insecure: plaintext beyond loopback; tokens cross the network in the clear");
-    }
+    warn!(
+        listeners = %open.join(", "),
+        tls,
+        tokens,
+        "--insecure: serving beyond loopback without TLS and tokens"
+    );
     Ok(())
 }
 
@@ -423,7 +450,7 @@ async fn demo(args: DemoArgs) -> anyhow::Result<()> {
             }
         }
     }
-    print_endpoints(&server, &args.node);
+    print_endpoints(&server, &args.node, false);
     let gpus = DEMO_ROWS * DEMO_RACKS_PER_ROW * DEMO_HOSTS_PER_RACK * DEMO_GPUS_PER_HOST;
     println!(
         "  fleet           {} simulated hosts, {gpus} GPUs, 1 cluster / {DEMO_ROWS} rows / {} racks, polled every {}",

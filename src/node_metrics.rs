@@ -37,6 +37,8 @@ pub(crate) struct NodeMetrics {
     pub(crate) health: Arc<crate::health::HealthMetrics>,
     /// Requests refused for their credentials (`--auth-file`).
     pub(crate) auth: Option<Arc<auth::AuthMetrics>>,
+    /// TLS handshakes that failed (`--tls-cert`).
+    pub(crate) tls: Option<Arc<auth::tls::TlsMetrics>>,
 }
 
 pub(crate) fn router(m: NodeMetrics) -> Router {
@@ -281,6 +283,9 @@ pub(crate) fn render(m: &NodeMetrics) -> String {
     m.health.render(&mut out);
     if let Some(a) = &m.auth {
         a.render(&mut out);
+    }
+    if let Some(t) = &m.tls {
+        t.render(&mut out);
     }
     if let Some(c) = &m.cluster {
         c.render(&mut out);

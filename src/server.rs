@@ -52,6 +52,8 @@ pub(crate) struct ServeConfig {
     pub(crate) auth: Option<Arc<auth::Gate>>,
     /// `--cluster-token-file`: the token this node presents to its peers.
     pub(crate) cluster_token: Option<String>,
+    /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: TLS on every listener.
+    pub(crate) tls: Option<Arc<auth::tls::ServerTls>>,
 }
 
 /// What is admitted at the door, and the network edges' limits: the flags
@@ -172,6 +174,27 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
+/// SIGHUP: reads the TLS files again (new connections use them; on an
+/// error the old ones stay, logged and counted).
+fn reload_on_sighup(
+    tls: Arc<auth::tls::ServerTls>,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<JoinHandle<()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hup = signal(SignalKind::hangup()).context("listening for SIGHUP")?;
+    Ok(tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = hup.recv() => match tls.reload() {
+                    Ok(()) => info!("TLS certificate and key reloaded"),
+                    Err(e) => error!(error = %e, "TLS reload failed; the previous certificate stays in use"),
+                },
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    }))
+}
+
 fn maintain(st: &Storage) -> storage::Result<()> {
     let now_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -285,6 +308,7 @@ impl Server {
                 max_streams_per_connection: edges.grpc_max_streams_per_connection,
                 max_streams: edges.grpc_max_streams,
                 auth: config.auth.clone(),
+                tls: config.tls.clone(),
                 ..ingest::IngestConfig::default()
             },
         );
@@ -347,7 +371,10 @@ impl Server {
                         metrics.clone(),
                         Some(health.shared.clone()),
                         config.query.timeout,
-                        config.auth.clone(),
+                        auth::Access {
+                            tokens: config.auth.clone(),
+                            tls: config.tls.clone(),
+                        },
                         stopped(&stop),
                     );
                     tasks.push((
@@ -430,6 +457,7 @@ impl Server {
                     http: edge_metrics.clone(),
                     health: health.shared.metrics.clone(),
                     auth: config.auth.as_ref().map(|g| g.metrics().clone()),
+                    tls: config.tls.as_ref().map(|t| t.metrics().clone()),
                 },
             ))
             .merge(
@@ -445,7 +473,14 @@ impl Server {
             )),
             None => router,
         };
-        let fut = query::http::serve_with(http, router, edges.http, edge_metrics, stopped(&stop));
+        let fut = query::http::serve_with(
+            http,
+            router,
+            edges.http,
+            edge_metrics,
+            config.tls.clone(),
+            stopped(&stop),
+        );
         tasks.push((
             "http",
             tokio::spawn(async move {
@@ -455,7 +490,13 @@ impl Server {
             }),
         ));
         if let Some(pg) = pg {
-            let fut = query::pg::serve(pg, engine, config.auth.clone(), stopped(&stop));
+            let fut = query::pg::serve(
+                pg,
+                engine,
+                config.auth.clone(),
+                config.tls.clone(),
+                stopped(&stop),
+            );
             tasks.push((
                 "postgres",
                 tokio::spawn(async move {
@@ -466,6 +507,12 @@ impl Server {
             ));
         }
 
+        if let Some(tls) = &config.tls {
+            tasks.push((
+                "tls-reload",
+                reload_on_sighup(tls.clone(), stop.subscribe())?,
+            ));
+        }
         let (st, every, mut rx) = (storage.clone(), config.flush_interval, stop.subscribe());
         tasks.push((
             "flush",

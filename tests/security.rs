@@ -126,17 +126,31 @@ fn refused(node: &Node, t: &Tokens, surface: &str, reason: &str) -> u64 {
 /// Opens an agent stream with `authorization` and sends one batch of `n`
 /// samples: the gRPC code it ends with, or `Ok` after the ack.
 fn stream(grpc_url: &str, authorization: Option<&str>, n: u32) -> Result<(), tonic::Code> {
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(grpc_url.replace("grpc://", "http://")).unwrap();
+    stream_to(endpoint, "sec-host", authorization, n).map_err(|(code, _)| code)
+}
+
+/// As [`stream`], on `endpoint` (TLS or not), speaking for `host`: the code
+/// and message it ends with (a failed connection is `UNAVAILABLE`).
+fn stream_to(
+    endpoint: tonic::transport::Endpoint,
+    host: &str,
+    authorization: Option<&str>,
+    n: u32,
+) -> Result<(), (tonic::Code, String)> {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let url = grpc_url.replace("grpc://", "http://");
-        let mut client = gpulse_proto::v1::ingest_client::IngestClient::connect(url)
+        let channel = endpoint
+            .connect()
             .await
-            .unwrap();
+            .map_err(|e| (tonic::Code::Unavailable, format!("{e:?}")))?;
+        let mut client = gpulse_proto::v1::ingest_client::IngestClient::new(channel);
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tx.send(AgentMessage {
             msg: Some(agent_message::Msg::Hello(Hello {
-                agent_id: "sec-host".into(),
-                host: "sec-host".into(),
+                agent_id: host.into(),
+                host: host.into(),
                 ..Default::default()
             })),
         })
@@ -148,11 +162,8 @@ fn stream(grpc_url: &str, authorization: Option<&str>, n: u32) -> Result<(), ton
                 .metadata_mut()
                 .insert("authorization", a.parse().unwrap());
         }
-        let mut replies = client
-            .stream(request)
-            .await
-            .map_err(|s| s.code())?
-            .into_inner();
+        let status = |s: tonic::Status| (s.code(), s.message().to_owned());
+        let mut replies = client.stream(request).await.map_err(status)?.into_inner();
         let now = now_ms();
         let batch = Batch {
             seq: 1,
@@ -166,11 +177,13 @@ fn stream(grpc_url: &str, authorization: Option<&str>, n: u32) -> Result<(), ton
             values: (0..n).map(f64::from).collect(),
             ..Default::default()
         };
-        tx.send(AgentMessage {
-            msg: Some(agent_message::Msg::Batch(batch)),
-        })
-        .await
-        .unwrap();
+        // The stream may already be refused: then the send fails, and the
+        // reply says why.
+        let _ = tx
+            .send(AgentMessage {
+                msg: Some(agent_message::Msg::Batch(batch)),
+            })
+            .await;
         match replies.message().await {
             Ok(Some(r)) => match r.reply.unwrap() {
                 ingest_reply::Reply::Ack(a) => {
@@ -180,7 +193,7 @@ fn stream(grpc_url: &str, authorization: Option<&str>, n: u32) -> Result<(), ton
                 other => panic!("{other:?}"),
             },
             Ok(None) => panic!("stream ended without an ack"),
-            Err(s) => Err(s.code()),
+            Err(s) => Err(status(s)),
         }
     })
 }
@@ -464,6 +477,31 @@ fn serve_needs_insecure_beyond_loopback() {
         ),
         None
     );
+    // TLS and tokens together open the network; either alone does not.
+    let pki = dir.path().join("pki");
+    make_certs(&pki, &["ca"]);
+    make_certs(&pki, &["server", "node", "DNS:localhost,IP:127.0.0.1"]);
+    let t = tokens(dir.path());
+    let (cert, key, file) = (
+        pki.join("node.pem").display().to_string(),
+        pki.join("node.key").display().to_string(),
+        t.file.display().to_string(),
+    );
+    let tls = ["--tls-cert", cert.as_str(), "--tls-key", key.as_str()];
+    let tokens_flag = ["--auth-file", file.as_str()];
+    let (ok, err) = serve_outcome(&data, &[&beyond[..], &tls[..]].concat()).expect("TLS alone");
+    assert!(!ok && err.contains("without tokens (--auth-file)"), "{err}");
+    let (ok, err) =
+        serve_outcome(&data, &[&beyond[..], &tokens_flag[..]].concat()).expect("tokens alone");
+    assert!(
+        !ok && err.contains("without TLS (--tls-cert, --tls-key)"),
+        "{err}"
+    );
+    assert_eq!(
+        serve_outcome(&data, &[&beyond[..], &tls[..], &tokens_flag[..]].concat()),
+        None,
+        "TLS and tokens: starts"
+    );
     // A bad token file stops the start, with the reason.
     let bad = dir.path().join("bad.toml");
     std::fs::write(
@@ -489,9 +527,10 @@ fn serve_needs_insecure_beyond_loopback() {
 }
 
 /// A real Prometheus scrapes `/metrics` with a read token, remote-writes
-/// what it scraped with a write token, and remote-reads with a read token.
+/// what it scraped with a write token, and remote-reads with a read token,
+/// all over TLS (`tls_config` with the test CA).
 #[test]
-fn prometheus_scrapes_writes_and_reads_with_tokens() {
+fn prometheus_scrapes_writes_and_reads_with_tokens_over_tls() {
     let bin = Path::new("/usr/bin/prometheus");
     if !bin.exists() {
         assert!(
@@ -503,9 +542,20 @@ fn prometheus_scrapes_writes_and_reads_with_tokens() {
     }
     let dir = tempfile::tempdir().unwrap();
     let t = tokens(dir.path());
+    let pki = dir.path().join("pki");
+    make_certs(&pki, &["ca"]);
+    make_certs(&pki, &["server", "node", "DNS:localhost,IP:127.0.0.1"]);
+    let ca = pki.join("ca.pem");
     let node = Node::start_with_args(
         &dir.path().join("data"),
-        &["--auth-file", t.file.to_str().unwrap()],
+        &[
+            "--auth-file",
+            t.file.to_str().unwrap(),
+            "--tls-cert",
+            pki.join("node.pem").to_str().unwrap(),
+            "--tls-key",
+            pki.join("node.key").to_str().unwrap(),
+        ],
     );
     // Data only gpulse has, for the remote read: written with the write token.
     let now = now_ms();
@@ -527,34 +577,43 @@ fn prometheus_scrapes_writes_and_reads_with_tokens() {
         ..Default::default()
     }
     .encode_to_vec();
-    let (status, _) = crate::support::post(
-        &node,
-        "/api/v1/write",
-        &[
-            ("content-type", "application/x-protobuf"),
-            ("content-encoding", "snappy"),
-            ("x-prometheus-remote-write-version", "0.1.0"),
-            ("authorization", &bearer(&t.write)),
-        ],
-        &snap::raw::Encoder::new().compress_vec(&body).unwrap(),
-    );
-    assert_eq!(status, 204);
+    let body_file = dir.path().join("write.bin");
+    std::fs::write(
+        &body_file,
+        snap::raw::Encoder::new().compress_vec(&body).unwrap(),
+    )
+    .unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+        .arg(&ca)
+        .args(["-H", "content-type: application/x-protobuf"])
+        .args(["-H", "content-encoding: snappy"])
+        .args(["-H", "x-prometheus-remote-write-version: 0.1.0"])
+        .args(["-H", &format!("authorization: {}", bearer(&t.write))])
+        .arg("--data-binary")
+        .arg(format!("@{}", body_file.display()))
+        .arg(format!("{}/api/v1/write", node.http_url))
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "204");
 
     let (read, write) = (
         token_file(dir.path(), "read.token", &t.read),
         token_file(dir.path(), "write.token", &t.write),
     );
-    let target = node.http_url.trim_start_matches("http://");
+    let target = node.http_url.trim_start_matches("https://");
     let config = dir.path().join("prometheus.yml");
     std::fs::write(
         &config,
         format!(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1h\n\
-             scrape_configs:\n  - job_name: gpulse\n    static_configs:\n      - targets: ['{target}']\n    \
-             authorization:\n      credentials_file: {read}\n\
+             scrape_configs:\n  - job_name: gpulse\n    scheme: https\n    static_configs:\n      - targets: ['{target}']\n    \
+             authorization:\n      credentials_file: {read}\n    tls_config:\n      ca_file: {ca}\n\
              remote_write:\n  - url: {url}/api/v1/write\n    authorization:\n      credentials_file: {write}\n    \
-             queue_config:\n      batch_send_deadline: 1s\n\
-             remote_read:\n  - url: {url}/api/v1/read\n    read_recent: true\n    authorization:\n      credentials_file: {read}\n",
+             tls_config:\n      ca_file: {ca}\n    queue_config:\n      batch_send_deadline: 1s\n\
+             remote_read:\n  - url: {url}/api/v1/read\n    read_recent: true\n    authorization:\n      credentials_file: {read}\n    \
+             tls_config:\n      ca_file: {ca}\n",
+            ca = ca.display(),
             url = node.http_url,
             read = read.display(),
             write = write.display(),
@@ -582,7 +641,7 @@ fn prometheus_scrapes_writes_and_reads_with_tokens() {
     let up = "/api/v1/query?query=up%7Bjob%3D%22gpulse%22%7D";
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
-        let (status, _, body) = call(&node, "GET", up, Some(&bearer(&t.read)));
+        let (status, body) = curl(&format!("{}{up}", node.http_url), &ca, Some(&t.read));
         assert_eq!(status, 200, "{body}");
         let v: Value = serde_json::from_str(&body).unwrap();
         if v["data"]["result"][0]["value"][1] == "1" {
@@ -609,7 +668,9 @@ fn prometheus_scrapes_writes_and_reads_with_tokens() {
 
     for surface in ["http"] {
         for reason in ["missing", "invalid", "scope"] {
-            assert_eq!(refused(&node, &t, surface, reason), 0, "{reason}");
+            let series =
+                format!("gpulse_auth_refused_total{{surface=\"{surface}\",reason=\"{reason}\"}}");
+            assert_eq!(https_metric(&node, &ca, &t.read, &series), 0, "{reason}");
         }
     }
     let _ = prom.kill();
@@ -759,4 +820,308 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
     for node in nodes {
         node.stop();
     }
+}
+
+/// `deploy/tls/make-certs.sh DIR ARGS...`: the certificates of a test fleet.
+fn make_certs(dir: &Path, args: &[&str]) {
+    let out = Command::new("sh")
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/deploy/tls/make-certs.sh"
+        ))
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("sh");
+    assert!(
+        out.status.success(),
+        "make-certs.sh {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `curl` over HTTPS trusting `ca`, with a token: (HTTP status, body);
+/// status 0 when no HTTP answer came.
+fn curl(url: &str, ca: &Path, token: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args([
+        "-sS",
+        "--max-time",
+        "20",
+        "-w",
+        "\n%{http_code}",
+        "--cacert",
+    ])
+    .arg(ca);
+    if let Some(t) = token {
+        c.args(["-H", &format!("Authorization: Bearer {t}")]);
+    }
+    let out = c.arg(url).output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// One line of `/metrics` over HTTPS (the full name with its labels).
+fn https_metric(node: &Node, ca: &Path, token: &str, series: &str) -> u64 {
+    let (status, body) = curl(&format!("{}/metrics", node.http_url), ca, Some(token));
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(&format!("{series} ")))
+        .unwrap_or_else(|| panic!("no {series} in /metrics"))
+        .parse()
+        .unwrap()
+}
+
+/// The serial number of the certificate `addr` presents.
+fn served_serial(addr: &str) -> String {
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect {addr} -servername localhost </dev/null 2>/dev/null | openssl x509 -noout -serial"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// TLS on every listener with the real binary: agents need a certificate
+/// from the node's client CA and speak only for the host it names; HTTPS
+/// with curl, PostgreSQL with `sslmode=verify-full`; plaintext is refused;
+/// SIGHUP loads a new certificate.
+#[test]
+fn tls_on_every_listener_and_agents_speak_only_for_their_certificates() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let dir = tempfile::tempdir().unwrap();
+    let (pki, other) = (dir.path().join("pki"), dir.path().join("other"));
+    make_certs(&pki, &["ca"]);
+    make_certs(&pki, &["server", "node", "DNS:localhost,IP:127.0.0.1"]);
+    make_certs(&pki, &["client", "host-a"]);
+    make_certs(&pki, &["expired-client", "host-x"]);
+    make_certs(&other, &["ca", "another CA"]);
+    make_certs(&other, &["client", "host-a"]);
+    let pem = |d: &Path, n: &str| d.join(format!("{n}.pem"));
+    let key = |d: &Path, n: &str| d.join(format!("{n}.key"));
+    let ca = pem(&pki, "ca");
+    let t = tokens(dir.path());
+    let node = Node::start_with_args(
+        &dir.path().join("data"),
+        &[
+            "--auth-file",
+            t.file.to_str().unwrap(),
+            "--tls-cert",
+            pem(&pki, "node").to_str().unwrap(),
+            "--tls-key",
+            key(&pki, "node").to_str().unwrap(),
+            "--tls-client-ca",
+            ca.to_str().unwrap(),
+        ],
+    );
+    assert!(node.grpc_url.starts_with("grpcs://"), "{}", node.grpc_url);
+    assert!(node.http_url.starts_with("https://"), "{}", node.http_url);
+    let addr = node.grpc_url.trim_start_matches("grpcs://").to_owned();
+    let endpoint = |identity: Option<(&Path, &Path)>, name: &str| {
+        let read = |p: &Path| std::fs::read(p).unwrap();
+        let mut tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(read(&ca)))
+            .domain_name(name);
+        if let Some((c, k)) = identity {
+            tls = tls.identity(Identity::from_pem(read(c), read(k)));
+        }
+        Endpoint::from_shared(format!("https://{addr}"))
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+    };
+    let w = bearer(&t.write);
+    let (a_pem, a_key) = (pem(&pki, "host-a"), key(&pki, "host-a"));
+    let failures = || {
+        https_metric(
+            &node,
+            &ca,
+            &t.read,
+            "gpulse_tls_handshake_failures_total{listener=\"grpc\"}",
+        )
+    };
+
+    // Refused in the handshake, each counted.
+    let (o_pem, o_key, x_pem, x_key) = (
+        pem(&other, "host-a"),
+        key(&other, "host-a"),
+        pem(&pki, "host-x"),
+        key(&pki, "host-x"),
+    );
+    let cases = [
+        ("no client certificate", endpoint(None, "localhost")),
+        (
+            "a certificate from another CA",
+            endpoint(Some((&o_pem, &o_key)), "localhost"),
+        ),
+        (
+            "an expired certificate",
+            endpoint(Some((&x_pem, &x_key)), "localhost"),
+        ),
+        (
+            "the node's certificate under another name",
+            endpoint(Some((&a_pem, &a_key)), "wrong.example"),
+        ),
+        (
+            "plaintext to the TLS port",
+            Endpoint::from_shared(format!("http://{addr}")).unwrap(),
+        ),
+    ];
+    for (what, ep) in cases {
+        let before = failures();
+        let r = stream_to(ep, "host-a", Some(&w), 3);
+        assert!(r.is_err(), "{what}: {r:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while failures() == before {
+            assert!(Instant::now() < deadline, "{what}: not counted");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    // host-a's certificate cannot speak for host-b, and can for host-a.
+    let (code, message) = stream_to(
+        endpoint(Some((&a_pem, &a_key)), "localhost"),
+        "host-b",
+        Some(&w),
+        3,
+    )
+    .unwrap_err();
+    assert_eq!(code, tonic::Code::PermissionDenied, "{message}");
+    assert!(message.contains("certificate does not name"), "{message}");
+    assert_eq!(
+        https_metric(
+            &node,
+            &ca,
+            &t.read,
+            "gpulse_ingest_streams_refused_total{reason=\"identity\"}"
+        ),
+        1
+    );
+    assert_eq!(
+        stream_to(
+            endpoint(Some((&a_pem, &a_key)), "localhost"),
+            "host-a",
+            Some(&w),
+            4
+        ),
+        Ok(())
+    );
+
+    // The real agent over mTLS.
+    let record = dir.path().join("agent.csv");
+    let agent = Command::new(env!("CARGO_BIN_EXE_gpulse"))
+        .args(["agent", "--simulate", "--gpus", "2", "--polls", "3"])
+        .args([
+            "--interval",
+            "200ms",
+            "--no-spool",
+            "--metrics-listen",
+            "off",
+        ])
+        .args(["--host", "host-a", "--ingest", &node.grpc_url, "--tls-ca"])
+        .arg(&ca)
+        .arg("--tls-cert")
+        .arg(&a_pem)
+        .arg("--tls-key")
+        .arg(&a_key)
+        .arg("--token-file")
+        .arg(token_file(dir.path(), "agent.token", &t.write))
+        .arg("--record")
+        .arg(&record)
+        .output()
+        .unwrap();
+    assert!(
+        agent.status.success(),
+        "{}",
+        String::from_utf8_lossy(&agent.stderr)
+    );
+    let recorded = std::fs::read_to_string(&record)
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with("labels,"))
+        .count();
+
+    // HTTPS with curl and a token; plaintext HTTP to the TLS port gets nothing.
+    let q = format!("{}/api/v1/query?query=vector(7)", node.http_url);
+    let (status, body) = curl(&q, &ca, Some(&t.read));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"7\""), "{body}");
+    let (status, _) = curl(&q.replace("https://", "http://"), &ca, Some(&t.read));
+    assert_eq!(status, 0, "plaintext HTTP to the TLS port");
+    assert!(
+        https_metric(
+            &node,
+            &ca,
+            &t.read,
+            "gpulse_tls_handshake_failures_total{listener=\"http\"}"
+        ) >= 1
+    );
+
+    // PostgreSQL: verify-full with the password; plaintext refused.
+    let port = node.pg_url.rsplit(':').next().unwrap().to_owned();
+    let psql = |sslmode: &str| {
+        let out = Command::new("psql")
+            .arg(format!(
+                "host=localhost port={port} dbname=gpulse user=grafana sslmode={sslmode} sslrootcert={}",
+                ca.display()
+            ))
+            .args([
+                "-X",
+                "-At",
+                "-w",
+                "-c",
+                "SELECT count(*) FROM samples WHERE host = 'host-a' AND metric NOT LIKE 'gpulse_health%'",
+            ])
+            .env("PGPASSWORD", &t.read)
+            .env("PGCONNECT_TIMEOUT", "10")
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (ok, out) = psql("verify-full");
+    assert!(ok, "{out}");
+    assert_eq!(
+        out.trim(),
+        (recorded + 4).to_string(),
+        "the agent's and the probe's"
+    );
+    let (ok, out) = psql("disable");
+    assert!(!ok && out.contains("TLS connections only"), "{out}");
+
+    // SIGHUP: a new certificate for new connections.
+    let http_addr = node.http_url.trim_start_matches("https://").to_owned();
+    let before = served_serial(&http_addr);
+    assert!(before.starts_with("serial="), "{before:?}");
+    make_certs(&pki, &["server", "node2", "DNS:localhost,IP:127.0.0.1"]);
+    std::fs::copy(pem(&pki, "node2"), pem(&pki, "node")).unwrap();
+    std::fs::copy(key(&pki, "node2"), key(&pki, "node")).unwrap();
+    let pid = node.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while served_serial(&http_addr) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the new certificate was not served"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (status, _) = curl(&q, &ca, Some(&t.read));
+    assert_eq!(status, 200, "answers with the new certificate");
+    node.stop();
 }

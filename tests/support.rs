@@ -136,10 +136,11 @@ impl Node {
         let started = Instant::now();
         for line in BufReader::new(stdout).lines() {
             let line = line.expect("read stdout");
-            if let Some(i) = line.find("grpc://") {
+            // grpcs:// and https:// with TLS.
+            if let Some(i) = line.find("grpc://").or_else(|| line.find("grpcs://")) {
                 grpc_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
             }
-            if let Some(i) = line.find("http://") {
+            if let Some(i) = line.find("http://").or_else(|| line.find("https://")) {
                 http_url = Some(line[i..].split_whitespace().next().unwrap().to_string());
             }
             if let Some(i) = line.find("postgres://") {

@@ -162,8 +162,9 @@ async fn ask(
     url: &str,
     request: &OwnersRequest,
     token: Option<&str>,
+    tls: Option<&shipper::ClientTls>,
 ) -> Result<OwnersReply, String> {
-    let endpoint = shipper::endpoint(url)
+    let endpoint = shipper::connect_endpoint(url, tls)
         .map_err(|e| e.to_string())?
         .timeout(OWNERS_TIMEOUT);
     let channel = tokio::time::timeout(OWNERS_TIMEOUT, endpoint.connect())
@@ -222,7 +223,7 @@ async fn lookup(
         let mut errors = Vec::new();
         let mut answer = None;
         for node in &candidates {
-            let outcome = ask(node, &request, config.token.as_deref())
+            let outcome = ask(node, &request, config.token.as_deref(), config.tls.as_ref())
                 .await
                 .and_then(|reply| {
                     owners_from(&reply.owners)
@@ -283,6 +284,7 @@ async fn lookup(
 #[derive(Debug, Clone)]
 struct LookupConfig {
     token: Option<String>,
+    tls: Option<shipper::ClientTls>,
     backoff_min: Duration,
     backoff_max: Duration,
     queue_polls: usize,
@@ -411,6 +413,7 @@ impl Coordinator {
             request,
             LookupConfig {
                 token: self.config.token.clone(),
+                tls: self.config.tls.clone(),
                 backoff_min: self.config.reconnect_min,
                 backoff_max: self.config.reconnect_max,
                 queue_polls: self.config.queue_polls,

@@ -19,6 +19,7 @@ pub mod nvml;
 mod outbox;
 pub mod replay;
 mod shipper;
+pub use shipper::ClientTls;
 pub mod sim;
 pub mod source;
 pub mod spool;
@@ -85,6 +86,8 @@ pub struct AgentConfig {
     /// `--token-file`: the bearer token (write scope) sent with every call,
     /// for nodes started with `--auth-file`.
     pub token: Option<String>,
+    /// `--tls-ca` and friends: TLS (and mTLS) to the node.
+    pub tls: Option<shipper::ClientTls>,
 }
 
 impl AgentConfig {
@@ -107,6 +110,7 @@ impl AgentConfig {
             buffer: BufferConfig::default(),
             record: None,
             token: None,
+            tls: None,
         }
     }
 }

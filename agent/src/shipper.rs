@@ -280,7 +280,7 @@ impl Shipper {
                 break;
             }
             // Connect, taking polls meanwhile.
-            let endpoint = endpoint(&self.config.ingest_url)?;
+            let endpoint = connect_endpoint(&self.config.ingest_url, self.config.tls.as_ref())?;
             let connect = endpoint.connect();
             tokio::pin!(connect);
             let connected = loop {
@@ -668,10 +668,52 @@ async fn sleep_until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// Accepts `grpc://host:port` (what `gpulse serve` prints) or `http://host:port`.
+/// TLS to the node: `--tls-ca` (the CA that signed the node's
+/// certificate), `--tls-cert`/`--tls-key` (this agent's certificate, for a
+/// node that asks for one), `--tls-server-name`.
+#[derive(Debug, Clone)]
+pub struct ClientTls {
+    pub ca_pem: Vec<u8>,
+    /// Certificate chain and key, PEM.
+    pub identity: Option<(Vec<u8>, Vec<u8>)>,
+    /// The name the node's certificate must hold; default: the URL's host.
+    pub server_name: Option<String>,
+}
+
+/// The endpoint of `url`, over TLS with `tls` (the scheme becomes https).
+pub(crate) fn connect_endpoint(url: &str, tls: Option<&ClientTls>) -> Result<Endpoint, AgentError> {
+    let Some(tls) = tls else {
+        return endpoint(url);
+    };
+    let rest = url
+        .strip_prefix("grpcs://")
+        .or_else(|| url.strip_prefix("grpc://"))
+        .or_else(|| url.strip_prefix("https://"))
+        .or_else(|| url.strip_prefix("http://"))
+        .unwrap_or(url);
+    let mut config = tonic::transport::ClientTlsConfig::new()
+        .ca_certificate(tonic::transport::Certificate::from_pem(&tls.ca_pem));
+    if let Some((cert, key)) = &tls.identity {
+        config = config.identity(tonic::transport::Identity::from_pem(cert, key));
+    }
+    if let Some(name) = &tls.server_name {
+        config = config.domain_name(name.clone());
+    }
+    endpoint(&format!("https://{rest}"))?
+        .tls_config(config)
+        .map_err(|e| AgentError::InvalidUrl {
+            url: url.to_string(),
+            reason: format!("TLS: {e}"),
+        })
+}
+
 pub(crate) fn endpoint(url: &str) -> Result<Endpoint, AgentError> {
     let http = match url.strip_prefix("grpc://") {
         Some(rest) => format!("http://{rest}"),
-        None => url.to_string(),
+        None => match url.strip_prefix("grpcs://") {
+            Some(rest) => format!("https://{rest}"),
+            None => url.to_string(),
+        },
     };
     Endpoint::from_shared(http)
         .map(|e| {

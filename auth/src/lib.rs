@@ -436,6 +436,14 @@ impl Gate {
     }
 }
 
+/// What a listener asks of its clients: a token (`tokens`) and TLS (`tls`).
+/// The default asks nothing: open, plaintext.
+#[derive(Debug, Clone, Default)]
+pub struct Access {
+    pub tokens: Option<Arc<Gate>>,
+    pub tls: Option<Arc<tls::ServerTls>>,
+}
+
 /// A gRPC interceptor that lets a call through only with a token holding
 /// `need` (always, when `gate` is `None`: authentication is off).
 pub fn interceptor(
@@ -487,6 +495,8 @@ pub fn entry(name: &str, scopes: Scopes, token: &str) -> String {
         hash(token)
     )
 }
+
+pub mod tls;
 
 #[cfg(test)]
 mod tests;

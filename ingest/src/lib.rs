@@ -94,6 +94,9 @@ pub struct IngestConfig {
     /// `--auth-file`: every call needs a token with the write scope (agents'
     /// streams and `Owners`, and peers' `NodeStatus`). `None`: open.
     pub auth: Option<Arc<auth::Gate>>,
+    /// `--tls-cert`: TLS on the listener; with a client CA, agents present
+    /// certificates and speak only for the hosts they name.
+    pub tls: Option<Arc<auth::tls::ServerTls>>,
 }
 
 impl Default for IngestConfig {
@@ -107,6 +110,7 @@ impl Default for IngestConfig {
             max_streams: 10_000,
             keepalive_interval: Duration::from_secs(30),
             auth: None,
+            tls: None,
         }
     }
 }
@@ -128,16 +132,29 @@ pub async fn serve(
         shutdown.await;
         stop.send_replace(true);
     };
-    tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(config.max_streams_per_connection)
         .http2_keepalive_interval(Some(config.keepalive_interval))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(tonic::service::interceptor::InterceptedService::new(
             IngestServer::new(service).max_decoding_message_size(max),
             auth::interceptor(config.auth, auth::Surface::Grpc, auth::Scope::Write),
-        ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+        ));
+    match config.tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(
+                    tls.incoming(listener, auth::tls::Listener::Grpc),
+                    shutdown,
+                )
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+        }
+    }
 }
 
 /// Convenience for tests and the demo: the service over shared storage.

@@ -41,6 +41,9 @@ pub struct IngestMetrics {
     /// Streams closed for a bad hello (agent id, host or topology too long
     /// or with a control character).
     pub streams_bad_hello: AtomicU64,
+    /// Streams refused because the agent's client certificate does not name
+    /// the host (or agent id) of its hello (mTLS, `--tls-client-ca`).
+    pub streams_refused_identity: AtomicU64,
 }
 
 impl IngestMetrics {
@@ -62,6 +65,7 @@ impl IngestMetrics {
             ("hello_timeout", &self.streams_hello_timeout),
             ("too_many_streams", &self.streams_refused_too_many),
             ("bad_hello", &self.streams_bad_hello),
+            ("identity", &self.streams_refused_identity),
         ] {
             let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {}", v.load(Relaxed));
         }
@@ -132,6 +136,8 @@ impl Ingest for IngestService {
             .remote_addr()
             .map(|a| a.to_string())
             .unwrap_or_default();
+        // With mTLS, the agent's verified certificate: who it may speak for.
+        let certs = request.peer_certs();
         let inbound = request.into_inner();
         // Reserve a place first, so that concurrent opens cannot pass the limit.
         let active = self.metrics.streams_active.fetch_add(1, Relaxed);
@@ -148,7 +154,7 @@ impl Ingest for IngestService {
         let svc = self.clone();
         tokio::spawn(async move {
             svc.metrics.streams_opened.fetch_add(1, Relaxed);
-            if let Err(status) = svc.run_stream(inbound, &tx, &peer).await {
+            if let Err(status) = svc.run_stream(inbound, certs, &tx, &peer).await {
                 warn!(%peer, code = ?status.code(), message = status.message(), "agent stream failed");
                 let _ = tx.send(Err(status)).await;
             }
@@ -242,6 +248,7 @@ impl IngestService {
     async fn run_stream(
         &self,
         mut inbound: Streaming<AgentMessage>,
+        certs: Option<Arc<Vec<auth::tls::CertificateDer<'static>>>>,
         tx: &mpsc::Sender<Result<IngestReply, Status>>,
         peer: &str,
     ) -> Result<(), Status> {
@@ -265,6 +272,7 @@ impl IngestService {
             }
             None => return Ok(()),
         };
+        self.check_identity(&hello, certs.as_deref(), peer)?;
         let mut state = self.open_stream(&hello).inspect_err(|_| {
             self.metrics.streams_bad_hello.fetch_add(1, Relaxed);
         })?;
@@ -322,6 +330,31 @@ impl IngestService {
                 return Ok(()); // the agent went away
             }
         }
+    }
+
+    /// With mTLS (`--tls-client-ca`), a stream speaks only for the host and
+    /// agent id its client certificate names (a DNS subject alternative
+    /// name); the hello's own word is not enough.
+    fn check_identity(
+        &self,
+        hello: &Hello,
+        certs: Option<&Vec<auth::tls::CertificateDer<'static>>>,
+        peer: &str,
+    ) -> Result<(), Status> {
+        if !self.config.tls.as_ref().is_some_and(|t| t.mutual()) {
+            return Ok(());
+        }
+        let cert = certs.and_then(|c| c.first());
+        let names = |name: &str| cert.is_some_and(|c| auth::tls::certificate_names(c, name));
+        if names(&hello.host) && names(&hello.agent_id) {
+            return Ok(());
+        }
+        self.metrics.streams_refused_identity.fetch_add(1, Relaxed);
+        warn!(%peer, host = %hello.host, agent = %hello.agent_id, "agent stream refused: its certificate does not name its host");
+        Err(Status::permission_denied(format!(
+            "this stream speaks for host {:?} (agent id {:?}), which its client certificate does not name: an agent may speak only for the host its certificate names",
+            hello.host, hello.agent_id
+        )))
     }
 
     fn open_stream(&self, hello: &Hello) -> Result<StreamState, Status> {

@@ -114,6 +114,10 @@ impl EdgeMetrics {
     }
 }
 
+/// A connection's byte stream: TCP, or TLS over it.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
 /// Serves `router` (usually [`router`], merged with others such as
 /// [`crate::promql::api::router`]) on `listener` until `shutdown` resolves,
 /// then lets in-flight requests finish. Default [`HttpConfig`].
@@ -130,6 +134,7 @@ pub async fn serve(
         router,
         HttpConfig::default(),
         Arc::default(),
+        None,
         shutdown,
     )
     .await
@@ -139,7 +144,8 @@ pub async fn serve(
 /// HTTP/2 (prior knowledge) on one port, as `axum::serve`, but on hyper's
 /// connection builder, which has the header read timeout that
 /// `axum::serve` does not expose. Accept errors (out of file descriptors)
-/// are logged and retried after 50 ms, never fatal.
+/// are logged and retried after 50 ms, never fatal. With `tls`, each
+/// connection's handshake runs in its own task (ALPN: h2, http/1.1).
 ///
 /// # Errors
 /// None today; the signature keeps room for listener errors.
@@ -148,6 +154,7 @@ pub async fn serve_with(
     router: Router,
     config: HttpConfig,
     metrics: Arc<EdgeMetrics>,
+    tls: Option<Arc<auth::tls::ServerTls>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -182,13 +189,23 @@ pub async fn serve_with(
         metrics.connections.fetch_add(1, Relaxed);
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let conn = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        let metrics = metrics.clone();
+        let (builder, watcher, metrics, tls) = (
+            builder.clone(),
+            graceful.watcher(),
+            metrics.clone(),
+            tls.clone(),
+        );
         tokio::spawn(async move {
-            if let Err(e) = conn.await {
+            // The handshake runs here, off the accept loop.
+            let io: Box<dyn Io> = match tls {
+                Some(tls) => match tls.accept(auth::tls::Listener::Http, stream).await {
+                    Ok(s) => Box::new(s),
+                    Err(_) => return,
+                },
+                None => Box::new(stream),
+            };
+            let conn = builder.serve_connection(TokioIo::new(io), service);
+            if let Err(e) = watcher.watch(conn).await {
                 let timeout = e
                     .downcast_ref::<hyper::Error>()
                     .is_some_and(hyper::Error::is_timeout);

@@ -22,10 +22,12 @@
 //!   preceded by one NoticeResponse per warning (severity WARNING, SQLSTATE
 //!   01000); psql prints them as `WARNING:  partial result: ...`.
 //!
+//! - TLS: with `--tls-cert`, offered through `SSLRequest` and then
+//!   required (a plaintext startup gets FATAL 28000).
 //! - authentication: with a token file (`--auth-file`), the password is a
 //!   gpulse token with the read scope, any user name (cleartext password
-//!   exchange: as plaintext as the connection, since TLS is not offered
-//!   yet). Without one, any user name and database name are accepted.
+//!   exchange, inside TLS when TLS is on). Without one, any user name and
+//!   database name are accepted.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -96,6 +98,7 @@ pub async fn serve(
     listener: TcpListener,
     engine: QueryEngine,
     auth: Option<Arc<auth::Gate>>,
+    tls: Option<Arc<auth::tls::ServerTls>>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let registry = Arc::new(ConnectionManager::new());
@@ -111,9 +114,11 @@ pub async fn serve(
                 Ok((socket, peer)) => {
                     // Handlers of its own: a context whose memory pool is this
                     // connection's (it runs one statement at a time).
-                    let handlers = Arc::new(Handlers::new(&engine, registry.clone(), auth.clone()));
+                    let handlers = Arc::new(Handlers::new(&engine, registry.clone(), auth.clone(), tls.is_some()));
+                    // The files in force when the connection came.
+                    let acceptor = tls.as_ref().map(|t| t.acceptor(auth::tls::Listener::Postgres));
                     connections.spawn_on(async move {
-                        if let Err(e) = pgwire::tokio::process_socket(socket, None, handlers).await {
+                        if let Err(e) = pgwire::tokio::process_socket(socket, acceptor, handlers).await {
                             debug!(%peer, error = %e, "PostgreSQL connection ended with an error");
                         }
                     }, &runtime);
@@ -143,6 +148,7 @@ impl Handlers {
         engine: &QueryEngine,
         connections: Arc<ConnectionManager>,
         auth: Option<Arc<auth::Gate>>,
+        tls: bool,
     ) -> Self {
         let hooks: Vec<Arc<dyn QueryHook>> = vec![
             Arc::new(ReadOnlyHook {
@@ -170,6 +176,7 @@ impl Handlers {
                     connections: connections.clone(),
                 },
                 auth,
+                tls,
                 pending: std::sync::Mutex::new(None),
             }),
             cancel: Arc::new(DefaultCancelHandler::new(connections)),
@@ -219,6 +226,8 @@ impl NoopStartupHandler for Open {
 struct Startup {
     open: Open,
     auth: Option<Arc<auth::Gate>>,
+    /// TLS is offered, and then required: a plaintext startup is refused.
+    tls: bool,
     /// The client's startup message while its password is awaited.
     pending: std::sync::Mutex<Option<pgwire::messages::startup::Startup>>,
 }
@@ -236,6 +245,14 @@ impl StartupHandler for Startup {
         PgWireError: From<<C as Sink<PgWireBackendMessage>>::Error>,
     {
         use pgwire::messages::PgWireFrontendMessage as Message;
+        if self.tls && !client.is_secure() && matches!(message, Message::Startup(_)) {
+            return Err(PgWireError::UserError(Box::new(ErrorInfo::new(
+                "FATAL".into(),
+                "28000".into(),
+                "this node takes TLS connections only: connect with sslmode=require or verify-full"
+                    .into(),
+            ))));
+        }
         let Some(gate) = &self.auth else {
             return self.open.on_startup(client, message).await;
         };

@@ -68,6 +68,25 @@ pub struct AgentArgs {
     /// with `--auth-file`.
     #[arg(long, env = "GPULSE_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// TLS to the node: the CA certificate (PEM) that signed the node's
+    /// certificate. The ingest URL may then be grpcs:// (or grpc://).
+    #[arg(long, env = "GPULSE_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This agent's certificate (PEM), for a node that requires one (mTLS):
+    /// it must name this host (a DNS subject alternative name).
+    #[arg(
+        long,
+        env = "GPULSE_TLS_CERT",
+        requires = "tls_key",
+        requires = "tls_ca"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "GPULSE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The name the node's certificate must hold (default: the URL's host).
+    #[arg(long, env = "GPULSE_TLS_SERVER_NAME", requires = "tls_ca")]
+    pub tls_server_name: Option<String>,
     /// Agent identity for de-duplication at ingest (default: the host name).
     #[arg(long, env = "GPULSE_AGENT_ID")]
     pub agent_id: Option<String>,

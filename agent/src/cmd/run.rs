@@ -59,6 +59,10 @@ pub(crate) struct AgentFile {
     drain_timeout: Option<String>,
     record: Option<PathBuf>,
     token_file: Option<PathBuf>,
+    tls_ca: Option<PathBuf>,
+    tls_cert: Option<PathBuf>,
+    tls_key: Option<PathBuf>,
+    tls_server_name: Option<String>,
 }
 
 /// Fills every argument not given by flag or environment from `file`.
@@ -110,11 +114,20 @@ pub(crate) fn apply_file(
     take!(metrics_listen, |s: &str| Ok::<_, String>(s.to_string()));
     take!(drain_timeout, parse_duration);
     take!(record);
-    if let Some(v) = file.token_file
-        && unset("token_file")
-    {
-        args.token_file = Some(v);
+    macro_rules! take_option {
+        ($field:ident) => {
+            if let Some(v) = file.$field
+                && unset(stringify!($field))
+            {
+                args.$field = Some(v);
+            }
+        };
     }
+    take_option!(token_file);
+    take_option!(tls_ca);
+    take_option!(tls_cert);
+    take_option!(tls_key);
+    take_option!(tls_server_name);
     Ok(())
 }
 
@@ -214,6 +227,21 @@ pub(crate) fn agent_config(args: &AgentArgs) -> anyhow::Result<AgentConfig> {
         .as_deref()
         .map(read_token_file)
         .transpose()?;
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    config.tls = match &args.tls_ca {
+        Some(ca) => Some(crate::shipper::ClientTls {
+            ca_pem: read(ca)?,
+            identity: match (&args.tls_cert, &args.tls_key) {
+                (Some(c), Some(k)) => Some((read(c)?, read(k)?)),
+                _ => None,
+            },
+            server_name: args.tls_server_name.clone(),
+        }),
+        None if args.ingest.contains("grpcs://") => {
+            bail!("a grpcs:// ingest URL needs --tls-ca: the CA that signed the node's certificate")
+        }
+        None => None,
+    };
     Ok(config)
 }
 

@@ -85,7 +85,7 @@ pub async fn serve_flight(
     metrics: Arc<ClusterMetrics>,
     health: Option<Arc<dyn HealthSource>>,
     timeout: std::time::Duration,
-    auth: Option<Arc<auth::Gate>>,
+    access: auth::Access,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let mut node = FlightNode::new(storage, metrics).with_timeout(timeout);
@@ -93,13 +93,27 @@ pub async fn serve_flight(
         node = node.with_health(h);
     }
     // Peers read with the cluster token: the read scope.
-    tonic::transport::Server::builder()
-        .add_service(tonic::service::interceptor::InterceptedService::new(
+    let router = tonic::transport::Server::builder().add_service(
+        tonic::service::interceptor::InterceptedService::new(
             node.into_server(),
-            auth::interceptor(auth, auth::Surface::Flight, auth::Scope::Read),
-        ))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+            auth::interceptor(access.tokens, auth::Surface::Flight, auth::Scope::Read),
+        ),
+    );
+    match access.tls {
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(
+                    tls.incoming(listener, auth::tls::Listener::Flight),
+                    shutdown,
+                )
+                .await
+        }
+        None => {
+            router
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .await
+        }
+    }
 }
 
 fn unimplemented(call: &str) -> Status {

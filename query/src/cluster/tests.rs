@@ -236,7 +236,7 @@ impl Fixture {
                         m,
                         None,
                         crate::limits::QueryLimits::default().timeout,
-                        None,
+                        auth::Access::default(),
                         async {
                             let _ = rx.await;
                         },
@@ -1172,9 +1172,15 @@ async fn postgres_clients_get_partial_results_as_notices() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (_stop, rx) = oneshot::channel::<()>();
-    tokio::spawn(crate::pg::serve(listener, f.sql_engine(), None, async {
-        let _ = rx.await;
-    }));
+    tokio::spawn(crate::pg::serve(
+        listener,
+        f.sql_engine(),
+        None,
+        None,
+        async {
+            let _ = rx.await;
+        },
+    ));
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut startup = Vec::new();
     startup.extend_from_slice(&196_608i32.to_be_bytes());
