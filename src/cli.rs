@@ -63,6 +63,15 @@ pub(crate) struct ClusterStatusArgs {
     /// A file holding a token (write scope) for nodes that ask for one.
     #[arg(long, env = "GPULSE_TOKEN_FILE")]
     pub(crate) token_file: Option<PathBuf>,
+    /// Nodes with TLS: the CA (PEM) that signed their certificates.
+    #[arg(long, env = "GPULSE_TLS_CA", requires_all = ["tls_cert", "tls_key"])]
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// A certificate (PEM) for nodes that require one (--tls-client-ca).
+    #[arg(long, env = "GPULSE_TLS_CERT", requires = "tls_ca")]
+    pub(crate) tls_cert: Option<PathBuf>,
+    /// The key of --tls-cert (PEM).
+    #[arg(long, env = "GPULSE_TLS_KEY", requires = "tls_ca")]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -335,6 +344,11 @@ pub(crate) struct ServeArgs {
     /// names.
     #[arg(long, env = "GPULSE_TLS_CLIENT_CA", requires = "tls_cert")]
     pub(crate) tls_client_ca: Option<PathBuf>,
+    /// With --tls-cert and --cluster: the CA (PEM) that signed the nodes'
+    /// certificates, to check peers with; this node presents its own
+    /// certificate to them.
+    #[arg(long, env = "GPULSE_TLS_CA", requires = "tls_cert")]
+    pub(crate) tls_ca: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]

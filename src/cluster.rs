@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::cluster::{ClusterState, ShardKey, ShardMap};
+use ::cluster::{ClusterState, PeerTls as ClusterTls, ShardKey, ShardMap};
 use anyhow::{Context, bail};
 use storage::Storage;
 use tokio::sync::watch;
@@ -93,11 +93,16 @@ pub(crate) fn configure(
 pub(crate) async fn start(
     node: &NodeConfig,
     token: Option<String>,
+    tls: Option<ClusterTls>,
     storage: &Arc<Storage>,
     stop: watch::Receiver<bool>,
     tasks: &mut Vec<(&'static str, JoinHandle<()>)>,
 ) -> anyhow::Result<Arc<ClusterState>> {
-    let state = Arc::new(ClusterState::new(node.map.clone(), &node.node_id).with_token(token));
+    let state = Arc::new(
+        ClusterState::new(node.map.clone(), &node.node_id)
+            .with_token(token)
+            .with_tls(tls),
+    );
     let (st, seeded) = (storage.clone(), state.clone());
     let shards = tokio::task::spawn_blocking(move || {
         for key in query::cluster::local_shard_keys(&st) {
@@ -186,6 +191,7 @@ pub(crate) async fn status(
     file: &Path,
     interval: Duration,
     token: Option<&str>,
+    tls: Option<&ClusterTls>,
 ) -> anyhow::Result<Vec<NodeLine>> {
     use gpulse_proto::v1::NodeStatusRequest;
     use gpulse_proto::v1::ingest_client::IngestClient;
@@ -197,8 +203,7 @@ pub(crate) async fn status(
     let ask = |addr: SocketAddr| {
         let authorization = authorization.clone();
         async move {
-            let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-                .expect("BUG: a socket address is a valid URI")
+            let endpoint = ::cluster::peer_endpoint(addr, tls)
                 .connect_timeout(Duration::from_secs(2))
                 .timeout(Duration::from_secs(2));
             let mut c = IngestClient::connect(endpoint.clone())

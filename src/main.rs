@@ -79,7 +79,12 @@ fn run() -> anyhow::Result<()> {
                     .as_deref()
                     .map(agent::cmd::read_token_file)
                     .transpose()?;
-                let lines = cluster::status(&a.cluster, a.interval, token.as_deref()).await?;
+                let tls = match (&a.tls_ca, &a.tls_cert, &a.tls_key) {
+                    (Some(ca), Some(cert), Some(key)) => Some(peer_tls(ca, cert, key)?),
+                    _ => None,
+                };
+                let lines =
+                    cluster::status(&a.cluster, a.interval, token.as_deref(), tls.as_ref()).await?;
                 if a.json {
                     println!("{}", serde_json::to_string_pretty(&lines)?);
                 } else {
@@ -112,6 +117,7 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
         auth: None,
         cluster_token: None,
         tls: None,
+        peer_tls: None,
         pg_listen: node.pg_listen.0,
         limits: query::ResultLimits {
             max_rows: node.max_result_rows,
@@ -200,9 +206,12 @@ fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
     }
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         if config.cluster.is_some() {
-            bail!(
-                "--tls-cert with --cluster: TLS between cluster nodes is not built yet; run the cluster on a network you trust (--insecure) with --auth-file"
-            );
+            let Some(ca) = &args.tls_ca else {
+                bail!(
+                    "--tls-cert with --cluster needs --tls-ca: the CA that signed the nodes' certificates, to check peers with"
+                );
+            };
+            config.peer_tls = Some(peer_tls(ca, cert, key)?);
         }
         let tls = auth::tls::ServerTls::load(auth::tls::TlsFiles {
             cert: cert.clone(),
@@ -268,6 +277,27 @@ fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
         "--insecure: serving beyond loopback without TLS and tokens"
     );
     Ok(())
+}
+
+/// TLS to cluster nodes: their CA, and this certificate and key for nodes
+/// that ask for one.
+fn peer_tls(
+    ca: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<::cluster::PeerTls> {
+    let read =
+        |p: &std::path::Path| std::fs::read(p).with_context(|| format!("reading {}", p.display()));
+    let tls = ::cluster::PeerTls {
+        ca_pem: read(ca)?,
+        cert_pem: read(cert)?,
+        key_pem: read(key)?,
+    };
+    // Refused here, not at the first call to a peer.
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+    tls.endpoint(any)
+        .map_err(|e| anyhow::anyhow!("TLS to peers ({}): {e}", ca.display()))?;
+    Ok(tls)
 }
 
 /// `gpulse token create`.

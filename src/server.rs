@@ -54,6 +54,8 @@ pub(crate) struct ServeConfig {
     pub(crate) cluster_token: Option<String>,
     /// `--tls-cert`, `--tls-key`, `--tls-client-ca`: TLS on every listener.
     pub(crate) tls: Option<Arc<auth::tls::ServerTls>>,
+    /// With a cluster and TLS (`--tls-ca`): TLS to the peers.
+    pub(crate) peer_tls: Option<::cluster::PeerTls>,
 }
 
 /// What is admitted at the door, and the network edges' limits: the flags
@@ -317,6 +319,7 @@ impl Server {
                 let state = crate::cluster::start(
                     node,
                     config.cluster_token.clone(),
+                    config.peer_tls.clone(),
                     &storage,
                     stop.subscribe(),
                     &mut tasks,

@@ -678,36 +678,53 @@ fn prometheus_scrapes_writes_and_reads_with_tokens_over_tls() {
     node.stop();
 }
 
-/// SQL over HTTP with a token: (the `x-gpulse-partial` header, the rows).
-fn sql_with(node: &Node, token: &str, query: &str) -> (Option<String>, Vec<Value>) {
-    let mut resp = http()
-        .post(&format!("{}/api/v1/sql", node.http_url))
-        .header("content-type", "text/plain")
-        .header("authorization", &bearer(token))
-        .send(query.as_bytes())
+/// SQL over HTTPS with a token, trusting `ca`: (whether the answer says it
+/// is partial, the rows).
+fn sql_with(node: &Node, ca: &Path, token: &str, query: &str) -> (bool, Vec<Value>) {
+    let out = Command::new("curl")
+        .args(["-sS", "--max-time", "30", "-D", "-", "--cacert"])
+        .arg(ca)
+        .args(["-H", &format!("authorization: Bearer {token}")])
+        .args(["-H", "content-type: text/plain", "--data-binary", query])
+        .arg(format!("{}/api/v1/sql", node.http_url))
+        .output()
         .unwrap();
-    let status = resp.status().as_u16();
-    let partial = resp
-        .headers()
-        .get("x-gpulse-partial")
-        .map(|v| v.to_str().unwrap().to_owned());
-    let body: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
-    assert_eq!(status, 200, "{body}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("{text}"));
+    // HTTP/2 by ALPN, or HTTP/1.1.
+    let status_line = head.lines().next().unwrap_or_default();
+    assert!(
+        status_line.ends_with(" 200") || status_line.contains(" 200 "),
+        "{text}"
+    );
+    let partial = head.to_ascii_lowercase().contains("x-gpulse-partial");
+    let body: Value = serde_json::from_str(body).unwrap();
     (
         partial,
         body["rows"].as_array().cloned().unwrap_or_default(),
     )
 }
 
-/// Three nodes with tokens: peers reach each other with the cluster token
-/// (status polls, forwarded remote writes, Flight reads), and every node
-/// answers for every sample.
+/// Three nodes with TLS (agents' certificates required on gRPC) and
+/// tokens: peers reach each other with their certificates and the cluster
+/// token (status polls, forwarded remote writes, Flight reads), and every
+/// node answers for every sample.
 #[test]
-fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
+fn a_tls_cluster_with_tokens_forwards_and_reads_between_nodes() {
     let dir = tempfile::tempdir().unwrap();
     let t = tokens(dir.path());
     let cluster_token = create(&t.file, "peers", "read,write");
     let peers = token_file(dir.path(), "peers.token", &cluster_token);
+    let pki = dir.path().join("pki");
+    make_certs(&pki, &["ca"]);
+    make_certs(&pki, &["server", "node", "DNS:localhost,IP:127.0.0.1"]);
+    let (ca, cert, key) = (
+        pki.join("ca.pem"),
+        pki.join("node.pem"),
+        pki.join("node.key"),
+    );
     let ports = crate::support::listen_ports(9);
     let mut text = "replication_factor = 2\n".to_owned();
     for (i, id) in ["a", "b", "c"].iter().enumerate() {
@@ -720,6 +737,7 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
     }
     let file = dir.path().join("cluster.toml");
     std::fs::write(&file, text).unwrap();
+    let path = |p: &Path| p.to_str().unwrap().to_owned();
     let nodes: Vec<Node> = ["a", "b", "c"]
         .iter()
         .map(|id| {
@@ -727,25 +745,33 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
                 &dir.path().join(id),
                 &[
                     "--cluster",
-                    file.to_str().unwrap(),
+                    &path(&file),
                     "--node-id",
                     id,
                     "--auth-file",
-                    t.file.to_str().unwrap(),
+                    &path(&t.file),
                     "--cluster-token-file",
-                    peers.to_str().unwrap(),
+                    &path(&peers),
+                    "--tls-cert",
+                    &path(&cert),
+                    "--tls-key",
+                    &path(&key),
+                    "--tls-client-ca",
+                    &path(&ca),
+                    "--tls-ca",
+                    &path(&ca),
                 ],
             )
         })
         .collect();
-    // Until every node has heard from its peers (through the token), answers
-    // say they are partial.
+    assert!(nodes.iter().all(|n| n.http_url.starts_with("https://")));
+    // Until every node has heard from its peers (through TLS and the
+    // token), answers say they are partial.
     let deadline = Instant::now() + Duration::from_secs(20);
-    while nodes.iter().any(|n| {
-        sql_with(n, &t.read, "SELECT count(*) FROM samples")
-            .0
-            .is_some()
-    }) {
+    while nodes
+        .iter()
+        .any(|n| sql_with(n, &ca, &t.read, "SELECT count(*) FROM samples").0)
+    {
         assert!(
             Instant::now() < deadline,
             "the nodes never heard from each other"
@@ -759,29 +785,46 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
         .iter()
         .flat_map(|s| &s.samples)
         .fold((0, 0.0), |(n, s), x| (n + 1, s + x.value));
-    let (status, body) = crate::support::post(
-        &nodes[0],
-        "/api/v1/write",
-        &[
-            ("content-type", "application/x-protobuf"),
-            ("content-encoding", "snappy"),
-            ("x-prometheus-remote-write-version", "0.1.0"),
-            ("authorization", &bearer(&t.write)),
-        ],
-        &snap::raw::Encoder::new()
+    let body_file = dir.path().join("write.bin");
+    std::fs::write(
+        &body_file,
+        snap::raw::Encoder::new()
             .compress_vec(&w.encode_to_vec())
             .unwrap(),
+    )
+    .unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+        .arg(&ca)
+        .args(["-H", "content-type: application/x-protobuf"])
+        .args(["-H", "content-encoding: snappy"])
+        .args(["-H", "x-prometheus-remote-write-version: 0.1.0"])
+        .args(["-H", &format!("authorization: {}", bearer(&t.write))])
+        .arg("--data-binary")
+        .arg(format!("@{}", body_file.display()))
+        .arg(format!("{}/api/v1/write", nodes[0].http_url))
+        .output()
+        .unwrap();
+    let answer = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        answer.ends_with("204"),
+        "every owner took its part: {answer}"
     );
-    assert_eq!(status, 204, "every owner took its part: {body}");
     for (i, node) in nodes.iter().enumerate() {
-        let (partial, rows) = sql_with(node, &t.read, "SELECT count(*), sum(value) FROM samples");
-        assert_eq!(partial, None, "node {i}");
+        let (partial, rows) = sql_with(
+            node,
+            &ca,
+            &t.read,
+            "SELECT count(*), sum(value) FROM samples",
+        );
+        assert!(!partial, "node {i}");
         assert_eq!(rows[0][0].as_u64(), Some(n), "node {i}");
         let got = rows[0][1].as_f64().unwrap();
         assert!((got - sum).abs() < 1e-6 * sum, "node {i}: {got} vs {sum}");
     }
 
-    // `gpulse cluster status` with a token sees every node up.
+    // `gpulse cluster status` over TLS, with a certificate and a token,
+    // sees every node up.
     let out = Command::new(env!("CARGO_BIN_EXE_gpulse"))
         .args([
             "cluster",
@@ -794,6 +837,12 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
         .arg(&file)
         .arg("--token-file")
         .arg(&peers)
+        .arg("--tls-ca")
+        .arg(&ca)
+        .arg("--tls-cert")
+        .arg(&cert)
+        .arg("--tls-key")
+        .arg(&key)
         .output()
         .unwrap();
     assert!(
@@ -810,11 +859,18 @@ fn a_cluster_with_tokens_forwards_and_reads_between_nodes() {
         "{lines:?}"
     );
     // None of it was refused.
-    for surface in ["http", "grpc", "flight"] {
-        for reason in ["missing", "invalid", "scope"] {
-            for node in &nodes {
-                assert_eq!(refused(node, &t, surface, reason), 0, "{surface} {reason}");
+    for node in &nodes {
+        for surface in ["http", "grpc", "flight"] {
+            for reason in ["missing", "invalid", "scope"] {
+                let series = format!(
+                    "gpulse_auth_refused_total{{surface=\"{surface}\",reason=\"{reason}\"}}"
+                );
+                assert_eq!(https_metric(node, &ca, &t.read, &series), 0, "{series}");
             }
+        }
+        for listener in ["grpc", "http", "flight"] {
+            let series = format!("gpulse_tls_handshake_failures_total{{listener=\"{listener}\"}}");
+            assert_eq!(https_metric(node, &ca, &t.read, &series), 0, "{series}");
         }
     }
     for node in nodes {

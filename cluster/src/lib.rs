@@ -393,7 +393,7 @@ mod state;
 
 pub use plan::{MissingShard, ReadPlan};
 pub use poll::{PeerClients, poll_peers, refresh_peers};
-pub use state::{ClusterState, PeerView};
+pub use state::{ClusterState, PeerTls, PeerView, peer_endpoint};
 
 #[cfg(test)]
 mod tests;

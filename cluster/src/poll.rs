@@ -8,7 +8,7 @@ use std::time::Duration;
 use gpulse_proto::v1::NodeStatusRequest;
 use gpulse_proto::v1::ingest_client::IngestClient;
 use tokio::sync::watch;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use super::ClusterState;
@@ -29,17 +29,22 @@ impl PeerClients {
         }
     }
 
-    fn client(&self, id: &str, addr: String) -> IngestClient<Channel> {
+    fn client(
+        &self,
+        id: &str,
+        addr: std::net::SocketAddr,
+        tls: Option<&crate::PeerTls>,
+    ) -> IngestClient<Channel> {
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
+        let key = addr.to_string();
         match clients.get(id) {
-            Some((a, c)) if *a == addr => c.clone(),
+            Some((a, c)) if *a == key => c.clone(),
             _ => {
-                let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                    .expect("BUG: a SocketAddr makes a valid URI")
+                let endpoint = crate::peer_endpoint(addr, tls)
                     .connect_timeout(self.timeout)
                     .timeout(self.timeout);
                 let c = IngestClient::new(endpoint.connect_lazy());
-                clients.insert(id.to_owned(), (addr, c.clone()));
+                clients.insert(id.to_owned(), (key, c.clone()));
                 c
             }
         }
@@ -59,7 +64,7 @@ pub async fn refresh_peers(state: &ClusterState, clients: &PeerClients) {
         .iter()
         .filter(|n| n.id != state.self_id())
         .map(|node| {
-            let mut client = clients.client(&node.id, node.grpc.to_string());
+            let mut client = clients.client(&node.id, node.grpc, state.tls());
             let id = node.id.clone();
             let authorization = state.authorization();
             async move {

@@ -10,6 +10,52 @@ use gpulse_proto::v1::NodeStatusReply;
 
 use super::{ShardKey, ShardMap};
 
+/// TLS between nodes (`serve --tls-ca` with `--tls-cert`): the CA that
+/// signed the nodes' certificates, and this node's own certificate and key,
+/// presented to peers that ask for one (their gRPC port under mTLS).
+#[derive(Debug, Clone)]
+pub struct PeerTls {
+    pub ca_pem: Vec<u8>,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl PeerTls {
+    /// A tonic endpoint for the peer listener at `addr`: `https://` with
+    /// this TLS, the peer's certificate checked for the address's IP.
+    ///
+    /// # Errors
+    /// The TLS configuration is refused.
+    pub fn endpoint(
+        &self,
+        addr: std::net::SocketAddr,
+    ) -> Result<tonic::transport::Endpoint, tonic::transport::Error> {
+        use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+        tonic::transport::Endpoint::from_shared(format!("https://{addr}"))
+            .expect("BUG: a socket address makes a valid URI")
+            .tls_config(
+                ClientTlsConfig::new()
+                    .ca_certificate(Certificate::from_pem(&self.ca_pem))
+                    .identity(Identity::from_pem(&self.cert_pem, &self.key_pem)),
+            )
+    }
+}
+
+/// A tonic endpoint for the peer listener at `addr`: over `tls` when given.
+pub fn peer_endpoint(
+    addr: std::net::SocketAddr,
+    tls: Option<&PeerTls>,
+) -> tonic::transport::Endpoint {
+    match tls {
+        // A configuration refused here was refused at start already.
+        Some(t) => t
+            .endpoint(addr)
+            .expect("BUG: the peer TLS configuration was checked at start"),
+        None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .expect("BUG: a socket address makes a valid URI"),
+    }
+}
+
 /// What this node last learned of one peer.
 #[derive(Debug, Clone, Default)]
 pub struct PeerView {
@@ -39,6 +85,8 @@ pub struct ClusterState {
     /// `--cluster-token-file`: the bearer token this node presents to its
     /// peers (Flight reads, `NodeStatus`, forwarded writes).
     token: Option<String>,
+    /// TLS to peers.
+    tls: Option<PeerTls>,
 }
 
 impl ClusterState {
@@ -58,7 +106,20 @@ impl ClusterState {
             peers: Mutex::default(),
             other_samples: AtomicU64::new(0),
             token: None,
+            tls: None,
         }
+    }
+
+    /// Speaks TLS to peers.
+    #[must_use]
+    pub fn with_tls(mut self, tls: Option<PeerTls>) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// TLS to peers, when the nodes speak it.
+    pub fn tls(&self) -> Option<&PeerTls> {
+        self.tls.as_ref()
     }
 
     /// Sets the token this node presents to its peers.

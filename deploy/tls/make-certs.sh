@@ -4,6 +4,8 @@
 #   make-certs.sh DIR ca [NAME]                 DIR/ca.pem, DIR/ca.key: a new CA
 #   make-certs.sh DIR server NAME SAN[,SAN...]  DIR/NAME.pem, .key: a node's certificate,
 #                                               e.g. server node-a DNS:node-a.example,IP:10.0.0.5
+#                                               (also a client one: a node presents it to
+#                                               its peers)
 #   make-certs.sh DIR client HOST               DIR/HOST.pem, .key: an agent's certificate; the
 #                                               node lets it speak for host HOST only
 #   make-certs.sh DIR expired-client HOST       the same, expired in 2020 (for tests)
@@ -65,7 +67,7 @@ CNF
 server)
   [ $# -eq 2 ] || { echo "usage: $0 DIR server NAME SAN[,SAN...]" >&2; exit 2; }
   key "$1"
-  sign "$1" serverAuth "$2"
+  sign "$1" serverAuth,clientAuth "$2"
   ;;
 client)
   [ $# -eq 1 ] || { echo "usage: $0 DIR client HOST" >&2; exit 2; }

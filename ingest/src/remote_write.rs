@@ -146,6 +146,8 @@ struct Remote {
     cache: SeriesCache,
     /// Cluster mode: writes are split by shard and forwarded to the owners.
     cluster: Option<Arc<cluster::ClusterState>>,
+    /// Cluster mode with TLS between nodes: the HTTPS client of forwards.
+    forward_tls: Option<ureq::Agent>,
 }
 
 /// Most bytes of label sets [`SeriesCache`] holds before it starts over.
@@ -181,12 +183,17 @@ pub fn router(
     metrics: Arc<RemoteWriteMetrics>,
     cluster: Option<Arc<cluster::ClusterState>>,
 ) -> Router {
+    let forward_tls = cluster
+        .as_ref()
+        .and_then(|c| c.tls())
+        .map(forward::tls_agent);
     let remote = Arc::new(Remote {
         storage,
         config,
         metrics,
         cache: SeriesCache::default(),
         cluster,
+        forward_tls,
     });
     Router::new()
         .route("/api/v1/write", post(write))

@@ -89,6 +89,7 @@ pub(super) fn route(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError
                 let spec = &map.nodes()[node];
                 let me_id = cluster.self_id();
                 let authorization = cluster.authorization();
+                let tls = remote.forward_tls.as_ref();
                 scope.spawn(move || {
                     (
                         spec.id.clone(),
@@ -96,6 +97,7 @@ pub(super) fn route(remote: &Remote, w: &wire::RawWrite) -> Result<(), HttpError
                             &spec.http.to_string(),
                             me_id,
                             authorization.as_deref(),
+                            tls,
                             body,
                         ),
                     )
@@ -184,10 +186,47 @@ enum Forward {
     Failed(String),
 }
 
+/// The HTTPS client of forwards between nodes that speak TLS: the nodes'
+/// CA, and this node's certificate for peers that ask for one.
+pub(super) fn tls_agent(tls: &cluster::PeerTls) -> ureq::Agent {
+    use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
+    let roots: Vec<Certificate<'static>> = ureq::tls::parse_pem(&tls.ca_pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let chain: Vec<Certificate<'static>> = ureq::tls::parse_pem(&tls.cert_pem)
+        .filter_map(|item| match item {
+            Ok(ureq::tls::PemItem::Certificate(c)) => Some(c),
+            _ => None,
+        })
+        .collect();
+    let client_cert = PrivateKey::from_pem(&tls.key_pem)
+        .ok()
+        .map(|key| ClientCert::new_with_certs(&chain, key));
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(FORWARD_TIMEOUT))
+        .tls_config(
+            TlsConfig::builder()
+                .provider(TlsProvider::Rustls)
+                .unversioned_rustls_crypto_provider(std::sync::Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .root_certs(RootCerts::new_with_certs(&roots))
+                .client_cert(client_cert)
+                .build(),
+        )
+        .build()
+        .into()
+}
+
 fn forward(
     http: &str,
     me: &str,
     authorization: Option<&str>,
+    tls: Option<&ureq::Agent>,
     body: Vec<u8>,
 ) -> Result<(), Forward> {
     thread_local! {
@@ -197,9 +236,10 @@ fn forward(
             .build()
             .into();
     }
-    let response = AGENT.with(|agent| {
+    let send = |agent: &ureq::Agent| {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let mut request = agent
-            .post(&format!("http://{http}/api/v1/write"))
+            .post(&format!("{scheme}://{http}/api/v1/write"))
             .header("content-type", "application/x-protobuf")
             .header("content-encoding", "snappy")
             .header("x-prometheus-remote-write-version", "0.1.0")
@@ -208,7 +248,11 @@ fn forward(
             request = request.header("authorization", a);
         }
         request.send(&body[..])
-    });
+    };
+    let response = match tls {
+        Some(agent) => send(agent),
+        None => AGENT.with(send),
+    };
     let mut response = response.map_err(|e| Forward::Failed(e.to_string()))?;
     let status = response.status();
     if status.is_success() {

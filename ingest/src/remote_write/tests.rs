@@ -131,6 +131,7 @@ fn cached_label_sets_are_exact_and_bad_labels_are_refused_cached_or_not() {
         metrics: Arc::default(),
         cache: SeriesCache::default(),
         cluster: None,
+        forward_tls: None,
     };
     let l = |n: &str, v: &str| (n.to_string(), v.to_string());
     let write = |series: &[TestSeries]| {
@@ -189,6 +190,7 @@ fn test_remote(limits: WriteLimits) -> (tempfile::TempDir, Remote) {
         metrics: Arc::default(),
         cache: SeriesCache::default(),
         cluster: None,
+        forward_tls: None,
     };
     (dir, remote)
 }

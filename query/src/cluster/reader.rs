@@ -17,7 +17,7 @@ use health::engine::{Event, GpuState};
 use storage::{
     Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
 };
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{debug, warn};
 
 use crate::health_events::{HealthSource, shard_of_gpu};
@@ -801,8 +801,7 @@ impl ClusterReader {
                 // The channel's worker task goes to the reader's runtime, which
                 // outlives any query runtime that happens to open it.
                 let _on_reader_runtime = self.inner.runtime.enter();
-                Endpoint::from_shared(format!("http://{addr}"))
-                    .expect("BUG: a socket address makes a valid URI")
+                cluster::peer_endpoint(addr, self.inner.state.tls())
                     .connect_timeout(self.inner.config.connect_timeout)
                     .connect_lazy()
             })
