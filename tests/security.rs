@@ -577,25 +577,8 @@ fn prometheus_scrapes_writes_and_reads_with_tokens_over_tls() {
         ..Default::default()
     }
     .encode_to_vec();
-    let body_file = dir.path().join("write.bin");
-    std::fs::write(
-        &body_file,
-        snap::raw::Encoder::new().compress_vec(&body).unwrap(),
-    )
-    .unwrap();
-    let out = Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
-        .arg(&ca)
-        .args(["-H", "content-type: application/x-protobuf"])
-        .args(["-H", "content-encoding: snappy"])
-        .args(["-H", "x-prometheus-remote-write-version: 0.1.0"])
-        .args(["-H", &format!("authorization: {}", bearer(&t.write))])
-        .arg("--data-binary")
-        .arg(format!("@{}", body_file.display()))
-        .arg(format!("{}/api/v1/write", node.http_url))
-        .output()
-        .unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "204");
+    let (status, answer) = remote_write_https(&node, &ca, &t.write, &body);
+    assert_eq!(status, 204, "{answer}");
 
     let (read, write) = (
         token_file(dir.path(), "read.token", &t.read),
@@ -785,31 +768,8 @@ fn a_tls_cluster_with_tokens_forwards_and_reads_between_nodes() {
         .iter()
         .flat_map(|s| &s.samples)
         .fold((0, 0.0), |(n, s), x| (n + 1, s + x.value));
-    let body_file = dir.path().join("write.bin");
-    std::fs::write(
-        &body_file,
-        snap::raw::Encoder::new()
-            .compress_vec(&w.encode_to_vec())
-            .unwrap(),
-    )
-    .unwrap();
-    let out = Command::new("curl")
-        .args(["-sS", "-w", "\n%{http_code}", "--cacert"])
-        .arg(&ca)
-        .args(["-H", "content-type: application/x-protobuf"])
-        .args(["-H", "content-encoding: snappy"])
-        .args(["-H", "x-prometheus-remote-write-version: 0.1.0"])
-        .args(["-H", &format!("authorization: {}", bearer(&t.write))])
-        .arg("--data-binary")
-        .arg(format!("@{}", body_file.display()))
-        .arg(format!("{}/api/v1/write", nodes[0].http_url))
-        .output()
-        .unwrap();
-    let answer = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        answer.ends_with("204"),
-        "every owner took its part: {answer}"
-    );
+    let (status, answer) = remote_write_https(&nodes[0], &ca, &t.write, &w.encode_to_vec());
+    assert_eq!(status, 204, "every owner took its part: {answer}");
     for (i, node) in nodes.iter().enumerate() {
         let (partial, rows) = sql_with(
             node,
@@ -913,6 +873,31 @@ fn curl(url: &str, ca: &Path, token: Option<&str>) -> (u16, String) {
         c.args(["-H", &format!("Authorization: Bearer {t}")]);
     }
     let out = c.arg(url).output().expect("curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_owned())
+}
+
+/// A remote write of `request` (protobuf) over HTTPS with curl: (status, body).
+fn remote_write_https(node: &Node, ca: &Path, token: &str, request: &[u8]) -> (u16, String) {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        file.path(),
+        snap::raw::Encoder::new().compress_vec(request).unwrap(),
+    )
+    .unwrap();
+    let out = Command::new("curl")
+        .args(["-sS", "-w", "\n%{http_code}", "--cacert"])
+        .arg(ca)
+        .args(["-H", "content-type: application/x-protobuf"])
+        .args(["-H", "content-encoding: snappy"])
+        .args(["-H", "x-prometheus-remote-write-version: 0.1.0"])
+        .args(["-H", &format!("authorization: Bearer {token}")])
+        .arg("--data-binary")
+        .arg(format!("@{}", file.path().display()))
+        .arg(format!("{}/api/v1/write", node.http_url))
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
     (code.trim().parse().unwrap_or(0), body.to_owned())
