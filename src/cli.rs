@@ -320,7 +320,7 @@ pub(crate) struct ServeArgs {
     pub(crate) node_id: Option<String>,
     /// Require a token on every surface (HTTP, gRPC, PostgreSQL, Flight):
     /// a TOML file of token hashes and scopes, made with `gpulse token
-    /// create` (README "Security").
+    /// create` (README "Security"). SIGHUP reads it again.
     #[arg(long, env = "GPULSE_AUTH_FILE")]
     pub(crate) auth_file: Option<PathBuf>,
     /// With --auth-file and --cluster: a file holding the token (read and

@@ -200,9 +200,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 /// is given.
 fn secure(config: &mut ServeConfig, args: &ServeArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.auth_file {
-        let tokens = auth::Tokens::load(path)?;
-        info!(file = %path.display(), tokens = ?tokens, "tokens required on every surface");
-        config.auth = Some(std::sync::Arc::new(auth::Gate::new(tokens)));
+        let gate = auth::Gate::load(path)?;
+        info!(file = %path.display(), tokens = ?gate.tokens(), "tokens required on every surface");
+        config.auth = Some(std::sync::Arc::new(gate));
     }
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
         if config.cluster.is_some() {
@@ -323,7 +323,7 @@ fn token_create(args: &cli::TokenCreateArgs) -> anyhow::Result<()> {
             f.write_all(&after.as_bytes()[before.len()..])?;
             println!("{token}");
             eprintln!(
-                "token {:?} added to {}; restart serve to use it. The token is shown once.",
+                "token {:?} added to {}; send SIGHUP to serve (or restart it) to use it. The token is shown once.",
                 args.name,
                 path.display()
             );

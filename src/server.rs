@@ -176,10 +176,13 @@ fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     socket.listen(LISTEN_BACKLOG)
 }
 
-/// SIGHUP: reads the TLS files again (new connections use them; on an
-/// error the old ones stay, logged and counted).
+/// SIGHUP: reads the TLS files and the token file again. New connections
+/// get the new certificate, the next request is checked against the new
+/// tokens; a file that does not load leaves the old one in force (logged,
+/// and counted for TLS).
 fn reload_on_sighup(
-    tls: Arc<auth::tls::ServerTls>,
+    tls: Option<Arc<auth::tls::ServerTls>>,
+    gate: Option<Arc<auth::Gate>>,
     mut stop: watch::Receiver<bool>,
 ) -> anyhow::Result<JoinHandle<()>> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -187,10 +190,20 @@ fn reload_on_sighup(
     Ok(tokio::spawn(async move {
         loop {
             tokio::select! {
-                _ = hup.recv() => match tls.reload() {
-                    Ok(()) => info!("TLS certificate and key reloaded"),
-                    Err(e) => error!(error = %e, "TLS reload failed; the previous certificate stays in use"),
-                },
+                _ = hup.recv() => {
+                    if let Some(tls) = &tls {
+                        match tls.reload() {
+                            Ok(()) => info!("TLS certificate and key reloaded"),
+                            Err(e) => error!(error = %e, "TLS reload failed; the previous certificate stays in use"),
+                        }
+                    }
+                    if let Some(gate) = &gate {
+                        match gate.reload() {
+                            Ok(n) => info!(tokens = n, "token file reloaded"),
+                            Err(e) => error!(error = %e, "token file reload failed; the previous tokens stay in force"),
+                        }
+                    }
+                }
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
@@ -510,10 +523,10 @@ impl Server {
             ));
         }
 
-        if let Some(tls) = &config.tls {
+        if config.tls.is_some() || config.auth.is_some() {
             tasks.push((
-                "tls-reload",
-                reload_on_sighup(tls.clone(), stop.subscribe())?,
+                "reload",
+                reload_on_sighup(config.tls.clone(), config.auth.clone(), stop.subscribe())?,
             ));
         }
         let (st, every, mut rx) = (storage.clone(), config.flush_interval, stop.subscribe());

@@ -406,6 +406,49 @@ fn every_surface_refuses_what_its_token_does_not_allow() {
     assert_eq!(refused(&node, &t, "grpc", "scope"), 1);
     assert_eq!(refused(&node, &t, "postgres", "invalid"), 1);
     assert_eq!(refused(&node, &t, "postgres", "scope"), 1);
+
+    // SIGHUP reads the token file again: a token added is let in, a token
+    // removed is refused, and a file that does not load changes nothing.
+    let status_with = |token: &str| call(&node, "GET", q, Some(&bearer(token))).0;
+    let hup = || {
+        let pid = node.pid().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !done() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let late = create(&t.file, "late", "read");
+    assert_eq!(status_with(&late), 401, "not before SIGHUP");
+    hup();
+    until("the added token is let in", &|| status_with(&late) == 200);
+    let text = std::fs::read_to_string(&t.file).unwrap();
+    let without_reader: String = text
+        .split("[[token]]")
+        .filter(|block| !block.trim().is_empty() && !block.contains("name = \"reader\""))
+        .map(|block| format!("[[token]]{block}"))
+        .collect();
+    assert_eq!(without_reader.matches("[[token]]").count(), 3);
+    std::fs::write(&t.file, &without_reader).unwrap();
+    hup();
+    until("the removed token is refused", &|| {
+        status_with(&t.read) == 401
+    });
+    assert_eq!(status_with(&late), 200);
+    std::fs::write(&t.file, "not toml [").unwrap();
+    hup();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(status_with(&late), 200, "a broken file changes nothing");
+    assert_eq!(status_with(&t.read), 401);
     node.stop();
 }
 

@@ -383,23 +383,58 @@ pub fn presented(authorization: &[u8]) -> Option<String> {
 }
 
 /// A node's tokens and its refusal counters: one per node, shared by every
-/// surface.
+/// surface. [`Gate::reload`] swaps the tokens whole (SIGHUP).
 #[derive(Debug)]
 pub struct Gate {
-    tokens: Tokens,
+    tokens: std::sync::RwLock<Arc<Tokens>>,
+    /// The token file, for [`Gate::reload`].
+    path: Option<std::path::PathBuf>,
     metrics: Arc<AuthMetrics>,
 }
 
 impl Gate {
     pub fn new(tokens: Tokens) -> Self {
         Self {
-            tokens,
+            tokens: std::sync::RwLock::new(Arc::new(tokens)),
+            path: None,
             metrics: Arc::default(),
         }
     }
 
-    pub fn tokens(&self) -> &Tokens {
-        &self.tokens
+    /// The tokens of the file at `path`, which [`Gate::reload`] reads again.
+    ///
+    /// # Errors
+    /// As [`Tokens::load`].
+    pub fn load(path: &Path) -> Result<Self, LoadError> {
+        Ok(Self {
+            path: Some(path.to_owned()),
+            ..Self::new(Tokens::load(path)?)
+        })
+    }
+
+    /// Reads the token file again: tokens added are let in, tokens removed
+    /// are refused from the next request on. A file that does not load
+    /// leaves the tokens in force (and says why). Returns how many tokens
+    /// are now in force.
+    ///
+    /// # Errors
+    /// As [`Tokens::load`]; a gate made by [`Gate::new`] has no file.
+    pub fn reload(&self) -> Result<usize, LoadError> {
+        let Some(path) = &self.path else {
+            return Err(LoadError::Invalid("no token file to reload".into()));
+        };
+        let tokens = Tokens::load(path)?;
+        let n = tokens.entries.len();
+        *self.tokens.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(tokens);
+        Ok(n)
+    }
+
+    /// The tokens in force.
+    pub fn tokens(&self) -> Arc<Tokens> {
+        self.tokens
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn metrics(&self) -> &Arc<AuthMetrics> {
@@ -420,7 +455,7 @@ impl Gate {
     ) -> Result<(), Denial> {
         let result = match authorization.and_then(presented) {
             None => Err(Denial::Missing),
-            Some(token) => self.tokens.authorize(&token, need).map(|_| ()),
+            Some(token) => self.tokens().authorize(&token, need).map(|_| ()),
         };
         if let Err(d) = &result {
             self.refused(surface, d);
