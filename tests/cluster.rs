@@ -117,9 +117,7 @@ impl Cluster {
 
     /// SIGHUP: the node re-reads the cluster file.
     pub(crate) fn reload(&self, i: usize) {
-        let pid = self.node(i).pid().to_string();
-        let ok = Command::new("kill").args(["-HUP", &pid]).status().unwrap();
-        assert!(ok.success());
+        self.node(i).signal("HUP");
     }
 
     /// Waits until every running node runs with the file as it is now.

@@ -410,16 +410,7 @@ fn every_surface_refuses_what_its_token_does_not_allow() {
     // SIGHUP reads the token file again: a token added is let in, a token
     // removed is refused, and a file that does not load changes nothing.
     let status_with = |token: &str| call(&node, "GET", q, Some(&bearer(token))).0;
-    let hup = || {
-        let pid = node.pid().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-HUP", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-    };
+    let hup = || node.signal("HUP");
     let until = |what: &str, done: &dyn Fn() -> bool| {
         let deadline = Instant::now() + Duration::from_secs(10);
         while !done() {
@@ -1189,14 +1180,7 @@ fn tls_on_every_listener_and_agents_speak_only_for_their_certificates() {
     make_certs(&pki, &["server", "node2", "DNS:localhost,IP:127.0.0.1"]);
     std::fs::copy(pem(&pki, "node2"), pem(&pki, "node")).unwrap();
     std::fs::copy(key(&pki, "node2"), key(&pki, "node")).unwrap();
-    let pid = node.pid().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-HUP", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    node.signal("HUP");
     let deadline = Instant::now() + Duration::from_secs(10);
     while served_serial(&http_addr) == before {
         assert!(

@@ -250,15 +250,20 @@ impl Node {
         reader.collect::<Result<_, _>>().expect("batches")
     }
 
-    /// SIGTERM, then waits for a clean exit.
-    pub(crate) fn stop(mut self) {
+    /// Sends `signal` (`HUP`, `TERM`, ...) to serve.
+    pub(crate) fn signal(&self, signal: &str) {
         let pid = self.child.id().to_string();
         let ok = Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
             .expect("kill")
             .success();
-        assert!(ok, "kill -TERM {pid} failed");
+        assert!(ok, "kill -{signal} {pid} failed");
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    pub(crate) fn stop(mut self) {
+        self.signal("TERM");
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("wait") {
