@@ -52,6 +52,20 @@
 //!    ≤ 0.005 happens on 1 poll of 25,440; in b1 `GPU_UTIL` never reaches
 //!    50 %.
 //!
+//! **Quick holds** (rules 1 and 3). The fixed holds are set by the worst
+//! source a GPU may be read through, the exporter's 30 s cache; a GPU read
+//! fresh from NVML shows far less. So each GPU learns its own normal: the
+//! longest run of the rule's evidence that ended before the full hold. Once
+//! the GPU has reported the rule's fields for
+//! [`ZombieConfig::quick_learn_ms`] (2 min), a run
+//! [`ZombieConfig::quick_factor`] (3) times that long, and at least
+//! [`ZombieConfig::quick_min_ms`] (2 s), holds early: rule 1 as a
+//! [`Severity::Warning`] ("energy stopped", escalated when the full minute
+//! holds), rule 3 as its usual warning. At 1 Hz from NVML, where the counter
+//! never repeats in either real recording, that is the second repeated poll.
+//! A quick run that ends short of the full hold is learned too, so a GPU
+//! whose driver stalls now and then warns once, not at every stall.
+//!
 //! A missing field is no evidence: a poll that does not carry a rule's fields
 //! neither extends nor ends its run. Rule 1 needs the counter; rule 3
 //! `GPU_UTIL` and an activity ratio; rule 2 needs 3 of its 4 fields and
@@ -85,6 +99,10 @@ use crate::{
 pub const ACTION_ENERGY_FROZEN: &str = "drain the GPU: its energy counter stopped, so its \
      readings are stale or it is wedged; restart DCGM / dcgm-exporter on the host, and reset \
      the GPU if the counter stays frozen";
+/// Action: the energy counter stopped for longer than this GPU's counter
+/// ever paused before, short of rule 1's minute (rule 1's quick hold).
+pub const ACTION_ENERGY_STOPPED: &str = "watch the GPU: its energy counter stopped, longer \
+     than it ever paused before; if it stays stopped for a minute this becomes critical (drain)";
 /// Action: all readings frozen, no energy counter to confirm (rule 2).
 pub const ACTION_READINGS_FROZEN: &str = "check DCGM / dcgm-exporter on the host: the GPU's \
      power, temperature and clock readings stopped changing; drain the GPU if they stay frozen \
@@ -122,6 +140,17 @@ pub struct ZombieConfig {
     /// Time without a holding rule after which an open event clears, ms.
     /// Default 120 000.
     pub clear_after_ms: i64,
+    /// Quick holds (rules 1 and 3): how long a GPU must have reported a
+    /// rule's fields before a run may be judged against its own normal
+    /// runs, ms. Default 120 000.
+    pub quick_learn_ms: i64,
+    /// Quick holds: a run holds early once it lasts this many times the
+    /// longest normal run the GPU has shown (one that ended before the
+    /// rule's full hold). Default 3.
+    pub quick_factor: i64,
+    /// Quick holds: never shorter than this, ms. Default 2 000 (two polls
+    /// at 1 Hz).
+    pub quick_min_ms: i64,
 }
 
 impl Default for ZombieConfig {
@@ -134,6 +163,9 @@ impl Default for ZombieConfig {
             idle_activity_max: 0.005,
             busy_idle_ms: 60_000,
             clear_after_ms: 120_000,
+            quick_learn_ms: 120_000,
+            quick_factor: 3,
+            quick_min_ms: 2_000,
         }
     }
 }
@@ -168,6 +200,15 @@ impl ZombieConfig {
         }
         if self.clear_after_ms <= 0 {
             return err("zombie.clear_after_ms", "must be > 0");
+        }
+        if self.quick_learn_ms <= 0 {
+            return err("zombie.quick_learn_ms", "must be > 0");
+        }
+        if self.quick_factor < 1 {
+            return err("zombie.quick_factor", "must be >= 1");
+        }
+        if self.quick_min_ms <= 0 {
+            return err("zombie.quick_min_ms", "must be > 0");
         }
         Ok(())
     }
@@ -217,6 +258,39 @@ impl Run {
     }
 }
 
+/// What a GPU's own history says is normal for one rule (1 or 3): since
+/// when it has reported the rule's fields, and the longest run it has shown
+/// that ended before the rule's full hold.
+#[derive(Debug, Clone, Copy, Default)]
+struct Normal {
+    since_ts_ms: Option<i64>,
+    longest_ms: i64,
+}
+
+impl Normal {
+    fn seen(&mut self, ts_ms: i64) {
+        self.since_ts_ms.get_or_insert(ts_ms);
+    }
+
+    /// `run` ended; it was normal if it ended before the full hold.
+    fn ended(&mut self, run: &Run, full_hold_ms: i64) {
+        if run.span_ms() < full_hold_ms {
+            self.longest_ms = self.longest_ms.max(run.span_ms());
+        }
+    }
+
+    /// The quick hold for `run`: none until the GPU has reported the fields
+    /// for [`ZombieConfig::quick_learn_ms`] before the run began.
+    fn quick_hold_ms(&self, run: &Run, c: &ZombieConfig) -> Option<i64> {
+        let since = self.since_ts_ms?;
+        (run.from_ts_ms - since >= c.quick_learn_ms).then(|| {
+            c.quick_factor
+                .saturating_mul(self.longest_ms)
+                .max(c.quick_min_ms)
+        })
+    }
+}
+
 /// The fields rule 2 compares, in this order.
 const FROZEN_FIELDS: [Field; 4] = [
     Field::TotalEnergyConsumption,
@@ -241,12 +315,16 @@ pub struct ZombieDetector {
     clock: PollClock,
     /// Rule 1: the counter's current value and the run of polls showing it.
     energy: Option<(f64, Run)>,
+    /// Rule 1: the counter's normal pauses.
+    energy_normal: Normal,
     /// Rule 2: the values (as bits) the run has seen, per [`FROZEN_FIELDS`]
     /// (those of its first poll, and fields that joined later), and the run.
     readings: Option<([Option<u64>; 4], Run)>,
     /// Rule 3: the run, and `GPU_UTIL` and the highest activity ratio of its
     /// latest poll.
     busy: Option<(Run, f64, f64)>,
+    /// Rule 3: the GPU's normal busy-but-idle runs.
+    busy_normal: Normal,
     /// Severity of the open event.
     open: Option<Severity>,
     /// Latest poll at which a rule held.
@@ -261,8 +339,10 @@ impl ZombieDetector {
             config,
             clock: PollClock::default(),
             energy: None,
+            energy_normal: Normal::default(),
             readings: None,
             busy: None,
+            busy_normal: Normal::default(),
             open: None,
             last_held_ts_ms: None,
         }
@@ -273,10 +353,16 @@ impl ZombieDetector {
         let Some(v) = energy(poll) else {
             return false;
         };
+        self.energy_normal.seen(poll.ts_ms);
         match &mut self.energy {
             Some((value, run)) if value.to_bits() == v.to_bits() => run.extend(poll.ts_ms),
             // First value, growth, or a reset (a decrease): a new baseline.
-            _ => self.energy = Some((v, Run::start(poll.ts_ms, false))),
+            old => {
+                if let Some((_, run)) = old {
+                    self.energy_normal.ended(run, self.config.energy_freeze_ms);
+                }
+                *old = Some((v, Run::start(poll.ts_ms, false)));
+            }
         }
         true
     }
@@ -337,9 +423,12 @@ impl ZombieDetector {
         let Some(activity) = activity else {
             return false;
         };
+        self.busy_normal.seen(poll.ts_ms);
         if activity > self.config.idle_activity_max || util <= 0.0 {
             // The SMs did work, or the GPU says it is idle: consistent.
-            self.busy = None;
+            if let Some((run, _, _)) = self.busy.take() {
+                self.busy_normal.ended(&run, self.config.busy_idle_ms);
+            }
         } else if util >= self.config.busy_util_pct {
             match &mut self.busy {
                 Some((run, u, a)) => {
@@ -354,15 +443,29 @@ impl ZombieDetector {
         true
     }
 
-    /// `(severity, action, onset if holding)` per rule, in priority order.
-    fn conditions(&self) -> [(Severity, &'static str, Option<i64>); 3] {
+    /// `(severity, action, onset if holding)` per rule, in priority order:
+    /// rule 1's full hold, rule 1's quick hold, rule 2, rule 3 (full or
+    /// quick).
+    fn conditions(&self) -> [(Severity, &'static str, Option<i64>); 4] {
         let c = &self.config;
+        let quick = |run: &Run, normal: &Normal, full_ms: i64| {
+            normal
+                .quick_hold_ms(run, c)
+                .filter(|&q| q < full_ms)
+                .and_then(|q| run.holds(c.min_polls, q))
+        };
         [
             (
                 Severity::Critical,
                 ACTION_ENERGY_FROZEN,
                 self.energy
                     .and_then(|(_, r)| r.holds(c.min_polls, c.energy_freeze_ms)),
+            ),
+            (
+                Severity::Warning,
+                ACTION_ENERGY_STOPPED,
+                self.energy
+                    .and_then(|(_, r)| quick(&r, &self.energy_normal, c.energy_freeze_ms)),
             ),
             (
                 Severity::Warning,
@@ -373,17 +476,21 @@ impl ZombieDetector {
             (
                 Severity::Warning,
                 ACTION_BUSY_IDLE,
-                self.busy
-                    .and_then(|(r, _, _)| r.holds(c.min_polls, c.busy_idle_ms)),
+                self.busy.and_then(|(r, _, _)| {
+                    r.holds(c.min_polls, c.busy_idle_ms)
+                        .or_else(|| quick(&r, &self.busy_normal, c.busy_idle_ms))
+                }),
             ),
         ]
     }
 
     /// The holding rules, human readable.
     fn active_text(&self, poll: &Poll) -> String {
-        let [energy, readings, busy] = self.conditions().map(|c| c.2.is_some());
+        let [energy, stopped, readings, busy] = self.conditions().map(|c| c.2.is_some());
         let mut parts: Vec<String> = Vec::new();
-        if energy && let Some((v, run)) = self.energy {
+        if (energy || stopped)
+            && let Some((v, run)) = self.energy
+        {
             let mut s = format!(
                 "energy counter stuck at {v} mJ for {} ({} polls since {} ms)",
                 fmt_duration(run.span_ms()),
@@ -392,6 +499,13 @@ impl ZombieDetector {
             );
             if let Some(w) = poll.get(Field::PowerUsage) {
                 let _ = write!(s, " while power reads {w} W");
+            }
+            if !energy {
+                let _ = write!(
+                    s,
+                    "; its longest pause before was {}",
+                    fmt_duration(self.energy_normal.longest_ms)
+                );
             }
             parts.push(s);
         }
@@ -412,11 +526,19 @@ impl ZombieDetector {
             ));
         }
         if busy && let Some((run, util, activity)) = self.busy {
-            parts.push(format!(
+            let mut s = format!(
                 "gpu util {util} % but sm / engine activity {activity} for {} ({} polls)",
                 fmt_duration(run.span_ms()),
                 run.polls
-            ));
+            );
+            if run.span_ms() < self.config.busy_idle_ms {
+                let _ = write!(
+                    s,
+                    "; its longest such run before was {}",
+                    fmt_duration(self.busy_normal.longest_ms)
+                );
+            }
+            parts.push(s);
         }
         parts.join("; ")
     }

@@ -181,6 +181,144 @@ fn a_freeze_shorter_than_a_minute_is_normal() {
 }
 
 #[test]
+fn a_counter_that_never_paused_warns_at_its_second_repeat_then_goes_critical() {
+    let mut d = det();
+    // 1 Hz; the counter moves at every poll for 200 s (past the 120 s of
+    // learning), then stops at its 200 s value: 200 s is the last fresh
+    // reading, 201 s the first repeat (onset). The GPU never paused, so the
+    // quick hold is its 2 s floor: a warning at 202 s, 3 polls. Critical at
+    // 200 s + 60 s = 260 s.
+    let poll = |s| live(s).with(Field::TotalEnergyConsumption, energy_frozen_from(s, 200));
+    assert_eq!(feed(&mut d, (0..=201).map(poll)), vec![]);
+    let t = obs(&mut d, &poll(202));
+    assert_eq!(
+        opened(&t),
+        &Finding {
+            kind: Kind::Zombie,
+            severity: Severity::Warning,
+            xid: None,
+            onset_ts_ms: 201_000,
+            detected_ts_ms: 202_000,
+            action: ACTION_ENERGY_STOPPED,
+            // 1,000,000 + 200 × 100,000 mJ; power at 202 s: 100 + 202 % 7 = 106 W.
+            evidence: "energy counter stuck at 21000000 mJ for 2.0 s (3 polls since \
+                       200000 ms) while power reads 106 W; its longest pause before was 0.0 s"
+                .to_string(),
+        }
+    );
+    assert_eq!(feed(&mut d, (203..=259).map(poll)), vec![]);
+    match obs(&mut d, &poll(260)).as_slice() {
+        [Transition::Escalated(e)] => {
+            assert_eq!(
+                (e.severity, e.ts_ms, e.action),
+                (Severity::Critical, 260_000, ACTION_ENERGY_FROZEN)
+            );
+        }
+        other => panic!("expected Escalated, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_counter_that_pauses_is_judged_against_its_own_longest_pause() {
+    let mut d = det();
+    // 1 Hz. The counter holds each value for 4 s (5 polls) and moves in
+    // steps, from 0 s to 300 s: its longest pause is 4 s, so its quick hold
+    // is 12 s. At 300 s it stops: nothing until 312 s (13 polls, from 300 s).
+    let energy = |s: i64| 1e9 + (s.min(300) / 5) as f64 * 500_000.0;
+    let poll = |s| live(s).with(Field::TotalEnergyConsumption, energy(s));
+    assert_eq!(feed(&mut d, (0..=311).map(poll)), vec![]);
+    let t = obs(&mut d, &poll(312));
+    let f = opened(&t);
+    assert_eq!(
+        (f.severity, f.onset_ts_ms, f.detected_ts_ms, f.action),
+        (Severity::Warning, 301_000, 312_000, ACTION_ENERGY_STOPPED)
+    );
+    assert!(
+        f.evidence.ends_with("its longest pause before was 4.0 s"),
+        "{}",
+        f.evidence
+    );
+}
+
+#[test]
+fn a_pause_that_warned_and_ended_is_normal_from_then_on() {
+    let mut d = det();
+    // 1 Hz, a counter that never paused, until a driver stall: at 200-205 s
+    // it shows its 199 s value, a 6 s pause from 199 s. A quick warning at
+    // 201 s (2 s from 199 s). It moves again at 206 s, short of the minute,
+    // so 6 s is now a normal pause: the clearing comes 2 min after the last
+    // holding poll (205 s), at 325 s. A second stall at 400-405 s is then no
+    // evidence (the quick hold is 18 s).
+    let stalled = |s: i64| (200..=205).contains(&s) || (400..=405).contains(&s);
+    let mut value = 1e9;
+    let mut polls = Vec::new();
+    for s in 0..=600 {
+        if !stalled(s) {
+            value += 100_000.0;
+        }
+        polls.push(live(s).with(Field::TotalEnergyConsumption, value));
+    }
+    let seen = feed(&mut d, polls);
+    let at: Vec<(i64, &str)> = seen
+        .iter()
+        .map(|(ts, t)| {
+            let what = match t {
+                Transition::Opened(_) => "opened",
+                Transition::Escalated(_) => "escalated",
+                Transition::Cleared(_) => "cleared",
+            };
+            (*ts, what)
+        })
+        .collect();
+    assert_eq!(at, vec![(201_000, "opened"), (325_000, "cleared")]);
+}
+
+#[test]
+fn no_quick_hold_before_two_minutes_of_history() {
+    let mut d = det();
+    // The counter stops at 100 s, after 100 s of history: only the full
+    // minute holds (critical at 160 s), even though the freeze runs on past
+    // 120 s of history.
+    let poll = |s| live(s).with(Field::TotalEnergyConsumption, energy_frozen_from(s, 100));
+    assert_eq!(feed(&mut d, (0..=159).map(poll)), vec![]);
+    let t = obs(&mut d, &poll(160));
+    let f = opened(&t);
+    assert_eq!(
+        (f.severity, f.detected_ts_ms, f.action),
+        (Severity::Critical, 160_000, ACTION_ENERGY_FROZEN)
+    );
+}
+
+#[test]
+fn busy_but_idle_after_a_consistent_history_warns_within_two_polls() {
+    let mut d = det();
+    // 1 Hz: busy and working (SM_ACTIVE 0.6) for 300 s, then GPU_UTIL 100 %
+    // with SM_ACTIVE 0 from 300 s: onset 300 s, 3 polls and 2 s by 302 s.
+    let poll = |s: i64| {
+        live(s)
+            .with(Field::TotalEnergyConsumption, 1e9 + s as f64 * 1e5)
+            .with(Field::GpuUtil, 100.0)
+            .with(Field::ProfSmActive, if s >= 300 { 0.0 } else { 0.6 })
+    };
+    assert_eq!(feed(&mut d, (0..=301).map(poll)), vec![]);
+    let t = obs(&mut d, &poll(302));
+    assert_eq!(
+        opened(&t),
+        &Finding {
+            kind: Kind::Zombie,
+            severity: Severity::Warning,
+            xid: None,
+            onset_ts_ms: 300_000,
+            detected_ts_ms: 302_000,
+            action: ACTION_BUSY_IDLE,
+            evidence: "gpu util 100 % but sm / engine activity 0 for 2.0 s (3 polls); its \
+                       longest such run before was 0.0 s"
+                .to_string(),
+        }
+    );
+}
+
+#[test]
 fn idle_gpu_with_repeating_readings_and_advancing_energy_is_not_a_zombie() {
     let mut d = det();
     // Worse than the idle recording b1: 20 min at 10 Hz with power,
@@ -727,24 +865,55 @@ struct Spliced {
 const SPLICE_AFTER_MS: i64 = 150_000;
 const SPLICED_GPU: usize = 3;
 
-/// The one Opened of the spliced GPU; no other GPU has any transition.
-fn only_spliced_gpu_opens(per_gpu: &[Vec<Transition>], rate: &str) -> Finding {
+/// The spliced GPU's transitions; no other GPU has any.
+fn only_spliced_gpu<'a>(per_gpu: &'a [Vec<Transition>], rate: &str) -> &'a [Transition] {
     for (gpu, t) in per_gpu.iter().enumerate() {
         if gpu != SPLICED_GPU {
             assert_eq!(t, &vec![], "GPU {gpu} {rate}");
         }
     }
-    match per_gpu[SPLICED_GPU].as_slice() {
-        [Transition::Opened(f)] => f.clone(),
-        other => panic!("{rate}: expected one Opened, got {other:?}"),
+    &per_gpu[SPLICED_GPU]
+}
+
+/// The quick hold a GPU earns from its polls before `splice_ts`: three times
+/// the longest run of `evidence` polls that ended before the splice (from its
+/// `from` poll to its last), at least 2 s. `evidence` says whether a poll
+/// continues the run (`Some(true)`), ends it (`Some(false)`) or neither
+/// (`None`); `from_prev` says whether a run is measured from the poll before
+/// its first (a freeze, from the last fresh value) or from its first.
+fn expected_quick_hold(
+    fed: &[Poll],
+    splice_ts: i64,
+    from_prev: bool,
+    evidence: impl Fn(&Poll, &Poll) -> Option<bool>,
+) -> i64 {
+    let before: Vec<&Poll> = fed.iter().filter(|p| p.ts_ms < splice_ts).collect();
+    let (mut longest, mut run): (i64, Option<(i64, i64)>) = (0, None);
+    for w in before.windows(2) {
+        match (evidence(w[0], w[1]), &mut run) {
+            (Some(true), Some((_, last))) => *last = w[1].ts_ms,
+            (Some(true), None) => {
+                let from = if from_prev { w[0].ts_ms } else { w[1].ts_ms };
+                run = Some((from, w[1].ts_ms));
+            }
+            (Some(false), Some((from, last))) => {
+                longest = longest.max(*last - *from);
+                run = None;
+            }
+            _ => {}
+        }
     }
+    (3 * longest).max(2_000)
 }
 
 /// A zombie spliced into t13: from 150 s on, GPU 3 repeats its last reading
 /// (energy counter, power, temperature, utilisation, SM activity; as the
-/// simulator's zombie does). Critical, on GPU 3 only; onset = first poll
-/// that repeats the counter; detected 60 s after the last fresh reading and
-/// within 62 s of the splice, at 10 Hz and at 1 Hz.
+/// simulator's zombie does). On GPU 3 only: a warning once the counter has
+/// stood still for three times its longest pause of the recording so far
+/// (at least 2 s: at 1 Hz, where it never paused, the second repeated poll),
+/// escalated to critical 60 s after the last fresh reading, within 62 s of
+/// the splice, at 10 Hz and at 1 Hz. Onset = first poll that repeats the
+/// counter.
 #[test]
 fn real_t13_with_a_spliced_freeze_fires_on_that_gpu_only() {
     if skip(T13) {
@@ -762,10 +931,18 @@ fn real_t13_with_a_spliced_freeze_fires_on_that_gpu_only() {
             fed,
             per_gpu,
         } = run;
-        let f = only_spliced_gpu_opens(&per_gpu, rate);
+        let (f, e) = match only_spliced_gpu(&per_gpu, rate) {
+            [Transition::Opened(f), Transition::Escalated(e)] => (f.clone(), e.clone()),
+            other => panic!("{rate}: expected Opened then Escalated, got {other:?}"),
+        };
         assert_eq!(
             (f.kind, f.severity, f.action),
-            (Kind::Zombie, Severity::Critical, ACTION_ENERGY_FROZEN),
+            (Kind::Zombie, Severity::Warning, ACTION_ENERGY_STOPPED),
+            "{rate}"
+        );
+        assert_eq!(
+            (e.severity, e.action),
+            (Severity::Critical, ACTION_ENERGY_FROZEN),
             "{rate}"
         );
         // The evidence starts at the first fed poll that repeats the
@@ -782,18 +959,30 @@ fn real_t13_with_a_spliced_freeze_fires_on_that_gpu_only() {
         let fresh = fed[i].ts_ms;
         assert!(onset >= splice_ts, "{rate}: {onset} < {splice_ts}");
         assert_eq!(f.onset_ts_ms, onset, "{rate}");
-        let held = f.detected_ts_ms - fresh;
+        let quick = expected_quick_hold(&fed, splice_ts, true, |a, b| {
+            Some(energy_key(a) == energy_key(b))
+        });
+        if rate == "1 Hz" {
+            assert_eq!(quick, 2_000, "at 1 Hz the counter never paused");
+        }
+        let warned = f.detected_ts_ms - fresh;
+        assert!(
+            (quick..quick + 1_200).contains(&warned),
+            "{rate}: warned {warned} ms after the last fresh reading, quick hold {quick} ms"
+        );
+        let held = e.ts_ms - fresh;
         assert!((60_000..61_200).contains(&held), "{rate}: {held} ms");
-        let ttd = f.detected_ts_ms - splice_ts;
-        assert!(ttd <= 62_000, "{rate}: detected {ttd} ms after the splice");
+        let ttd = e.ts_ms - splice_ts;
+        assert!(ttd <= 62_000, "{rate}: critical {ttd} ms after the splice");
     }
 }
 
 /// Busy but no work spliced into t13: from 150 s on, GPU 3 keeps its
 /// recorded GPU_UTIL (≥ 90 % in the steady phase, with dips to 32-49 %)
 /// while SM_ACTIVE reads 0 wherever it was recorded. Warning, on GPU 3
-/// only; onset = first busy-but-idle poll; detected 60 s after it and within
-/// 62 s of the splice, at 10 Hz and at 1 Hz.
+/// only; onset = first busy-but-idle poll; detected once the run is three
+/// times the longest such run of the recording so far (at least 2 s), within
+/// 5 s of the splice, at 10 Hz and at 1 Hz.
 #[test]
 fn real_t13_with_spliced_busy_but_idle_fires_on_that_gpu_only() {
     if skip(T13) {
@@ -811,25 +1000,46 @@ fn real_t13_with_spliced_busy_but_idle_fires_on_that_gpu_only() {
             fed,
             per_gpu,
         } = run;
-        let f = only_spliced_gpu_opens(&per_gpu, rate);
+        let f = match only_spliced_gpu(&per_gpu, rate) {
+            [Transition::Opened(f)] => f.clone(),
+            other => panic!("{rate}: expected one Opened, got {other:?}"),
+        };
         assert_eq!(
             (f.kind, f.severity, f.action),
             (Kind::Zombie, Severity::Warning, ACTION_BUSY_IDLE),
             "{rate}"
         );
+        let busy_idle = |p: &Poll| {
+            p.get(Field::ProfSmActive).is_some()
+                && p.get(Field::ProfSmActive).is_some_and(|a| a <= 0.005)
+                && p.get(Field::GpuUtil).is_some_and(|u| u >= 50.0)
+        };
         let onset = fed
             .iter()
-            .find(|p| {
-                p.ts_ms >= splice_ts
-                    && p.get(Field::ProfSmActive).is_some()
-                    && p.get(Field::GpuUtil).is_some_and(|u| u >= 50.0)
-            })
+            .find(|p| p.ts_ms >= splice_ts && busy_idle(p))
             .unwrap()
             .ts_ms;
         assert_eq!(f.onset_ts_ms, onset, "{rate}");
-        let held = f.detected_ts_ms - onset;
-        assert!((60_000..61_200).contains(&held), "{rate}: {held} ms");
+        let quick = expected_quick_hold(&fed, splice_ts, false, |_, b| {
+            let (util, sm) = (b.get(Field::GpuUtil)?, b.get(Field::ProfSmActive)?);
+            if sm > 0.005 || util <= 0.0 {
+                Some(false)
+            } else {
+                (util >= 50.0).then_some(true)
+            }
+        });
+        // The first busy-but-idle poll at least `quick` after the onset,
+        // with 3 such polls (the onset's included) by then.
+        let due = fed
+            .iter()
+            .filter(|p| p.ts_ms >= onset && busy_idle(p))
+            .enumerate()
+            .find(|(n, p)| *n >= 2 && p.ts_ms - onset >= quick)
+            .unwrap()
+            .1
+            .ts_ms;
+        assert_eq!(f.detected_ts_ms, due, "{rate}: quick hold {quick} ms");
         let ttd = f.detected_ts_ms - splice_ts;
-        assert!(ttd <= 62_000, "{rate}: detected {ttd} ms after the splice");
+        assert!(ttd <= 5_000, "{rate}: detected {ttd} ms after the splice");
     }
 }
