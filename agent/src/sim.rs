@@ -728,7 +728,7 @@ impl GpuSource for SimulatedSource {
                 clock_events |= CLOCK_EVENT_HW_SLOWDOWN | CLOCK_EVENT_HW_THERMAL;
             }
             g.clock_events = clock_events;
-            let (xid, uncorrectable_rows, correctable_rows) = match faults {
+            let (xid, uncorrectable_rows, correctable_rows, remap_pending) = match faults {
                 Some(f) => {
                     f.throttled = throttled;
                     f.observe(
@@ -746,9 +746,10 @@ impl GpuSource for SimulatedSource {
                         f.xid as f64,
                         f.uncorrectable_rows as f64,
                         f.correctable_rows as f64,
+                        f64::from(u8::from(f.remap_pending)),
                     )
                 }
-                None => (0.0, 0.0, 0.0),
+                None => (0.0, 0.0, 0.0, 0.0),
             };
             let round6 = |v: f64| (v * 1e6).round() / 1e6;
             let mut ratio = |scale: f64| {
@@ -816,7 +817,7 @@ impl GpuSource for SimulatedSource {
             push(Metric::RetiredSbe, 0.0);
             push(Metric::RetiredDbe, 0.0);
             push(Metric::RetiredPending, 0.0);
-            push(Metric::RowRemapPending, 0.0);
+            push(Metric::RowRemapPending, remap_pending);
             push(Metric::NvlinkCrcFlitErrorCountTotal, 0.0);
             push(Metric::NvlinkCrcDataErrorCountTotal, 0.0);
             push(Metric::NvlinkReplayErrorCountTotal, 0.0);

@@ -134,42 +134,57 @@ fn feed(h: &mut GpuHealth, poll: &Poll) -> Vec<Transition> {
 }
 
 /// The simulator's row-remap fault (agent/src/sim/fault.rs): one correctable
-/// row every 30 s, the XID gauge at 63. XID 63 is catalog IGNORE, so only the
-/// row-remap detector may speak.
+/// row every 30 s, the XID gauge at 63, `ROW_REMAP_PENDING` 1 from the first
+/// row until the fault ends (the GPU reset that applies the remaps). XID 63
+/// is catalog IGNORE, so only the row-remap detector may speak: at the first
+/// row when the pending flag is exported, at the 3rd row without it.
 #[test]
 fn row_remap_growth_with_xid_63_is_one_row_remap_event() {
-    let mut h = GpuHealth::new(&HealthConfig::default());
-    let mut seen = Vec::new();
-    for s in 0..=900 {
-        let ts = s * 1_000;
-        let rows = (s / 30).min(10) as f64; // rows 1..=10 at 30 s .. 300 s
-        let xid = if s >= 30 { 63.0 } else { 0.0 };
-        let poll = Poll::new(ts)
-            .with(Field::XidErrors, xid)
-            .with(Field::CorrectableRemappedRows, rows)
-            .with(Field::UncorrectableRemappedRows, 0.0)
-            .with(Field::RowRemapPending, 0.0)
-            .with(Field::RowRemapFailure, 0.0)
-            .with(Field::ClockThrottleReasons, 0.0);
-        seen.extend(feed(&mut h, &poll));
+    for (pending_exported, detected_s) in [(true, 30), (false, 90)] {
+        let mut h = GpuHealth::new(&HealthConfig::default());
+        let mut seen = Vec::new();
+        for s in 0..=900 {
+            let ts = s * 1_000;
+            let rows = (s / 30).min(10) as f64; // rows 1..=10 at 30 s .. 300 s
+            let xid = if s >= 30 { 63.0 } else { 0.0 };
+            let mut poll = Poll::new(ts)
+                .with(Field::XidErrors, xid)
+                .with(Field::CorrectableRemappedRows, rows)
+                .with(Field::UncorrectableRemappedRows, 0.0)
+                .with(Field::RowRemapFailure, 0.0)
+                .with(Field::ClockThrottleReasons, 0.0);
+            if pending_exported {
+                // The fault ends, and the GPU is reset, at 330 s.
+                let pending = if (30..330).contains(&s) { 1.0 } else { 0.0 };
+                poll = poll.with(Field::RowRemapPending, pending);
+            }
+            seen.extend(feed(&mut h, &poll));
+        }
+        // Onset at the 1st row (30 s). 50 s buckets: rows per bucket b0:1
+        // b1:2 b2:1 b3:2 b4:2 b5:1 b6:1. The sum drops below 3 when only b5
+        // and b6 are live, at bucket 16 = 800 s, long after the reset.
+        assert_eq!(seen.len(), 2, "{seen:#?}");
+        let Transition::Opened(f) = &seen[0] else {
+            panic!("{seen:?}")
+        };
+        assert_eq!(
+            (f.kind, f.severity, f.onset_ts_ms, f.detected_ts_ms),
+            (
+                Kind::RowRemap,
+                Severity::Warning,
+                30_000,
+                detected_s * 1_000
+            ),
+            "pending exported: {pending_exported}"
+        );
+        assert_eq!(seen[1].key(), EventKey::of(Kind::RowRemap));
+        assert!(matches!(&seen[1], Transition::Cleared(c) if c.cleared_ts_ms == 800_000));
     }
-    // The 3rd row (90 s) opens, onset at the 1st (30 s). 50 s buckets: rows
-    // per bucket b0:1 b1:2 b2:1 b3:2 b4:2 b5:1 b6:1. The sum drops below 3
-    // when only b5 and b6 are live, at bucket 16 = 800 s.
-    assert_eq!(seen.len(), 2, "{seen:#?}");
-    let Transition::Opened(f) = &seen[0] else {
-        panic!("{seen:?}")
-    };
-    assert_eq!(
-        (f.kind, f.severity, f.onset_ts_ms, f.detected_ts_ms),
-        (Kind::RowRemap, Severity::Warning, 30_000, 90_000)
-    );
-    assert_eq!(seen[1].key(), EventKey::of(Kind::RowRemap));
-    assert!(matches!(&seen[1], Transition::Cleared(c) if c.cleared_ts_ms == 800_000));
 }
 
-/// The simulator's XID 48 fault: gauge 48, one uncorrectable row, and the
-/// sim mirrors uncorrectable rows into the volatile DBE counter. Three
+/// The simulator's XID 48 fault: gauge 48, one uncorrectable row waiting
+/// for a reset, and the sim mirrors uncorrectable rows into the volatile DBE
+/// counter. Three
 /// detectors see the same fault; rolling them into one incident is the
 /// engine's job (research §3.4 pitfall 6).
 #[test]
@@ -183,7 +198,8 @@ fn xid_48_with_dbe_opens_xid_ecc_and_row_remap() {
     let fault = Poll::new(1_000)
         .with(Field::XidErrors, 48.0)
         .with(Field::EccDbeVolTotal, 1.0)
-        .with(Field::UncorrectableRemappedRows, 1.0);
+        .with(Field::UncorrectableRemappedRows, 1.0)
+        .with(Field::RowRemapPending, 1.0);
     let t = feed(&mut h, &fault);
     let got: Vec<(Kind, Option<u32>, Severity, i64)> = t
         .iter()

@@ -29,8 +29,8 @@
 //! | straggler | a slowdown `s` drawn uniformly from [`STRAGGLER_SLOWDOWN`] (5-30 %): while the GPU is busy, its utilization, every activity ratio (GR engine, SM active, SM occupancy, tensor / FP pipes, DRAM) and the dynamic part of its power are × (1 - s); temperature follows the lower power; the SM clock is not cut and no clock-event reason is set |
 //! | clock degraded | a cut `s` drawn uniformly from [`CLOCK_DEGRADED_CUT`] (10-35 %): while the GPU is busy its SM clock is × (1 - s), rounded to 15 MHz, with no clock-event reason, and the dynamic part of its power × (1 - s/2); activity is unchanged |
 //! | XID 79 | fallen off the bus: from its tick on the GPU reports only `DCGM_FI_DEV_XID_ERRORS = 79`. This is what dcgm-exporter shows: DCGM learns XID 79 from the kernel log (NVML cannot report it), every NVML-backed field fails with GPU_IS_LOST and dcgm-exporter skips blank fields. The GPU stays in the inventory |
-//! | XID 48 | double-bit ECC error: `XID_ERRORS` becomes 48 (a last-value gauge, so it stays) and `UNCORRECTABLE_REMAPPED_ROWS` grows by one |
-//! | row-remap growth | one more correctable remapped row every 30 s of simulated time (the first at the start tick), each with XID 63 (row-remap recording event) |
+//! | XID 48 | double-bit ECC error: `XID_ERRORS` becomes 48 (a last-value gauge, so it stays), `UNCORRECTABLE_REMAPPED_ROWS` grows by one and `ROW_REMAP_PENDING` becomes 1 (the remap applies at the next GPU reset, which the simulated GPU never gets) |
+//! | row-remap growth | one more correctable remapped row every 30 s of simulated time (the first at the start tick), each with XID 63 ("Row Remapper: New row marked for remapping, reset gpu to activate"); `ROW_REMAP_PENDING` is 1 from the first row until the fault ends, which stands for the GPU reset that applies the remaps (the rows stay counted) |
 //! | zombie, variant `frozen` (50 %) | keeps reporting, but every reading repeats, bit for bit, the GPU's readings of the tick before the fault (of tick 0 if it starts at 0), counters included |
 //! | zombie, variant `hung` (50 %) | readings keep moving but no work is done: `GPU_UTIL` stays at the last busy value before the fault (100 if the GPU was idle), every activity ratio is noise below 0.005, power is idle power plus noise (so temperature relaxes toward idle), energy keeps integrating that power, the SM clock stays at the busy boost clock, memory used stays where it was |
 //! | driver drift, variant `driver` | from tick 0 and for the whole run, every GPU of the node reports driver [`DRIFTED_DRIVER_VERSION`] instead of `550.54.15` (node-level, [`FaultConfig::drift_node_probability`]); readings unchanged |
@@ -562,6 +562,8 @@ pub(super) struct FaultState {
     pub(super) xid: u32,
     pub(super) uncorrectable_rows: u64,
     pub(super) correctable_rows: u64,
+    /// A remapped row waits for a GPU reset (`ROW_REMAP_PENDING`).
+    pub(super) remap_pending: bool,
     lost: bool,
     /// Utilization and memory used the GPU last reported while not hung.
     last_util: f64,
@@ -618,6 +620,7 @@ impl FaultState {
             xid: 0,
             uncorrectable_rows: 0,
             correctable_rows: 0,
+            remap_pending: false,
             lost: false,
             last_util: 0.0,
             last_fb_mib: 0.0,
@@ -629,7 +632,17 @@ impl FaultState {
     /// (XIDs, remapped rows) and sets [`Self::fx`]. Call before computing
     /// the tick's readings.
     pub(super) fn begin_tick(&mut self, tick: u64, gpu: u32, uuid: &str, truth: &GroundTruth) {
-        self.active.retain(|a| a.p.end.is_none_or(|e| e > tick));
+        let mut reset = false;
+        self.active.retain(|a| {
+            let on = a.p.end.is_none_or(|e| e > tick);
+            reset |= !on && a.p.kind == FaultKind::RowRemapGrowth;
+            on
+        });
+        // The end of row-remap growth is the GPU reset that applies the
+        // remaps; after a double-bit error the GPU is never reset.
+        if reset && self.uncorrectable_rows == 0 {
+            self.remap_pending = false;
+        }
         while self.scheduled.last().is_some_and(|p| p.start <= tick) {
             let p = self.scheduled.pop().expect("BUG: checked non-empty");
             self.activate(p, gpu, uuid, truth);
@@ -652,6 +665,7 @@ impl FaultState {
                     if (tick - a.p.start).is_multiple_of(self.remap_every_ticks) =>
                 {
                     self.correctable_rows += 1;
+                    self.remap_pending = true;
                     self.xid = 63;
                     a.added_row = true;
                 }
@@ -703,6 +717,7 @@ impl FaultState {
             FaultKind::Xid48DoubleBitEcc => {
                 self.xid = 48;
                 self.uncorrectable_rows += 1;
+                self.remap_pending = true;
                 // It needs a reset; no further random faults.
                 self.random = None;
             }

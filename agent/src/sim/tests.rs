@@ -338,6 +338,7 @@ fn no_faults_by_default() {
             assert_eq!(value(tick, gpu, Metric::XidErrors), 0.0);
             assert_eq!(value(tick, gpu, Metric::UncorrectableRemappedRows), 0.0);
             assert_eq!(value(tick, gpu, Metric::CorrectableRemappedRows), 0.0);
+            assert_eq!(value(tick, gpu, Metric::RowRemapPending), 0.0);
             assert!(value(tick, gpu, Metric::GpuTemp) < SLOWDOWN_TEMP_C);
         }
     }
@@ -404,8 +405,10 @@ fn xid48_sets_the_gauge_and_an_uncorrectable_row() {
             rows,
             "tick {k}"
         );
-        // The double-bit error shows in the ECC counters too.
+        // The double-bit error shows in the ECC counters too, and its row
+        // waits for a reset that never comes.
         assert_eq!(value(tick, 0, Metric::EccDbeVolTotal), rows, "tick {k}");
+        assert_eq!(value(tick, 0, Metric::RowRemapPending), rows, "tick {k}");
         assert_eq!(value(tick, 0, Metric::EccDbeAggTotal), rows, "tick {k}");
         assert_eq!(value(tick, 1, Metric::XidErrors), 0.0);
     }
@@ -426,7 +429,7 @@ fn xid48_sets_the_gauge_and_an_uncorrectable_row() {
 }
 
 #[test]
-fn row_remap_growth_one_row_per_30_s_with_xid_63() {
+fn row_remap_growth_one_row_per_30_s_with_xid_63_pending_until_the_reset() {
     let mut config = one_fault(7, 1, 0, FaultKind::RowRemapGrowth, 0, Some(100));
     config.interval_ms = 1000;
     let (t, s) = run_with(config, 130);
@@ -445,6 +448,10 @@ fn row_remap_growth_one_row_per_30_s_with_xid_63() {
         );
         assert_eq!(value(tick, 0, Metric::XidErrors), 63.0);
         assert_eq!(value(tick, 0, Metric::UncorrectableRemappedRows), 0.0);
+        // Pending from the first row until the fault ends at 100 (the reset
+        // that applies the remaps).
+        let pending = if k < 100 { 1.0 } else { 0.0 };
+        assert_eq!(value(tick, 0, Metric::RowRemapPending), pending, "tick {k}");
     }
     let e = s.ground_truth().events();
     assert_eq!((e[0].start_tick, e[0].end_tick), (0, Some(100)));
