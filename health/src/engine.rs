@@ -23,6 +23,7 @@
 //! ([`Engine::restore`] at start) gets every change as a [`Change`].
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
 
 use crate::peers::{PeerChange, PeerSignals, Scratch};
 use crate::{
@@ -220,6 +221,8 @@ pub struct Engine {
     /// Smoothed signals and rule runs of the peer comparison, by slot.
     peers: Vec<PeerSignals>,
     peer_scratch: Scratch,
+    /// The live GPUs' newest sample times, for the fleet's median.
+    newest_scratch: Vec<i64>,
     host_index: HashMap<String, u32>,
     /// An inventory changed since the last drift check.
     inventory_changed: bool,
@@ -231,8 +234,16 @@ impl Engine {
     /// Closed events kept in memory (the newest); the log keeps all.
     pub const MAX_CLOSED: usize = 100_000;
 
-    /// The shortest silence that is a `telemetry_gap` (see [`Engine::tick`]).
+    /// The shortest silence by the clock that is a `telemetry_gap` (see
+    /// [`Engine::tick`]).
     pub const GAP_MIN_MS: i64 = 30_000;
+
+    /// The shortest silence behind the rest of the fleet that is a
+    /// `telemetry_gap` (see [`Engine::tick`]).
+    pub const GAP_BEHIND_MS: i64 = 8_000;
+
+    /// Fewest live GPUs for the fleet's median to judge a silence.
+    pub const GAP_MIN_FLEET: usize = 4;
 
     /// How long (sample time of the GPU's polls) an event restored as open
     /// stays open unless its detector opens it again.
@@ -259,6 +270,7 @@ impl Engine {
             hosts: Vec::new(),
             peers: Vec::new(),
             peer_scratch: Scratch::default(),
+            newest_scratch: Vec::new(),
             host_index: HashMap::new(),
             inventory_changed: false,
             drift_checked_ms: None,
@@ -384,7 +396,14 @@ impl Engine {
     /// Looks for GPUs that went silent, at `now_ms` (the wall clock in
     /// `serve`, the virtual clock in a simulation). A GPU is silent when its
     /// newest sample is older than [`Engine::GAP_MIN_MS`] or 5 of its poll
-    /// intervals, whichever is longer. A silent GPU whose host's other GPUs
+    /// intervals, whichever is longer; or when it is [`Engine::GAP_BEHIND_MS`]
+    /// (or 5 intervals) behind the median newest sample of the live GPUs (at
+    /// least [`Engine::GAP_MIN_FLEET`] of them), taken no later than
+    /// `now_ms`. The second rule finds a silence in seconds while the rest of
+    /// the fleet reports, and stays quiet when everybody's data stops at once
+    /// (ingest stalled, or this node cut off), which the first rule then
+    /// judges; the median is not moved by a few agents whose clocks run
+    /// ahead. A silent GPU whose host's other GPUs
     /// report is a GPU gone (critical: XID 79, fallen off the bus, and the
     /// like); when no GPU of the host reports, the agent or its network is
     /// (warning: its spool may still deliver). The event clears at the next
@@ -393,15 +412,25 @@ impl Engine {
     /// sample within the limit) can be silent: backfilled data is not.
     pub fn tick(&mut self, now_ms: i64, out: &mut Vec<Change>) {
         let limit = |g: &Gpu| Self::GAP_MIN_MS.max(5 * g.interval_ms);
+        let behind = |g: &Gpu| Self::GAP_BEHIND_MS.max(5 * g.interval_ms);
         let newest = |g: &Gpu| g.pending.as_ref().map(|p| p.ts_ms).or(g.last_poll_ms);
         for g in &mut self.gpus {
             if !g.live && newest(g).is_some_and(|t| now_ms - t <= limit(g)) {
                 g.live = true;
             }
         }
+        let times = &mut self.newest_scratch;
+        times.clear();
+        times.extend(self.gpus.iter().filter(|g| g.live).filter_map(newest));
+        let fleet = (times.len() >= Self::GAP_MIN_FLEET).then(|| {
+            let mid = times.len() / 2;
+            (*times.select_nth_unstable(mid).1).min(now_ms)
+        });
         let silent_since = |g: &Gpu| -> Option<i64> {
             let newest = newest(g)?;
-            (g.live && now_ms - newest > limit(g)).then_some(newest)
+            let by_clock = now_ms - newest > limit(g);
+            let by_fleet = fleet.is_some_and(|f| f - newest > behind(g));
+            (g.live && (by_clock || by_fleet)).then_some(newest)
         };
         // (silent, all) GPUs per host index.
         let mut hosts: Vec<(u32, u32)> = vec![(0, 0); self.hosts.len()];
@@ -435,12 +464,19 @@ impl Engine {
                     "this GPU stopped reporting while the others of its host go on: check it (XID 79, fallen off the bus?) and drain it",
                 )
             };
-            let evidence = format!(
+            let mut evidence = format!(
                 "no poll for {} s (every {:.1} s before); {silent} of {total} GPUs of {} silent",
                 (now_ms - newest) / 1000,
                 interval as f64 / 1000.0,
                 g.id.host
             );
+            if let Some(f) = fleet {
+                let _ = write!(
+                    evidence,
+                    "; the fleet's median GPU is {} s ahead of it",
+                    (f - newest) / 1000
+                );
+            }
             opened.push((
                 slot as GpuSlot,
                 crate::Finding {

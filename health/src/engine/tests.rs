@@ -378,6 +378,76 @@ fn a_silent_gpu_a_silent_host_and_late_data_are_told_apart() {
 }
 
 #[test]
+fn a_gpu_behind_the_fleet_is_silent_in_seconds_and_a_stall_of_everyone_is_not() {
+    let mut e = engine();
+    // Six hosts of two GPUs at 1 Hz; h5's GPU 0 runs its clock 60 s ahead.
+    let slots: Vec<GpuSlot> = (0..12)
+        .map(|i| e.gpu(gpu(&format!("GPU-{i:02}"), &format!("h{}", i / 2), i % 2)))
+        .collect();
+    let skew = |i: usize| if i == 10 { 60_000 } else { 0 };
+    let temp = [(Field::GpuTemp, 50.0)];
+    let mut out = Vec::new();
+    let feed = |e: &mut Engine, out: &mut Vec<Change>, t: i64, who: &dyn Fn(usize) -> bool| {
+        for (i, &s) in slots.iter().enumerate() {
+            if who(i) {
+                out.extend(poll(e, s, t + skew(i), &temp));
+            }
+        }
+    };
+    for t in (1_000..=10_000).step_by(1_000) {
+        feed(&mut e, &mut out, t, &|_| true);
+    }
+    e.tick(10_500, &mut out);
+    // From 11 s, h0 (GPUs 0 and 1) and h1's GPU 3 fall silent; the rest
+    // goes on. The median newest sample is the others' (the skewed clock
+    // does not move it); 8 s behind it is not yet silent, 9 s is.
+    let on = |i: usize| i > 1 && i != 3;
+    for t in (11_000..=18_000).step_by(1_000) {
+        feed(&mut e, &mut out, t, &on);
+    }
+    e.tick(18_500, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    feed(&mut e, &mut out, 19_000, &on);
+    e.tick(19_500, &mut out);
+    let mut opened: Vec<(String, Severity, i64, i64)> = out
+        .drain(..)
+        .map(|c| match c {
+            Change::Opened(ev) => {
+                assert_eq!(ev.kind, Kind::TelemetryGap);
+                assert!(
+                    ev.evidence
+                        .ends_with("the fleet's median GPU is 9 s ahead of it"),
+                    "{}",
+                    ev.evidence
+                );
+                (ev.gpu.uuid, ev.severity, ev.onset_ts_ms, ev.detected_ts_ms)
+            }
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    opened.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        opened,
+        vec![
+            ("GPU-00".to_string(), Severity::Warning, 11_000, 19_500),
+            ("GPU-01".to_string(), Severity::Warning, 11_000, 19_500),
+            ("GPU-03".to_string(), Severity::Critical, 11_000, 19_500),
+        ]
+    );
+    // Now nobody's data arrives (ingest stalled, or this node cut off): at
+    // 26 s of silence by the clock, nothing more opens; past 30 s the clock
+    // rule speaks for everyone.
+    e.tick(45_000, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    e.tick(49_100, &mut out);
+    let opened = out
+        .iter()
+        .filter(|c| matches!(c, Change::Opened(ev) if ev.kind == Kind::TelemetryGap))
+        .count();
+    assert_eq!(opened, 8, "the 8 GPUs of h1-h5 on time: {out:?}");
+}
+
+#[test]
 fn drift_opens_at_the_tick_after_an_inventory_and_clears_when_it_matches_again() {
     let mut e = engine();
     let inv = |driver: &str| Inventory {
