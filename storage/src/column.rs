@@ -49,10 +49,31 @@ pub enum ColumnError {
     BadScale(u8),
 }
 
+thread_local! {
+    /// One zstd compression context per thread, reused: creating one per
+    /// block (its tables allocated and cleared each time) was a third of the
+    /// time of a flush of 200,000 series (docs/BENCHMARKS.md, issue #18).
+    static CCTX: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// `data` compressed at [`ZSTD_LEVEL`] by this thread's context; the bytes
+/// are those of `zstd::bulk::compress(data, ZSTD_LEVEL)`.
+pub(crate) fn zstd_compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    CCTX.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        let cctx = match &mut *slot {
+            Some(c) => c,
+            None => slot.insert(zstd::bulk::Compressor::new(ZSTD_LEVEL)?),
+        };
+        cctx.compress(data)
+    })
+}
+
 /// Appends `payload` to `out` under `kind`, zstd-compressed if that is smaller.
 fn put_block(out: &mut Vec<u8>, kind: u8, payload: &[u8]) {
     if payload.len() > 32
-        && let Ok(z) = zstd::bulk::compress(payload, ZSTD_LEVEL)
+        && let Ok(z) = zstd_compress(payload)
     {
         let mut head = Vec::with_capacity(10);
         put_uvarint(&mut head, payload.len() as u64);

@@ -445,7 +445,9 @@ fn merge_into(windows: &mut BTreeMap<i64, RollupRecord>, r: RollupRecord) {
 }
 
 /// Merges `minutes` (gpu-level, 1-minute records of `group`) into every tier
-/// and level of `tables`. One group lookup per (tier, level) and series.
+/// and level of `tables`. One group lookup per (tier, level) and series: the
+/// flush's way before [`delta_tables`], kept as the tests' reference.
+#[cfg(test)]
 pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &[RollupRecord]) {
     if minutes.is_empty() {
         return;
@@ -465,26 +467,69 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
     }
 }
 
-/// Builds the tables of a delta (at flush time).
+/// Builds the tables of a delta (at flush time), level by level: the gpu
+/// level's groups are the delta's series merged per group, and each higher
+/// level merges the groups of the level below it, so a record is merged
+/// once per level rather than once per level and series. In each group the
+/// minute records are sorted, so a tier's windows are runs of them, merged
+/// in order, and each group's windows are built from a sorted run instead of
+/// by one map insertion per record. Same tables as [`add_to_tables`] for
+/// every series (checked by a test against it).
 pub(crate) fn delta_tables(delta: &RollupDelta) -> Tables {
     let mut tables = empty_tables();
-    // Merge series of the same gpu group first, so each group is projected once.
     let mut by_group: HashMap<&RollupGroup, Vec<RollupRecord>> = HashMap::new();
     for (g, minutes) in delta {
         by_group.entry(g).or_default().extend_from_slice(minutes);
     }
-    for (g, mut minutes) in by_group {
-        minutes.sort_by_key(|r| r.window_start_ms);
-        let mut merged: Vec<RollupRecord> = Vec::with_capacity(minutes.len());
-        for r in minutes {
-            match merged.last_mut() {
-                Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
-                _ => merged.push(r),
+    let mut groups: Vec<(RollupGroup, Vec<RollupRecord>)> = by_group
+        .into_iter()
+        .filter(|(_, m)| !m.is_empty())
+        .map(|(g, m)| (g.clone(), merged_windows(m)))
+        .collect();
+    for level in RollupLevel::ALL {
+        if level != RollupLevel::Gpu {
+            let mut up: HashMap<RollupGroup, Vec<RollupRecord>> = HashMap::new();
+            for (g, minutes) in groups {
+                up.entry(g.at_level(level)).or_default().extend(minutes);
+            }
+            groups = up
+                .into_iter()
+                .map(|(g, m)| (g, merged_windows(m)))
+                .collect();
+        }
+        for tier in RollupTier::ALL {
+            let table = &mut tables[tier.index()][level.index()];
+            for (g, minutes) in &groups {
+                let windows = runs_merged(minutes.iter().map(|r| r.in_tier(tier)));
+                table.insert(
+                    g.clone(),
+                    windows
+                        .into_iter()
+                        .map(|r| (r.window_start_ms, r))
+                        .collect(),
+                );
             }
         }
-        add_to_tables(&mut tables, g, &merged);
     }
     tables
+}
+
+/// `records` sorted by window, those of one window merged into one.
+fn merged_windows(mut records: Vec<RollupRecord>) -> Vec<RollupRecord> {
+    records.sort_by_key(|r| r.window_start_ms);
+    runs_merged(records)
+}
+
+/// Records in window order, each run of one window merged into one.
+fn runs_merged(records: impl IntoIterator<Item = RollupRecord>) -> Vec<RollupRecord> {
+    let mut out: Vec<RollupRecord> = Vec::new();
+    for r in records {
+        match out.last_mut() {
+            Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
+            _ => out.push(r),
+        }
+    }
+    out
 }
 
 /// A query in progress: one (tier, level), a filter and a time range.

@@ -156,3 +156,30 @@ proptest! {
         prop_assert_eq!(ts_round_trip(&ts), ts);
     }
 }
+
+/// The reused per-thread context writes the bytes a fresh one does, so the
+/// files' bytes (and their golden copies in docs/format) do not depend on
+/// what the thread compressed before.
+#[test]
+fn the_reused_zstd_context_writes_what_a_fresh_one_does() {
+    let payloads: Vec<Vec<u8>> = vec![
+        (0..10_000u32)
+            .flat_map(|i| (i % 251).to_le_bytes())
+            .collect(),
+        b"DCGM_FI_DEV_GPU_TEMP".repeat(300),
+        (0..5_000u64)
+            .flat_map(|i| (i.wrapping_mul(0x9e37_79b9_7f4a_7c15)).to_le_bytes())
+            .collect(),
+        vec![7; 33],
+    ];
+    for round in 0..2 {
+        for p in &payloads {
+            assert_eq!(
+                zstd_compress(p).unwrap(),
+                zstd::bulk::compress(p, 3).unwrap(),
+                "round {round}, {} bytes",
+                p.len()
+            );
+        }
+    }
+}

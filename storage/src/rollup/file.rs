@@ -43,7 +43,6 @@ const FLAG_ZSTD: u16 = 1;
 /// Largest decompressed block accepted: a block closes once it passes
 /// [`MAX_BLOCK_PAYLOAD`], by at most one group's records.
 const MAX_RAW_BLOCK: u64 = 4 * MAX_BLOCK_PAYLOAD as u64;
-const ZSTD_LEVEL: i32 = 3;
 pub(crate) const HEADER_LEN: usize = 16;
 pub(crate) const BLOCK_HEADER_LEN: usize = 28;
 pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
@@ -607,11 +606,14 @@ impl Drop for RollupFile {
 fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut Vec<u8>) -> usize {
     let mut groups = table.iter().filter(|(_, w)| !w.is_empty()).peekable();
     let mut n_blocks = 0;
+    // Reused from block to block: fresh buffers of a block's size (megabytes
+    // for a flush of many series) cost their page faults every time.
+    let (mut body, mut raw) = (Vec::new(), Vec::new());
     while groups.peek().is_some() {
         // A block ends after MAX_BLOCK_GROUPS groups or once its payload
         // passes MAX_BLOCK_PAYLOAD, so that its length fits the u32 field
         // (an import can give a group many windows).
-        let mut body = Vec::new();
+        body.clear();
         let mut n_groups = 0usize;
         let (mut min_ws, mut max_ws) = (i64::MAX, i64::MIN);
         while n_groups < MAX_BLOCK_GROUPS && body.len() < MAX_BLOCK_PAYLOAD {
@@ -639,19 +641,17 @@ fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut V
                 put_uvarint(&mut body, (r.last_ts_ms - ws) as u64);
             }
         }
-        let mut raw = Vec::with_capacity(body.len() + 10);
+        raw.clear();
         put_uvarint(&mut raw, n_groups as u64);
         raw.extend_from_slice(&body);
-        drop(body);
         // Records repeat their group's strings and hold small integers and
-        // repeated values as f64: zstd takes them to about a seventh.
+        // repeated values as f64: zstd (level 3, as column blocks) takes them
+        // to about a seventh.
         let mut payload = Vec::with_capacity(raw.len() / 4 + 16);
         put_uvarint(&mut payload, raw.len() as u64);
         payload.extend_from_slice(
-            &zstd::bulk::compress(&raw, ZSTD_LEVEL)
-                .expect("BUG: zstd compression of a buffer failed"),
+            &crate::column::zstd_compress(&raw).expect("BUG: zstd compression of a buffer failed"),
         );
-        drop(raw);
         let plen = u32::try_from(payload.len())
             .expect("BUG: a rollup block over 4 GiB (callers bound windows per group)");
         let mut h = Vec::with_capacity(BLOCK_HEADER_LEN);

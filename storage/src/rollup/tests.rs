@@ -994,3 +994,71 @@ fn tier_and_level_names_are_fixed_and_read_back() {
     assert_eq!(RollupTier::by_label("1s"), None);
     assert_eq!(RollupLevel::by_name("Rack"), None);
 }
+
+/// The old flush path, one series at a time through [`add_to_tables`]
+/// (each gpu-level group's minutes merged first, as it did), against the
+/// level-by-level [`delta_tables`]: the same tables. Sample values are small
+/// integers, so sums are exact in any order of merging.
+fn delta_tables_by_series(delta: &RollupDelta) -> Tables {
+    let mut tables = empty_tables();
+    let mut by_group: BTreeMap<&RollupGroup, Vec<RollupRecord>> = BTreeMap::new();
+    for (g, minutes) in delta {
+        by_group.entry(g).or_default().extend_from_slice(minutes);
+    }
+    for (g, minutes) in by_group {
+        let mut merged: BTreeMap<i64, RollupRecord> = BTreeMap::new();
+        for r in minutes {
+            merged
+                .entry(r.window_start_ms)
+                .and_modify(|m| m.merge(&r))
+                .or_insert(r);
+        }
+        let merged: Vec<RollupRecord> = merged.into_values().collect();
+        add_to_tables(&mut tables, g, &merged);
+    }
+    tables
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    #[test]
+    fn delta_tables_level_by_level_equal_the_series_one_by_one(
+        series in prop::collection::vec(
+            (
+                0usize..3,  // metric
+                0usize..16, // gpu slot: 2 rows x 2 racks x 2 hosts x 2 gpus; a
+                            // (metric, slot) drawn twice is a repeated group
+                prop::collection::vec((0i64..200, 0i64..60_000, -50i32..50), 0..12),
+            ),
+            0..40,
+        )
+    ) {
+        let delta: RollupDelta = series
+            .into_iter()
+            .map(|(metric, slot, samples)| {
+                let group = Arc::new(RollupGroup {
+                    metric: format!("m{metric}"),
+                    cluster: "c".into(),
+                    row: format!("row-{}", slot / 8),
+                    rack: format!("rack-{}", slot / 4),
+                    host: format!("host-{}", slot / 2),
+                    gpu: (slot % 2).to_string(),
+                });
+                // One series' minutes: each sample folded into its minute,
+                // in window order, as a head series holds them.
+                let mut minutes: BTreeMap<i64, RollupRecord> = BTreeMap::new();
+                for (minute, offset, v) in samples {
+                    let ts = minute * 60_000 + offset;
+                    let ws = RollupTier::Minute.window_start(ts);
+                    minutes
+                        .entry(ws)
+                        .and_modify(|r| r.add(ts, f64::from(v)))
+                        .or_insert_with(|| RollupRecord::of_sample(ws, ts, f64::from(v)));
+                }
+                (group, minutes.into_values().collect())
+            })
+            .collect();
+        prop_assert_eq!(delta_tables(&delta), delta_tables_by_series(&delta));
+    }
+}
