@@ -468,67 +468,145 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
 }
 
 /// Builds the tables of a delta (at flush time), level by level: the gpu
-/// level's groups are the delta's series merged per group, and each higher
-/// level merges the groups of the level below it, so a record is merged
-/// once per level rather than once per level and series. In each group the
-/// minute records are sorted, so a tier's windows are runs of them, merged
-/// in order, and each group's windows are built from a sorted run instead of
-/// by one map insertion per record. Same tables as [`add_to_tables`] for
-/// every series (checked by a test against it).
+/// level's groups are the delta's series (merged where several share a
+/// group), and each higher level merges the groups of the level below it, so
+/// a record is merged once per level rather than once per level and series.
+/// A head series' minute records are already in window order, one per
+/// window, so they are read in place, and merging two groups is one pass
+/// over both; a tier's windows are runs of minutes, merged in order. Same
+/// tables as [`add_to_tables`] for every series (checked by a test against
+/// it).
 pub(crate) fn delta_tables(delta: &RollupDelta) -> Tables {
     let mut tables = empty_tables();
-    let mut by_group: HashMap<&RollupGroup, Vec<RollupRecord>> = HashMap::new();
+    let mut gpus: HashMap<&RollupGroup, std::borrow::Cow<'_, [RollupRecord]>> = HashMap::new();
     for (g, minutes) in delta {
-        by_group.entry(g).or_default().extend_from_slice(minutes);
+        if minutes.is_empty() {
+            continue;
+        }
+        debug_assert!(minutes.is_sorted_by(|a, b| a.window_start_ms < b.window_start_ms));
+        match gpus.entry(&**g) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(minutes.as_slice().into());
+            }
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                let merged = merge_windows(e.get(), minutes);
+                e.insert(merged.into());
+            }
+        }
     }
-    let mut groups: Vec<(RollupGroup, Vec<RollupRecord>)> = by_group
-        .into_iter()
-        .filter(|(_, m)| !m.is_empty())
-        .map(|(g, m)| (g.clone(), merged_windows(m)))
-        .collect();
-    for level in RollupLevel::ALL {
-        if level != RollupLevel::Gpu {
-            let mut up: HashMap<RollupGroup, Vec<RollupRecord>> = HashMap::new();
-            for (g, minutes) in groups {
-                up.entry(g.at_level(level)).or_default().extend(minutes);
-            }
-            groups = up
-                .into_iter()
-                .map(|(g, m)| (g, merged_windows(m)))
-                .collect();
+    add_level(
+        &mut tables,
+        RollupLevel::Gpu,
+        gpus.iter().map(|(g, m)| (*g, &**m)),
+    );
+    let mut below: HashMap<RollupGroup, Vec<RollupRecord>> = HashMap::new();
+    for (g, minutes) in &gpus {
+        merge_into_parent(&mut below, g.at_level(RollupLevel::Host), minutes);
+    }
+    drop(gpus);
+    for level in [
+        RollupLevel::Host,
+        RollupLevel::Rack,
+        RollupLevel::Row,
+        RollupLevel::Cluster,
+    ] {
+        add_level(
+            &mut tables,
+            level,
+            below.iter().map(|(g, m)| (g, m.as_slice())),
+        );
+        let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
+            break;
+        };
+        let mut next = HashMap::new();
+        for (g, minutes) in &below {
+            merge_into_parent(&mut next, g.at_level(*up), minutes);
         }
-        for tier in RollupTier::ALL {
-            let table = &mut tables[tier.index()][level.index()];
-            for (g, minutes) in &groups {
-                let windows = runs_merged(minutes.iter().map(|r| r.in_tier(tier)));
-                table.insert(
-                    g.clone(),
-                    windows
-                        .into_iter()
-                        .map(|r| (r.window_start_ms, r))
-                        .collect(),
-                );
-            }
-        }
+        below = next;
     }
     tables
 }
 
-/// `records` sorted by window, those of one window merged into one.
-fn merged_windows(mut records: Vec<RollupRecord>) -> Vec<RollupRecord> {
-    records.sort_by_key(|r| r.window_start_ms);
-    runs_merged(records)
+/// Files each group's minute records (in window order, one per window)
+/// under `level` in every tier; the level's tables must be empty. The groups
+/// are sorted once, so that each table is built from sorted entries rather
+/// than by one search per group.
+fn add_level<'a>(
+    tables: &mut Tables,
+    level: RollupLevel,
+    groups: impl Iterator<Item = (&'a RollupGroup, &'a [RollupRecord])>,
+) {
+    let mut groups: Vec<_> = groups.collect();
+    groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for tier in RollupTier::ALL {
+        let table = &mut tables[tier.index()][level.index()];
+        debug_assert!(table.is_empty());
+        *table = groups
+            .iter()
+            .map(|&(g, minutes)| {
+                let mut windows: Vec<RollupRecord> = Vec::with_capacity(match tier {
+                    RollupTier::Minute => minutes.len(),
+                    _ => 2,
+                });
+                for r in minutes {
+                    let r = r.in_tier(tier);
+                    match windows.last_mut() {
+                        Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
+                        _ => windows.push(r),
+                    }
+                }
+                let windows = windows
+                    .into_iter()
+                    .map(|r| (r.window_start_ms, r))
+                    .collect();
+                (g.clone(), windows)
+            })
+            .collect();
+    }
 }
 
-/// Records in window order, each run of one window merged into one.
-fn runs_merged(records: impl IntoIterator<Item = RollupRecord>) -> Vec<RollupRecord> {
-    let mut out: Vec<RollupRecord> = Vec::new();
-    for r in records {
-        match out.last_mut() {
-            Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
-            _ => out.push(r),
+/// Adds a group's minute records to its parent's in `parents`.
+fn merge_into_parent(
+    parents: &mut HashMap<RollupGroup, Vec<RollupRecord>>,
+    parent: RollupGroup,
+    minutes: &[RollupRecord],
+) {
+    match parents.entry(parent) {
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(minutes.to_vec());
+        }
+        std::collections::hash_map::Entry::Occupied(mut e) => {
+            let merged = merge_windows(e.get(), minutes);
+            *e.get_mut() = merged;
         }
     }
+}
+
+/// Two runs of records in window order, one per window, as one such run.
+fn merge_windows(a: &[RollupRecord], b: &[RollupRecord]) -> Vec<RollupRecord> {
+    let mut out = Vec::with_capacity(a.len().max(b.len()));
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].window_start_ms.cmp(&b[j].window_start_ms) {
+            Ordering::Less => {
+                out.push(a[i]);
+                i += 1;
+            }
+            Ordering::Greater => {
+                out.push(b[j]);
+                j += 1;
+            }
+            Ordering::Equal => {
+                let mut m = a[i];
+                m.merge(&b[j]);
+                out.push(m);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out.extend_from_slice(&a[i..]);
+    out.extend_from_slice(&b[j..]);
     out
 }
 

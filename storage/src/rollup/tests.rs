@@ -1062,3 +1062,36 @@ proptest! {
         prop_assert_eq!(delta_tables(&delta), delta_tables_by_series(&delta));
     }
 }
+
+/// Times `delta_tables` on a flush-sized delta (200,000 series x 60
+/// minutes); run by hand: `cargo test --release -p storage --lib
+/// delta_tables_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "a timing, run by hand"]
+fn delta_tables_timing() {
+    let delta: RollupDelta = (0..200_000usize)
+        .map(|i| {
+            let (host, gpu, metric) = (i / 200, (i / 25) % 8, i % 25);
+            let g = Arc::new(RollupGroup {
+                metric: format!("DCGM_FI_DEV_METRIC_{metric:02}"),
+                cluster: "prod-1".into(),
+                row: format!("row-{}", host / 40),
+                rack: format!("rack-{}", host / 4),
+                host: format!("gpu-node-{host:05}"),
+                gpu: gpu.to_string(),
+            });
+            let minutes = (0..60i64)
+                .map(|m| RollupRecord::of_sample(m * 60_000, m * 60_000 + 5, (i % 100) as f64))
+                .collect();
+            (g, minutes)
+        })
+        .collect();
+    let t = std::time::Instant::now();
+    let tables = delta_tables(&delta);
+    let built = t.elapsed();
+    drop(tables);
+    eprintln!(
+        "delta_tables: built in {built:?}, dropped in {:?}",
+        t.elapsed() - built
+    );
+}
