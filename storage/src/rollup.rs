@@ -212,6 +212,17 @@ impl RollupGroup {
             gpu: keep(RollupLevel::Gpu, &self.gpu),
         }
     }
+
+    /// Whether this group is its own projection to `level` (`*self ==
+    /// self.at_level(level)`): every field below the level is empty. Without
+    /// building the projection, for the checks of every group of a file.
+    pub fn is_at_level(&self, level: RollupLevel) -> bool {
+        let empty_below = |l: RollupLevel, s: &str| level <= l || s.is_empty();
+        empty_below(RollupLevel::Row, &self.row)
+            && empty_below(RollupLevel::Rack, &self.rack)
+            && empty_below(RollupLevel::Host, &self.host)
+            && empty_below(RollupLevel::Gpu, &self.gpu)
+    }
 }
 
 /// Equality filters on a group's fields; `None` matches anything.

@@ -167,7 +167,7 @@ pub(crate) fn check_tables(tables: &Tables) -> std::result::Result<(), (String, 
         for level in RollupLevel::ALL {
             for (g, windows) in &tables[tier.index()][level.index()] {
                 let name = || format!("{g:?} ({tier:?}, {level:?})");
-                if *g != g.at_level(level) {
+                if !g.is_at_level(level) {
                     return Err((name(), "group field below its level"));
                 }
                 for (&ws, r) in windows {
@@ -208,7 +208,7 @@ fn decode_payload(
             host: r.string("host")?,
             gpu: r.string("gpu")?,
         };
-        if g != g.at_level(b.level) {
+        if !g.is_at_level(b.level) {
             return oob(&r, "group field below its level");
         }
         let kept = keep(&g);

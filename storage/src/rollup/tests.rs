@@ -1095,3 +1095,31 @@ fn delta_tables_timing() {
         t.elapsed() - built
     );
 }
+
+#[test]
+fn is_at_level_is_equality_with_the_projection() {
+    for mask in 0..16u8 {
+        let field = |bit: u8, v: &str| {
+            if mask & bit != 0 {
+                v.to_string()
+            } else {
+                String::new()
+            }
+        };
+        let g = RollupGroup {
+            metric: "m".into(),
+            cluster: "c".into(),
+            row: field(1, "r"),
+            rack: field(2, "k"),
+            host: field(4, "h"),
+            gpu: field(8, "0"),
+        };
+        for level in RollupLevel::ALL {
+            assert_eq!(
+                g.is_at_level(level),
+                g == g.at_level(level),
+                "{g:?} {level:?}"
+            );
+        }
+    }
+}
