@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::segment::writer::{SegmentSummary, write_segment};
+use crate::segment::writer::{SegmentSummary, publish_segment, write_segment_tmp};
 use crate::series::SeriesKey;
 use crate::{Result, SegmentId};
 
@@ -108,12 +108,37 @@ impl Storage {
         };
 
         let started = Instant::now();
+        let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
+        let tmp = files::segment_tmp_path(&self.config.data_dir, id);
+        let dst = files::segment_path(&self.config.data_dir, id);
         // Rollups first: a crash before the segment is durable leaves the WAL
         // in place, and replay then refills the head but not the rollups (the
-        // WAL below this file's cut is counted in it).
+        // WAL below this file's cut is counted in it). Meanwhile a second
+        // thread writes the segment's bytes to its temporary file, which is
+        // no segment until its rename below, after the rollups are durable.
         let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
-        if let Some(delta) = frozen_rollup {
-            match self.write_rollups(cut, &crate::rollup::delta_tables(&delta), None) {
+        let write_tmp = || write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen);
+        let (rollups, encoded) = std::thread::scope(|scope| {
+            let segment = std::thread::Builder::new()
+                .name("gpulse-flush-segment".into())
+                .spawn_scoped(scope, write_tmp);
+            let rollups = frozen_rollup
+                .as_ref()
+                .map(|delta| self.write_rollups(cut, &crate::rollup::delta_tables(delta), None));
+            let encoded = match segment {
+                Ok(handle) => handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
+                // No second thread to be had: write it here, after.
+                Err(_) => write_tmp(),
+            };
+            (rollups, encoded)
+        });
+        if let (Some(delta), Some(rollups)) = (frozen_rollup, rollups) {
+            if rollups.is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+            match rollups {
                 Ok(file) => {
                     let mut state = lock!(self.state.write());
                     state.rollups.push(Arc::new(file));
@@ -134,10 +159,8 @@ impl Storage {
                 }
             }
         }
-        let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
-        let tmp = files::segment_tmp_path(&self.config.data_dir, id);
-        let dst = files::segment_path(&self.config.data_dir, id);
-        let written = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen).and_then(|s| {
+        let written = encoded.and_then(|s| {
+            publish_segment(&tmp, &dst)?;
             let opened = self.open_written_segment(&dst, id);
             Ok((s, opened?))
         });
@@ -200,7 +223,8 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
     carried.extend(map);
 }
 
-/// Writes frozen head chunks as a segment (see [`write_segment`]).
+/// Writes frozen head chunks to a segment's temporary file (see
+/// [`write_segment_tmp`]); [`publish_segment`] makes it the segment `dst`.
 fn write_frozen(
     tmp: &Path,
     dst: &Path,
@@ -209,7 +233,7 @@ fn write_frozen(
     frozen: &[FrozenSeries],
 ) -> Result<SegmentSummary> {
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
-    write_segment(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
+    write_segment_tmp(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
         let (key, chunks) = &frozen[i];
         for c in chunks {
             for s in GorillaDecoder::new(&c.bytes, c.count) {

@@ -24,18 +24,45 @@ pub struct SegmentSummary {
     pub max_ts: i64,
 }
 
-/// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`.
+/// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`
+/// ([`write_segment_tmp`], then [`publish_segment`]).
+pub(crate) fn write_segment(
+    tmp: &Path,
+    dst: &Path,
+    seq: (u64, u64),
+    wal_cut: u64,
+    keys: &[Arc<SeriesKey>],
+    load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
+) -> Result<SegmentSummary> {
+    let summary = write_segment_tmp(tmp, dst, seq, wal_cut, keys, load)?;
+    publish_segment(tmp, dst)?;
+    Ok(summary)
+}
+
+/// Renames a segment written by [`write_segment_tmp`] to `dst` and fsyncs
+/// the directory: from then on it is a segment, durable.
+pub(crate) fn publish_segment(tmp: &Path, dst: &Path) -> Result<()> {
+    fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))?;
+    if let Some(dir) = dst.parent() {
+        sync_dir(dir)?;
+    }
+    Ok(())
+}
+
+/// Writes the series `keys` (sorted) to `tmp` and fsyncs it; a leftover
+/// `*.tmp` is not a segment (open deletes it) until [`publish_segment`]
+/// renames it to `dst` (named in errors).
 /// `load(i, ts, values)` appends the samples of `keys[i]`, in time order.
 /// `seq` is the range of flush sequence numbers the segment covers (a flush
 /// covers one; a compaction the union of its sources); `wal_cut` is the WAL
 /// segment number before which every record is in this segment or an older
-/// one (replay skips those WAL segments). When this returns
-/// `Ok`, the segment is durable: file and directory entry are fsynced.
+/// one (replay skips those WAL segments). When this returns `Ok`, the file
+/// is fsynced.
 ///
 /// Samples are encoded as column chunks of at most
 /// [`super::MAX_CHUNK_SAMPLES`] samples ([`crate::column`]); a timestamp
 /// block whose bytes were already written is shared instead of written again.
-pub(crate) fn write_segment(
+pub(crate) fn write_segment_tmp(
     tmp: &Path,
     dst: &Path,
     seq: (u64, u64),
@@ -199,10 +226,6 @@ pub(crate) fn write_segment(
     file.sync_all().map_err(io)?;
     let bytes = file.metadata().map_err(io)?.len();
     drop(file);
-    fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))?;
-    if let Some(dir) = dst.parent() {
-        sync_dir(dir)?;
-    }
     Ok(SegmentSummary {
         series: keys.len() as u64,
         samples,
