@@ -448,6 +448,37 @@ pub(crate) fn empty_tables() -> Tables {
     Default::default()
 }
 
+/// A (tier, level) table as a flush builds it, only to be encoded: groups in
+/// order, each with its records in window order, one per window.
+pub(crate) type RunTable = Vec<(RollupGroup, Vec<RollupRecord>)>;
+
+/// All 15 (tier, level) run tables, indexed `[tier][level]`.
+pub(crate) type RunTables = [[RunTable; 5]; 3];
+
+/// A table a rollup file is encoded from: its groups in order, each with its
+/// records in window order.
+pub(crate) trait TableView {
+    fn groups(
+        &self,
+    ) -> impl Iterator<Item = (&RollupGroup, impl ExactSizeIterator<Item = &RollupRecord>)>;
+}
+
+impl TableView for Table {
+    fn groups(
+        &self,
+    ) -> impl Iterator<Item = (&RollupGroup, impl ExactSizeIterator<Item = &RollupRecord>)> {
+        self.iter().map(|(g, w)| (g, w.values()))
+    }
+}
+
+impl TableView for RunTable {
+    fn groups(
+        &self,
+    ) -> impl Iterator<Item = (&RollupGroup, impl ExactSizeIterator<Item = &RollupRecord>)> {
+        self.iter().map(|(g, w)| (g, w.iter()))
+    }
+}
+
 fn merge_into(windows: &mut BTreeMap<i64, RollupRecord>, r: RollupRecord) {
     windows
         .entry(r.window_start_ms)
@@ -487,8 +518,8 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
 /// over both; a tier's windows are runs of minutes, merged in order. Same
 /// tables as [`add_to_tables`] for every series (checked by a test against
 /// it).
-pub(crate) fn delta_tables(delta: &RollupDelta) -> Tables {
-    let mut tables = empty_tables();
+pub(crate) fn delta_tables(delta: &RollupDelta) -> RunTables {
+    let mut tables = RunTables::default();
     let mut gpus: HashMap<&RollupGroup, std::borrow::Cow<'_, [RollupRecord]>> = HashMap::new();
     for (g, minutes) in delta {
         if minutes.is_empty() {
@@ -540,10 +571,9 @@ pub(crate) fn delta_tables(delta: &RollupDelta) -> Tables {
 
 /// Files each group's minute records (in window order, one per window)
 /// under `level` in every tier; the level's tables must be empty. The groups
-/// are sorted once, so that each table is built from sorted entries rather
-/// than by one search per group.
+/// are sorted once; each table is their runs, in that order.
 fn add_level<'a>(
-    tables: &mut Tables,
+    tables: &mut RunTables,
     level: RollupLevel,
     groups: impl Iterator<Item = (&'a RollupGroup, &'a [RollupRecord])>,
 ) {
@@ -566,10 +596,6 @@ fn add_level<'a>(
                         _ => windows.push(r),
                     }
                 }
-                let windows = windows
-                    .into_iter()
-                    .map(|r| (r.window_start_ms, r))
-                    .collect();
                 (g.clone(), windows)
             })
             .collect();

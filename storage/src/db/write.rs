@@ -67,10 +67,10 @@ impl Storage {
     /// ([`Self::withdraw`]) before the error returns, so that the retry of its
     /// records cannot count them twice after a restart; if it cannot be
     /// withdrawn, the next write reuses its id and so replaces it.
-    pub(super) fn write_rollups(
+    pub(super) fn write_rollups<T: crate::rollup::TableView>(
         &self,
         wal_cut: u64,
-        tables: &crate::rollup::Tables,
+        tables: &[[T; 5]; 3],
         covers: Option<Vec<(u64, u64)>>,
     ) -> Result<RollupFile> {
         let id = lock!(self.retry_rollup_id.lock())

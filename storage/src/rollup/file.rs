@@ -27,7 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::Mmap;
 
-use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Table, Tables};
+use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables};
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
 use crate::error::Corruption;
 use crate::segment::writer::sync_dir;
@@ -162,18 +162,27 @@ pub(crate) fn record_problem(tier: RollupTier, r: &RollupRecord) -> Option<&'sta
 /// Checks `tables` against everything [`RollupFile::open`] checks of a
 /// record, so that no rollup file is written that its reader would refuse.
 /// Returns the first offending group and the problem.
-pub(crate) fn check_tables(tables: &Tables) -> std::result::Result<(), (String, &'static str)> {
+pub(crate) fn check_tables<T: TableView>(
+    tables: &[[T; 5]; 3],
+) -> std::result::Result<(), (String, &'static str)> {
     for tier in RollupTier::ALL {
         for level in RollupLevel::ALL {
-            for (g, windows) in &tables[tier.index()][level.index()] {
+            let mut last_group: Option<&RollupGroup> = None;
+            for (g, windows) in tables[tier.index()][level.index()].groups() {
                 let name = || format!("{g:?} ({tier:?}, {level:?})");
                 if !g.is_at_level(level) {
                     return Err((name(), "group field below its level"));
                 }
-                for (&ws, r) in windows {
-                    if ws != r.window_start_ms {
-                        return Err((name(), "record filed under another window"));
+                if last_group.is_some_and(|l| l >= g) {
+                    return Err((name(), "groups not strictly ascending"));
+                }
+                last_group = Some(g);
+                let mut last_ws: Option<i64> = None;
+                for r in windows {
+                    if last_ws.is_some_and(|l| l >= r.window_start_ms) {
+                        return Err((name(), "windows not strictly ascending"));
                     }
+                    last_ws = Some(r.window_start_ms);
                     if let Some(what) = record_problem(tier, r) {
                         return Err((name(), what));
                     }
@@ -603,8 +612,13 @@ impl Drop for RollupFile {
     }
 }
 
-fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut Vec<u8>) -> usize {
-    let mut groups = table.iter().filter(|(_, w)| !w.is_empty()).peekable();
+fn encode_table(
+    table: &impl TableView,
+    tier: RollupTier,
+    level: RollupLevel,
+    out: &mut Vec<u8>,
+) -> usize {
+    let mut groups = table.groups().filter(|(_, w)| w.len() > 0).peekable();
     let mut n_blocks = 0;
     // Reused from block to block: fresh buffers of a block's size (megabytes
     // for a flush of many series) cost their page faults every time.
@@ -626,7 +640,7 @@ fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut V
             }
             put_uvarint(&mut body, windows.len() as u64);
             let mut prev: Option<i64> = None;
-            for r in windows.values() {
+            for r in windows {
                 let ws = r.window_start_ms;
                 min_ws = min_ws.min(ws);
                 max_ws = max_ws.max(ws);
@@ -670,7 +684,11 @@ fn encode_table(table: &Table, tier: RollupTier, level: RollupLevel, out: &mut V
 }
 
 /// Encodes `tables` as a rollup file's bytes.
-pub(crate) fn encode(wal_cut: u64, covers: &[(u64, u64)], tables: &Tables) -> Vec<u8> {
+pub(crate) fn encode<T: TableView>(
+    wal_cut: u64,
+    covers: &[(u64, u64)],
+    tables: &[[T; 5]; 3],
+) -> Vec<u8> {
     let mut out = Vec::new();
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
@@ -680,7 +698,7 @@ pub(crate) fn encode(wal_cut: u64, covers: &[(u64, u64)], tables: &Tables) -> Ve
     for tier in RollupTier::ALL {
         for level in RollupLevel::ALL {
             let t = &tables[tier.index()][level.index()];
-            for r in t.values().flat_map(|w| w.values()) {
+            for r in t.groups().flat_map(|(_, w)| w) {
                 min_ts = min_ts.min(r.first_ts_ms);
                 max_ts = max_ts.max(r.last_ts_ms);
             }
@@ -721,12 +739,12 @@ pub(crate) fn encode(wal_cut: u64, covers: &[(u64, u64)], tables: &Tables) -> Ve
 /// [`Error::Unwritable`] (nothing written) for a record that
 /// [`RollupFile::open`] would refuse; I/O errors, after which `tmp` may be
 /// left behind (the caller removes it).
-pub(crate) fn write(
+pub(crate) fn write<T: TableView>(
     tmp: &Path,
     dst: &Path,
     wal_cut: u64,
     covers: &[(u64, u64)],
-    tables: &Tables,
+    tables: &[[T; 5]; 3],
 ) -> Result<()> {
     if let Err((group, what)) = check_tables(tables) {
         return Err(Error::Unwritable {

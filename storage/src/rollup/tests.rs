@@ -1059,7 +1059,27 @@ proptest! {
                 (group, minutes.into_values().collect())
             })
             .collect();
-        prop_assert_eq!(delta_tables(&delta), delta_tables_by_series(&delta));
+        let runs = delta_tables(&delta);
+        // Groups and windows in order, as the encoder needs them.
+        for table in runs.iter().flatten() {
+            prop_assert!(table.windows(2).all(|w| w[0].0 < w[1].0), "groups in order");
+            for (_, windows) in table {
+                prop_assert!(
+                    windows
+                        .windows(2)
+                        .all(|w| w[0].window_start_ms < w[1].window_start_ms)
+                );
+            }
+        }
+        let as_maps: Tables = runs.map(|levels| {
+            levels.map(|table| {
+                table
+                    .into_iter()
+                    .map(|(g, w)| (g, w.into_iter().map(|r| (r.window_start_ms, r)).collect()))
+                    .collect()
+            })
+        });
+        prop_assert_eq!(as_maps, delta_tables_by_series(&delta));
     }
 }
 
