@@ -17,7 +17,7 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use storage::{SeriesRef, Storage, StorageConfig, SyncPolicy};
+use storage::{SeriesRef, Storage, StorageConfig};
 
 #[allow(dead_code)]
 mod fleet;
@@ -32,7 +32,6 @@ const START_MS: i64 = 1_775_000_000_000;
 fn filled(n: usize, polls: usize) -> (tempfile::TempDir, Storage) {
     let dir = tempfile::tempdir().unwrap();
     let mut config = StorageConfig::new(dir.path());
-    config.wal_sync = SyncPolicy::Os;
     config.max_series = config.max_series.max(n);
     let st = Storage::open(config).unwrap();
     let refs: Vec<SeriesRef> = (0..n).map(|i| st.series_ref(key(i)).unwrap()).collect();

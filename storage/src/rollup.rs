@@ -613,8 +613,8 @@ fn merge_into_parent(
             e.insert(minutes.to_vec());
         }
         std::collections::hash_map::Entry::Occupied(mut e) => {
-            let merged = merge_windows(e.get(), minutes);
-            *e.get_mut() = merged;
+            let windows = e.get_mut();
+            *windows = merge_windows(windows, minutes);
         }
     }
 }

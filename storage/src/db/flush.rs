@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::segment::writer::{SegmentSummary, publish_segment, write_segment_tmp};
+use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
 use crate::{Result, SegmentId};
 
@@ -160,7 +160,7 @@ impl Storage {
             }
         }
         let written = encoded.and_then(|s| {
-            publish_segment(&tmp, &dst)?;
+            publish(&tmp, &dst)?;
             let opened = self.open_written_segment(&dst, id);
             Ok((s, opened?))
         });
@@ -224,7 +224,7 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
 }
 
 /// Writes frozen head chunks to a segment's temporary file (see
-/// [`write_segment_tmp`]); [`publish_segment`] makes it the segment `dst`.
+/// [`write_segment_tmp`]); [`publish`] makes it the segment `dst`.
 fn write_frozen(
     tmp: &Path,
     dst: &Path,

@@ -30,7 +30,7 @@ use memmap2::Mmap;
 use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables};
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
 use crate::error::Corruption;
-use crate::segment::writer::sync_dir;
+use crate::segment::writer::publish;
 use crate::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
@@ -761,11 +761,7 @@ pub(crate) fn write<T: TableView>(
     let file = w.into_inner().map_err(|e| io(e.into_error()))?;
     file.sync_all().map_err(io)?;
     drop(file);
-    fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))?;
-    if let Some(dir) = dst.parent() {
-        sync_dir(dir)?;
-    }
-    Ok(())
+    publish(tmp, dst)
 }
 
 /// Merges sorted, inclusive id ranges.

@@ -25,7 +25,7 @@ pub struct SegmentSummary {
 }
 
 /// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`
-/// ([`write_segment_tmp`], then [`publish_segment`]).
+/// ([`write_segment_tmp`], then [`publish`]).
 pub(crate) fn write_segment(
     tmp: &Path,
     dst: &Path,
@@ -35,13 +35,14 @@ pub(crate) fn write_segment(
     load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
     let summary = write_segment_tmp(tmp, dst, seq, wal_cut, keys, load)?;
-    publish_segment(tmp, dst)?;
+    publish(tmp, dst)?;
     Ok(summary)
 }
 
-/// Renames a segment written by [`write_segment_tmp`] to `dst` and fsyncs
-/// the directory: from then on it is a segment, durable.
-pub(crate) fn publish_segment(tmp: &Path, dst: &Path) -> Result<()> {
+/// Renames a file fsynced at `tmp` to `dst` and fsyncs the directory: from
+/// then on `dst` is durable (a segment written by [`write_segment_tmp`], a
+/// rollup file).
+pub(crate) fn publish(tmp: &Path, dst: &Path) -> Result<()> {
     fs::rename(tmp, dst).map_err(|e| Error::io(dst, e))?;
     if let Some(dir) = dst.parent() {
         sync_dir(dir)?;
@@ -50,7 +51,7 @@ pub(crate) fn publish_segment(tmp: &Path, dst: &Path) -> Result<()> {
 }
 
 /// Writes the series `keys` (sorted) to `tmp` and fsyncs it; a leftover
-/// `*.tmp` is not a segment (open deletes it) until [`publish_segment`]
+/// `*.tmp` is not a segment (open deletes it) until [`publish`]
 /// renames it to `dst` (named in errors).
 /// `load(i, ts, values)` appends the samples of `keys[i]`, in time order.
 /// `seq` is the range of flush sequence numbers the segment covers (a flush
