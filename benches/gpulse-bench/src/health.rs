@@ -58,6 +58,8 @@ const CLUSTER: &str = "sim";
 const SILENCE_MS: std::ops::Range<i64> = 60_000..600_001;
 /// Examples of missed faults and of false incidents kept for the JSON.
 const EXAMPLES: usize = 50;
+/// The slowest detections of each fault kind kept for the JSON.
+const SLOWEST_PER_KIND: usize = 20;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -728,7 +730,7 @@ impl RunStats {
 }
 
 #[derive(Debug, Clone, Serialize)]
-pub(crate) struct MissedExample {
+pub(crate) struct FaultExample {
     pub(crate) kind: &'static str,
     pub(crate) outcome: &'static str,
     pub(crate) uuid: String,
@@ -737,7 +739,11 @@ pub(crate) struct MissedExample {
     /// Seconds since the start of the run.
     pub(crate) onset_s: f64,
     pub(crate) end_s: Option<f64>,
+    /// Seconds since the start of the run of the first tick that showed it.
+    pub(crate) shown_s: Option<f64>,
     pub(crate) shown_for_s: f64,
+    /// Time to detect, s (detected faults only).
+    pub(crate) ttd_s: Option<f64>,
     pub(crate) variant: Option<&'static str>,
     pub(crate) magnitude: Option<f64>,
 }
@@ -777,7 +783,9 @@ pub(crate) struct FaultyReport {
     pub(crate) precision: Option<f64>,
     pub(crate) fault_kinds: Vec<FaultKindRow>,
     pub(crate) detector_kinds: Vec<DetectorKindRow>,
-    pub(crate) missed: Vec<MissedExample>,
+    pub(crate) missed: Vec<FaultExample>,
+    /// The slowest detections of each fault kind, slowest first.
+    pub(crate) slowest: Vec<FaultExample>,
     pub(crate) false_incidents: Vec<IncidentExample>,
 }
 
@@ -911,30 +919,56 @@ fn faulty_report(r: &RunOutput, grace_ms: i64) -> FaultyReport {
     let detected: u64 = fault_kinds.iter().map(|k| k.detected).sum();
     let harness = r.truth.iter().filter(|t| t.kind == AGENT_SILENT).count() as u64;
     let secs = |t: i64| (t - START_MS) as f64 / 1000.0;
+    let example = |t: &TruthFault, o: &FaultOutcome| FaultExample {
+        kind: t.kind,
+        outcome: match o {
+            FaultOutcome::Missed => "missed",
+            FaultOutcome::NotShown => "not_shown",
+            FaultOutcome::Masked => "masked",
+            FaultOutcome::Detected { .. } => "detected",
+        },
+        uuid: r.uuids.get(t.gpu as usize).cloned().unwrap_or_default(),
+        host: host_name(u64::from(t.gpu / GPUS_PER_HOST)),
+        gpu: t.gpu % GPUS_PER_HOST,
+        onset_s: secs(t.onset_ms),
+        end_s: t.end_ms.map(secs),
+        shown_s: t.shown_ms.map(secs),
+        shown_for_s: t.shown_for_ms as f64 / 1000.0,
+        ttd_s: match o {
+            FaultOutcome::Detected { ttd_ms, .. } => Some(*ttd_ms as f64 / 1000.0),
+            _ => None,
+        },
+        variant: t.variant,
+        magnitude: t.magnitude,
+    };
     let missed = r
         .truth
         .iter()
         .zip(&s.faults)
         .filter(|(_, o)| !matches!(o, FaultOutcome::Detected { .. }))
         .take(EXAMPLES)
-        .map(|(t, o)| MissedExample {
-            kind: t.kind,
-            outcome: match o {
-                FaultOutcome::Missed => "missed",
-                FaultOutcome::NotShown => "not_shown",
-                FaultOutcome::Masked => "masked",
-                FaultOutcome::Detected { .. } => "detected",
-            },
-            uuid: r.uuids.get(t.gpu as usize).cloned().unwrap_or_default(),
-            host: host_name(u64::from(t.gpu / GPUS_PER_HOST)),
-            gpu: t.gpu % GPUS_PER_HOST,
-            onset_s: secs(t.onset_ms),
-            end_s: t.end_ms.map(secs),
-            shown_for_s: t.shown_for_ms as f64 / 1000.0,
-            variant: t.variant,
-            magnitude: t.magnitude,
+        .map(|(t, o)| example(t, o))
+        .collect();
+    // The slowest detections of each kind, slowest first: what holds back
+    // the p95.
+    let mut by_ttd: Vec<(&str, i64, usize)> = s
+        .faults
+        .iter()
+        .enumerate()
+        .filter_map(|(i, o)| match o {
+            FaultOutcome::Detected { ttd_ms, .. } => Some((r.truth[i].kind, -*ttd_ms, i)),
+            _ => None,
         })
         .collect();
+    by_ttd.sort_unstable();
+    let mut slowest = Vec::new();
+    for run in by_ttd.chunk_by(|a, b| a.0 == b.0) {
+        slowest.extend(
+            run.iter()
+                .take(SLOWEST_PER_KIND)
+                .map(|&(_, _, i)| example(&r.truth[i], &s.faults[i])),
+        );
+    }
     let false_incidents = r
         .incidents
         .iter()
@@ -961,6 +995,7 @@ fn faulty_report(r: &RunOutput, grace_ms: i64) -> FaultyReport {
         fault_kinds,
         detector_kinds,
         missed,
+        slowest,
         false_incidents,
     }
 }

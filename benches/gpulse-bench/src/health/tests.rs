@@ -141,6 +141,23 @@ fn end_to_end_xid_faults_and_an_agent_silence_are_detected() {
         assert!(v["clean"].get(key).is_some(), "clean lacks {key}");
     }
     assert!(v["clean"]["run"]["gpu_polls_per_s"].as_f64().unwrap() > 0.0);
+    // The slowest detections, per kind, slowest first: here every detection
+    // (fewer than 20 of each kind), each with its time to detect.
+    let slowest = v["faulty"]["slowest"].as_array().unwrap();
+    let ttd = |kind: &str| -> Vec<f64> {
+        slowest
+            .iter()
+            .filter(|e| e["kind"] == kind)
+            .map(|e| e["ttd_s"].as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(slowest.len(), 10, "{slowest:?}");
+    assert_eq!(ttd(AGENT_SILENT), vec![8.0; 8]);
+    for k in ["xid79_fallen_off_bus", "xid48_double_bit_ecc"] {
+        let t = ttd(k);
+        assert!(t.len() == 1 && t[0] <= 2.0, "{k}: {t:?}");
+    }
+    assert!(slowest.iter().all(|e| e["outcome"] == "detected"));
 }
 
 #[test]
