@@ -10,7 +10,10 @@
 //!
 //! Signals, each an exponentially weighted mean over sample time with time
 //! constant [`PeerConfig::smoothing_ms`] (1 s), so 1 Hz and 10 Hz polls
-//! weigh the same span:
+//! weigh the same span. The means restart from a poll whose power differs
+//! from the mean by more than [`PeerConfig::restart_step`] (15 %: a job's
+//! start, its next phase), so that a GPU that starts a phase a poll or two
+//! after its peers does not trail them for seconds:
 //! - activity: `DCGM_FI_PROF_SM_ACTIVE`, else `DCGM_FI_PROF_GR_ENGINE_ACTIVE`,
 //!   else `DCGM_FI_DEV_GPU_UTIL` / 100;
 //! - power, `DCGM_FI_DEV_POWER_USAGE`, W; SM clock, `DCGM_FI_DEV_SM_CLOCK`, MHz.
@@ -18,20 +21,19 @@
 //! A host's peer group is its GPUs whose newest poll is at most 3 poll
 //! intervals (3 s at least) older than the host's newest, and *busy*
 //! (utilisation ≥ [`PeerConfig::busy_util_pct`], 30 %, in every poll for the
-//! last [`PeerConfig::settle_ms`], 4 s: a GPU that joined its job 3 s after
-//! the others is still ramping up, not slow), and whose power and activity
-//! move (a frozen picture is a `zombie`'s, not work). GPUs with an open
-//! `lost` incident (zombie, silent, fallen off the bus) are left out too. It
-//! is compared only with at
-//! least [`PeerConfig::min_peers`] (3) other busy GPUs, and only when those
+//! last [`PeerConfig::settle_ms`], 1 s: two polls at 1 Hz), and whose power
+//! and activity move (a frozen picture is a `zombie`'s, not work). GPUs with
+//! an open `lost` incident (zombie, silent, fallen off the bus) are left out
+//! too. It is compared only with at least [`PeerConfig::min_peers`] (3)
+//! other busy GPUs, and only when those
 //! run in step: they draw power within [`PeerConfig::max_peer_spread`] (5 %)
 //! of their median, all of them (3 to 6 peers) or all but one in six beyond
 //! the first (7 to 12 peers: all but one). GPUs of one synchronous job draw
 //! nearly the same power (the real 8-way tensor-parallel trace t13: within
 //! 2.5 % over 5 s in its steady phase); GPUs running unrelated work do not,
-//! and then nobody can say who is slow. The peers must have been in step at
-//! every comparison of the GPU for the settling time too: unrelated bursty
-//! work falls in step by chance for a moment, a job stays in step. (A spread
+//! and then nobody can say who is slow. A rule's run lasts only while the
+//! peers stay in step at every comparison of the GPU: unrelated bursty work
+//! falls in step by chance for a moment, a job stays in step. (A spread
 //! statistic such as the median absolute deviation is not enough: four of
 //! eight unrelated GPUs that happen to draw alike make it small.)
 //!
@@ -48,11 +50,25 @@
 //!   no thermal or hardware slowdown reason (those are `thermal_throttle` and
 //!   `power_throttle`'s), and the peers' clocks are in step likewise.
 //!
-//! A rule fires once it held for [`PeerConfig::hold_ms`] (8 s) of the GPU's
-//! sample time more than it did not since its run began; onset is the poll
-//! that began the run. (So one noisy poll in a run costs its own time twice
-//! rather than starting over: at 1 Hz, real SM activity misses a 10 %
-//! straggler in about one poll of four.) It clears after
+//! **Evidence.** A rule fires once its run has earned [`PeerConfig::hold_ms`]
+//! (8 s) of credit and has lasted [`PeerConfig::min_hold_ms`] (6 s) of the
+//! GPU's sample time; onset is the poll that began the run. Each evaluation
+//! at which the rule holds earns its time weighted by the shortfall over the
+//! rule's deficit (a 9 % straggler earns 3 s a second, capped at
+//! [`PeerConfig::max_weight`], 3), and each at which it does not hold costs
+//! its time unweighted; credit never exceeds the hold. So a clear shortfall
+//! fires after the minimum run and a marginal one after the full hold, and
+//! one noisy poll in a run costs its own time twice rather than starting over
+//! (at 1 Hz, real SM activity misses a 10 % straggler in about one poll of
+//! four). The minimum run is longer than the lag of a healthy GPU that
+//! starts its job's next phase a few polls after its peers. With fewer than
+//! [`PeerConfig::weighted_min_peers`] (5) other GPUs of the host busy,
+//! settled or not, the straggler's evidence is unweighted and counts only
+//! once the peers have been in step for [`PeerConfig::in_step_ms`] (4 s):
+//! unrelated work on part of a host falls in step by chance far more often
+//! than on seven GPUs. (Counting the GPUs that are busy but not yet settled
+//! keeps a job's start, where peers start a poll or three apart, on the
+//! weighted rule.) It clears after
 //! [`PeerConfig::clear_after_ms`] (30 s) of evaluations at which it did not
 //! hold, or after [`PeerConfig::unjudged_clear_ms`] (2 min) in which the GPU
 //! could not be compared (its job ended, its peers went quiet).
@@ -71,10 +87,19 @@ const THROTTLE_BITS: u64 = 0x08 | 0x20 | 0x40 | 0x80;
 pub struct PeerConfig {
     /// Time constant of the smoothed signals, ms.
     pub smoothing_ms: i64,
+    /// A poll whose power differs from the smoothed power by more than this
+    /// fraction restarts the smoothed signals from it.
+    pub restart_step: f64,
     /// Utilisation at and above which a GPU is busy, %.
     pub busy_util_pct: f64,
     /// How long a GPU must have been busy to be compared, ms.
     pub settle_ms: i64,
+    /// With fewer than `weighted_min_peers`, how long the peers must have
+    /// been in step before a straggler's evidence counts, ms.
+    pub in_step_ms: i64,
+    /// Fewest other busy GPUs for weighted straggler evidence counted while
+    /// the peers settle in step (see the module docs).
+    pub weighted_min_peers: usize,
     /// Fewest other busy GPUs to compare with.
     pub min_peers: usize,
     /// Band around the peers' median power (and SM clock) that all peers
@@ -84,8 +109,16 @@ pub struct PeerConfig {
     pub straggler_deficit: f64,
     /// Shortfall of SM clock that makes a degraded clock (fraction).
     pub clock_deficit: f64,
-    /// How long a rule must hold before it fires, ms of sample time.
+    /// How long a rule must hold before it fires, ms of sample time, at a
+    /// shortfall of once the rule's deficit.
     pub hold_ms: i64,
+    /// Most weight of one evaluation's evidence: a shortfall `k` times the
+    /// rule's deficit counts `k` times its time toward the hold, up to this.
+    pub max_weight: f64,
+    /// Least time a run must have lasted to fire, whatever its weight, ms:
+    /// longer than the lag of a healthy GPU that starts its job's next
+    /// phase a few polls after its peers.
+    pub min_hold_ms: i64,
     /// How long a rule must not hold before its event clears, ms.
     pub clear_after_ms: i64,
     /// How long a GPU may go uncompared before its event clears, ms.
@@ -96,13 +129,18 @@ impl Default for PeerConfig {
     fn default() -> Self {
         PeerConfig {
             smoothing_ms: 1_000,
+            restart_step: 0.15,
             busy_util_pct: 30.0,
-            settle_ms: 4_000,
+            settle_ms: 1_000,
+            in_step_ms: 4_000,
+            weighted_min_peers: 5,
             min_peers: 3,
             max_peer_spread: 0.05,
             straggler_deficit: 0.03,
             clock_deficit: 0.08,
             hold_ms: 8_000,
+            max_weight: 3.0,
+            min_hold_ms: 6_000,
             clear_after_ms: 30_000,
             unjudged_clear_ms: 120_000,
         }
@@ -130,12 +168,18 @@ impl PeerConfig {
             ("peers.max_peer_spread", self.max_peer_spread),
             ("peers.straggler_deficit", self.straggler_deficit),
             ("peers.clock_deficit", self.clock_deficit),
+            ("peers.restart_step", self.restart_step),
         ] {
             if !(v > 0.0 && v < 0.5) {
                 return err(field, "must be in (0, 0.5)");
             }
         }
+        if !(1.0..=100.0).contains(&self.max_weight) {
+            return err("peers.max_weight", "must be in [1, 100]");
+        }
         if self.hold_ms < 0
+            || self.min_hold_ms < 0
+            || self.in_step_ms < 0
             || self.settle_ms < 0
             || self.clear_after_ms <= 0
             || self.unjudged_clear_ms <= 0
@@ -204,12 +248,6 @@ impl PeerSignals {
         if self.have != 0 && dt <= 0 {
             return;
         }
-        // Weight of the new value; a gap longer than 5 time constants forgets.
-        let w = if self.have == 0 || dt > 5 * config.smoothing_ms {
-            1.0
-        } else {
-            1.0 - (-(dt as f64) / config.smoothing_ms as f64).exp()
-        };
         let activity = poll
             .get(Field::ProfSmActive)
             .or_else(|| poll.get(Field::ProfGrEngineActive))
@@ -220,6 +258,26 @@ impl PeerSignals {
             // stale among them.
             return;
         }
+        let busy_now = match (poll.get(Field::GpuUtil), activity) {
+            (Some(u), _) => u >= config.busy_util_pct,
+            (None, Some(a)) => a >= config.busy_util_pct / 100.0,
+            (None, None) => self.busy_since.is_some(),
+        };
+        // A step in power (a job's start, its next phase) restarts the
+        // means, so that a GPU that starts a phase a poll or two after its
+        // peers catches up at once rather than trailing them for seconds
+        // (and the idle readings before a job say nothing about it).
+        let jumped = self.have & POWER != 0
+            && poll.get(Field::PowerUsage).is_some_and(|p| {
+                (p - self.power as f64).abs() > config.restart_step * self.power as f64
+            });
+        // Weight of the new value. A gap longer than 5 time constants
+        // forgets, and so does a step.
+        let w = if self.have == 0 || dt > 5 * config.smoothing_ms || jumped {
+            1.0
+        } else {
+            1.0 - (-(dt as f64) / config.smoothing_ms as f64).exp()
+        };
         // Bit-identical readings poll after poll are a frozen source (a
         // zombie, a stale exporter), not work: see `busy`.
         let raw = (
@@ -252,11 +310,6 @@ impl PeerSignals {
         if let Some(r) = poll.get(Field::ClockThrottleReasons) {
             self.reasons = r as u32;
         }
-        let busy_now = match (poll.get(Field::GpuUtil), activity) {
-            (Some(u), _) => u >= config.busy_util_pct,
-            (None, Some(a)) => a >= config.busy_util_pct / 100.0,
-            (None, None) => self.busy_since.is_some(),
-        };
         if !busy_now {
             self.busy_since = None;
         } else if self.busy_since.is_none() {
@@ -324,6 +377,9 @@ fn in_step(v: &[f32], me: f32, median: f64, band: f64) -> bool {
 #[derive(Debug, Clone, Copy)]
 struct Verdict {
     holds: bool,
+    /// How much the evaluation's time counts toward the hold: the
+    /// shortfall over the rule's deficit, in `[1, max_weight]`.
+    weight: f64,
     /// The GPU's value and the peers' median, per signal compared.
     figures: [(f64, f64); 2],
     peers: usize,
@@ -411,6 +467,15 @@ pub(crate) fn evaluate_host(
         newest - s.ts_ms <= stale_ms && s.busy(config) && s.have & (ACT | POWER) == ACT | POWER
     }));
     let compared = busy.len() > config.min_peers;
+    // GPUs busy now, settled or not: at a job's start, its peers that
+    // started a few polls later count toward a big group already.
+    let starting = slots
+        .iter()
+        .filter(|&&s| {
+            let g = &signals[s as usize];
+            !excluded(s) && newest - g.ts_ms <= stale_ms && g.busy_since.is_some()
+        })
+        .count();
     let all_clocks = busy.iter().all(|&j| signals[j as usize].have & CLOCK != 0);
     if compared {
         let gather = |out: &mut Vec<f32>, f: fn(&PeerSignals) -> f32| {
@@ -444,8 +509,14 @@ pub(crate) fn evaluate_host(
             if together {
                 in_step_since = Some(me.in_step_since.unwrap_or(me.ts_ms));
             }
-            let settled = in_step_since.is_some_and(|t| me.ts_ms - t >= config.settle_ms);
-            if settled {
+            // With many peers, the evidence counts, weighted, from the first
+            // comparison in step (a run ends when the peers fall out of
+            // step, so its minimum length is an in-step wait too). Fewer
+            // peers fall in step by chance more often (unrelated work on
+            // half a host), so for them it counts only once they have been
+            // in step for a while, unweighted.
+            let many = starting.saturating_sub(1) >= config.weighted_min_peers;
+            if in_step_since.is_some_and(|t| many || me.ts_ms - t >= config.in_step_ms) {
                 let d_power = 1.0 - me.power as f64 / power_med;
                 let d_act = if act_med > 0.0 {
                     1.0 - me.activity as f64 / act_med
@@ -456,6 +527,11 @@ pub(crate) fn evaluate_host(
                     holds: d_power >= config.straggler_deficit
                         && d_act >= config.straggler_deficit
                         && d_act <= 0.5,
+                    weight: if many {
+                        weight(d_power.min(d_act), config.straggler_deficit, config)
+                    } else {
+                        1.0
+                    },
                     figures: [(me.activity as f64, act_med), (me.power as f64, power_med)],
                     peers: n_peers,
                 });
@@ -468,6 +544,7 @@ pub(crate) fn evaluate_host(
                 let throttled = u64::from(me.reasons) & THROTTLE_BITS != 0;
                 clock_verdict = Some(Verdict {
                     holds: d >= config.clock_deficit && !throttled,
+                    weight: weight(d, config.clock_deficit, config),
                     figures: [(me.clock as f64, clock_med), (0.0, 0.0)],
                     peers: n_peers,
                 });
@@ -492,6 +569,12 @@ pub(crate) fn evaluate_host(
     }
 }
 
+/// Weight of a shortfall `d` against a rule's `deficit`: `d / deficit`
+/// within `[1, max_weight]`.
+fn weight(d: f64, deficit: f64, config: &PeerConfig) -> f64 {
+    (d / deficit).clamp(1.0, config.max_weight)
+}
+
 /// Buffers [`evaluate_host`] reuses, so that a tick allocates nothing.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
@@ -514,12 +597,14 @@ fn step(
     match verdict {
         Some(v) if v.holds => {
             if rule.holding_since.is_some() {
-                rule.credit_ms += (ts - rule.last_judged).min(config.hold_ms);
+                let dt = (ts - rule.last_judged).min(config.hold_ms);
+                rule.credit_ms =
+                    (rule.credit_ms + (dt as f64 * v.weight) as i64).min(config.hold_ms);
             }
             rule.last_judged = ts;
             rule.last_held = ts;
             let since = *rule.holding_since.get_or_insert(ts);
-            if !rule.open && rule.credit_ms >= config.hold_ms {
+            if !rule.open && rule.credit_ms >= config.hold_ms && ts - since >= config.min_hold_ms {
                 rule.open = true;
                 let action = match kind {
                     Kind::Straggler => {

@@ -123,11 +123,14 @@ fn a_ten_percent_straggler_fires_on_it_alone_then_clears() {
     assert_eq!(log.len(), 1, "{log:?}");
     let (kind, gpu, opened, at) = log[0];
     assert_eq!((kind, gpu, opened), (Kind::Straggler, 5, true));
-    // The smoothed signals cross 3 % within 2 s, then the 8 s hold: the
-    // onset is in the first seconds, the detection by second 60 + 10.
+    // By hand: the 1 s means (power 600 -> 540 W is no 15 % step, so no
+    // restart) are 10 % × (1 - e^-k) short k polls in: 6.3 % at second 60
+    // (the run begins, weight 2.1), 8.6 % at 61 (2.9 s of credit), then 3 s a
+    // second: the 8 s hold is earned at 63, and the 6 s minimum run ends at
+    // 66.
     let e = h.changes[0].event();
-    assert!((60..=62).contains(&((e.onset_ts_ms - T0) / 1000)), "{e:?}");
-    assert!((67..=70).contains(&at), "{at}");
+    assert_eq!((e.onset_ts_ms - T0) / 1000, 60, "{e:?}");
+    assert_eq!(at, 66);
     assert!(
         e.evidence.contains("busy peers on node-1"),
         "{}",
@@ -156,6 +159,64 @@ fn small_differences_and_short_dips_do_not_fire() {
     dip.run(30, |_| BUSY);
     assert!(h.changes.is_empty(), "{:?}", h.log());
     assert!(dip.changes.is_empty(), "{:?}", dip.log());
+}
+
+#[test]
+fn a_gpu_that_starts_the_next_phase_late_is_no_straggler() {
+    // The job's next phase draws more: 420 -> 600 W. GPU 3 runs 2 % below
+    // its peers all along (within the 3 % deficit) and starts the phase 5
+    // polls after them, so it is 30 % short at seconds 60-64. By hand:
+    // - that earns the 8 s hold by 63, but the 6 s minimum run would end at
+    //   66, and at 65 its 585 W is a step of more than 15 % over its 1 s
+    //   mean (~412 W), which restarts the mean: 2 % short, no longer
+    //   holding;
+    // - without the minimum run it would fire at 63; without the restart
+    //   its mean would trail 13 % at 65 and 6.5 % at 66, and fire there.
+    let phase1 = Reading {
+        util: 70.0,
+        activity: 0.56,
+        power: 420.0,
+        ..BUSY
+    };
+    let mut h = Host::new(8);
+    h.run(60, |g| if g == 3 { slower(phase1, 0.02) } else { phase1 });
+    h.run(5, |g| if g == 3 { slower(phase1, 0.02) } else { BUSY });
+    h.run(60, |g| if g == 3 { slower(BUSY, 0.02) } else { BUSY });
+    assert!(h.changes.is_empty(), "{:?}", h.log());
+    // The same lag on a GPU that is 10 % slow from that phase on is a
+    // straggler: its run, begun at 60, still holds after the restart at
+    // 65 (10 % short), and fires when the minimum run ends at 66.
+    let mut h = Host::new(8);
+    h.run(60, |g| if g == 3 { slower(phase1, 0.02) } else { phase1 });
+    h.run(5, |g| if g == 3 { slower(phase1, 0.02) } else { BUSY });
+    h.run(60, |g| if g == 3 { slower(BUSY, 0.10) } else { BUSY });
+    let log = h.log();
+    assert_eq!(log.len(), 1, "{log:?}");
+    assert_eq!(log[0], (Kind::Straggler, 3, true, 66));
+}
+
+#[test]
+fn peers_that_start_a_job_a_few_polls_late_count_toward_a_big_group() {
+    // The job starts on GPUs 0 and 4 at second 0, 1 and 5 at 1, 2 and 6 at
+    // 2, 3 and 7 at 3; GPU 0 is 20 % slow. By hand: at second 2 four GPUs
+    // have been busy for the 1 s settling time, so GPU 0 is compared with 3
+    // peers, while 6 GPUs are busy: a big group, so the evidence is
+    // weighted from then on (the 8 s hold earned by 5), the peers are in
+    // step from then (4 s: ready at 6), and the 6 s minimum run ends at 8.
+    // Counting only the settled peers, the run would begin at 3, with 5.
+    let mut h = Host::new(8);
+    for second in 0..20 {
+        h.poll(|g| {
+            if second < (g % 4) as i64 {
+                IDLE
+            } else if g == 0 {
+                slower(BUSY, 0.20)
+            } else {
+                BUSY
+            }
+        });
+    }
+    assert_eq!(h.log(), vec![(Kind::Straggler, 0, true, 8)]);
 }
 
 #[test]
@@ -272,7 +333,11 @@ fn a_low_clock_without_a_reason_is_clock_degraded_and_with_one_it_is_not() {
         (log[1].0, log[1].1, log[1].2),
         (Kind::ThermalThrottle, 2, true)
     );
-    assert!((37..=41).contains(&log[0].3), "{log:?}");
+    // By hand: the 1 s mean of the clock is 1980 - 280 × (1 - e^-k) MHz k
+    // polls in, 8.9 % short at second 30 (the run begins), then 12.2, 13.4,
+    // 13.9 % ...: weights 1.5, 1.7, 1.7, 1.8, 1.8 earn the 8 s hold at 35,
+    // and the 6 s minimum run ends at 36.
+    assert_eq!(log[0].3, 36, "{log:?}");
     let e = h.changes[0].event();
     assert!(
         e.evidence.starts_with("SM clock 17") && e.evidence.contains("MHz vs 1980 MHz"),
@@ -341,8 +406,13 @@ fn ten_hz_polls_weigh_the_same_time_span() {
     assert_eq!(out.len(), 1, "{out:?}");
     let e = out[0].event();
     assert_eq!((e.kind, e.gpu.gpu), (Kind::Straggler, 5));
-    let at = (e.detected_ts_ms - T0) as f64 / 1000.0;
-    assert!((67.0..=70.0).contains(&at), "{at}");
+    // By hand: the mean is 10 % × (1 - e^-t) short t s in; it passes 3 % at
+    // 0.36 s (0.3 s with the texture's ±0.2 %), so the run begins at the
+    // poll of 60.3 or 60.4 s and, its credit earned 3 s a second from 62.3 s
+    // on, fires when its 6 s minimum ends.
+    let onset = e.onset_ts_ms - T0;
+    assert!((60_300..=60_400).contains(&onset), "{onset}");
+    assert_eq!(e.detected_ts_ms - T0, onset + 6_000);
 }
 
 // ---------------------------------------------------------------------------
@@ -472,16 +542,70 @@ fn a_straggler_spliced_into_the_real_training_run_is_found_on_its_gpu() {
             .max()
             .unwrap()
     };
+    // Measured: 7.1, 6.1, 6.1 s at 10 Hz; 11.9, 6.9, 6.9 s at 1 Hz.
     for (by, rate, limit_ms) in [
-        (0.10, "10 Hz", 10_000),
-        (0.20, "10 Hz", 9_000),
-        (0.30, "10 Hz", 9_000),
-        (0.10, "1 Hz", 25_000),
-        (0.20, "1 Hz", 12_000),
-        (0.30, "1 Hz", 12_000),
+        (0.10, "10 Hz", 8_000),
+        (0.20, "10 Hz", 7_000),
+        (0.30, "10 Hz", 7_000),
+        (0.10, "1 Hz", 15_000),
+        (0.20, "1 Hz", 8_000),
+        (0.30, "1 Hz", 8_000),
     ] {
         let w = worst(by, rate);
         assert!(w <= limit_ms, "{by} at {rate}: {w} ms > {limit_ms} ms");
+    }
+}
+
+#[test]
+fn a_straggler_present_when_the_real_training_job_starts_is_found_within_10_s() {
+    if skip(T13) {
+        return;
+    }
+    let gpus = load(T13).unwrap();
+    let t0 = gpus[0][0].ts_ms;
+    let mut found = Vec::new();
+    for by in [0.10, 0.20, 0.30] {
+        for gpu in 0..gpus.len() {
+            // Slow from the recording's first poll: the job starts on it
+            // (warm-up at 16 s) with the fault already there.
+            let spliced = splice_straggler(&gpus, gpu, by, t0);
+            for (rate, polls) in [("10 Hz", spliced.clone()), ("1 Hz", at_1hz(&spliced, 3))] {
+                // The job's start on this GPU: its first busy poll.
+                let start = polls[gpu]
+                    .iter()
+                    .find(|p| p.get(Field::GpuUtil).is_some_and(|u| u >= 30.0))
+                    .unwrap()
+                    .ts_ms;
+                let opened: Vec<_> = replay(&polls)
+                    .into_iter()
+                    .filter_map(|c| match c {
+                        Change::Opened(e) => Some(e),
+                        _ => None,
+                    })
+                    .collect();
+                assert!(
+                    opened
+                        .iter()
+                        .all(|e| e.gpu.gpu as usize == gpu && e.kind == Kind::Straggler),
+                    "{by} on GPU {gpu} at {rate}: {opened:?}"
+                );
+                match opened.first() {
+                    Some(e) => found.push((by, rate, gpu, e.detected_ts_ms - start)),
+                    None => panic!("{by} on GPU {gpu} at {rate}: missed"),
+                }
+            }
+        }
+    }
+    // Within 10 s of the job's start, but for the smallest grade at 1 Hz,
+    // where the real SM activity's noise (0.1 to 0.55 from one poll to the
+    // next) leaves a 10 % shortfall marginal for some seconds.
+    for &(by, rate, gpu, ttd) in &found {
+        let limit = if by < 0.15 && rate == "1 Hz" {
+            15_000
+        } else {
+            10_000
+        };
+        assert!(ttd <= limit, "{by} on GPU {gpu} at {rate}: {ttd} ms");
     }
 }
 
