@@ -478,6 +478,26 @@ fn splice_straggler(gpus: &[Vec<Poll>], gpu: usize, by: f64, from_ms: i64) -> Ve
     out
 }
 
+/// Replays `polls` with a straggler spliced into `gpu`: when the straggler
+/// opened on it, if it did. Nothing else may open: no event on another GPU,
+/// and nothing but the straggler (`what` names the case in the message).
+fn straggler_detected(polls: &[Vec<Poll>], gpu: usize, what: &str) -> Option<i64> {
+    let opened: Vec<_> = replay(polls)
+        .into_iter()
+        .filter_map(|c| match c {
+            Change::Opened(e) => Some(e),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        opened
+            .iter()
+            .all(|e| e.gpu.gpu as usize == gpu && e.kind == Kind::Straggler),
+        "{what} on GPU {gpu}: {opened:?}"
+    );
+    opened.first().map(|e| e.detected_ts_ms)
+}
+
 #[test]
 fn the_real_recordings_raise_no_peer_event() {
     for name in [T13, B1] {
@@ -510,22 +530,8 @@ fn a_straggler_spliced_into_the_real_training_run_is_found_on_its_gpu() {
         for gpu in 0..gpus.len() {
             let spliced = splice_straggler(&gpus, gpu, by, from);
             for (rate, polls) in [("10 Hz", spliced.clone()), ("1 Hz", at_1hz(&spliced, 3))] {
-                let opened: Vec<_> = replay(&polls)
-                    .into_iter()
-                    .filter_map(|c| match c {
-                        Change::Opened(e) => Some(e),
-                        _ => None,
-                    })
-                    .collect();
-                // Nothing on another GPU, and nothing but the straggler.
-                assert!(
-                    opened
-                        .iter()
-                        .all(|e| e.gpu.gpu as usize == gpu && e.kind == Kind::Straggler),
-                    "{by} on GPU {gpu} at {rate}: {opened:?}"
-                );
-                match opened.first() {
-                    Some(e) => ttd.push((by, rate, e.detected_ts_ms - from)),
+                match straggler_detected(&polls, gpu, &format!("{by} at {rate}")) {
+                    Some(at) => ttd.push((by, rate, at - from)),
                     None => missed.push(format!("{by} on GPU {gpu} at {rate}")),
                 }
             }
@@ -576,21 +582,8 @@ fn a_straggler_present_when_the_real_training_job_starts_is_found_within_10_s() 
                     .find(|p| p.get(Field::GpuUtil).is_some_and(|u| u >= 30.0))
                     .unwrap()
                     .ts_ms;
-                let opened: Vec<_> = replay(&polls)
-                    .into_iter()
-                    .filter_map(|c| match c {
-                        Change::Opened(e) => Some(e),
-                        _ => None,
-                    })
-                    .collect();
-                assert!(
-                    opened
-                        .iter()
-                        .all(|e| e.gpu.gpu as usize == gpu && e.kind == Kind::Straggler),
-                    "{by} on GPU {gpu} at {rate}: {opened:?}"
-                );
-                match opened.first() {
-                    Some(e) => found.push((by, rate, gpu, e.detected_ts_ms - start)),
+                match straggler_detected(&polls, gpu, &format!("{by} at {rate}")) {
+                    Some(at) => found.push((by, rate, gpu, at - start)),
                     None => panic!("{by} on GPU {gpu} at {rate}: missed"),
                 }
             }
