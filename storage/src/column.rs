@@ -129,11 +129,21 @@ fn open_block(
 /// all zigzag varints.
 pub fn encode_ts(ts: &[i64], out: &mut Vec<u8>) {
     let mut p = Vec::with_capacity(ts.len() + 16);
+    ts_payload(ts, &mut p);
+    ts_block(&p, out);
+}
+
+/// A timestamp column's payload before compression ([`encode_ts`] is
+/// [`ts_block`] of it). Equal payloads make equal blocks, so a writer that
+/// shares timestamp blocks looks them up by payload and compresses each
+/// distinct one once. Appends to `p`.
+pub fn ts_payload(ts: &[i64], p: &mut Vec<u8>) {
+    p.reserve(ts.len() + 16);
     let (mut prev, mut prev_delta) = (0i64, 0i64);
     for (i, &t) in ts.iter().enumerate() {
         let delta = t.wrapping_sub(prev);
         put_varint(
-            &mut p,
+            p,
             if i < 2 {
                 delta
             } else {
@@ -143,7 +153,11 @@ pub fn encode_ts(ts: &[i64], out: &mut Vec<u8>) {
         prev = t;
         prev_delta = delta;
     }
-    put_block(out, TS_DOD, &p);
+}
+
+/// Appends the block of a payload made by [`ts_payload`] to `out`.
+pub fn ts_block(payload: &[u8], out: &mut Vec<u8>) {
+    put_block(out, TS_DOD, payload);
 }
 
 /// Decodes `n` timestamps from `block` and appends them to `out`.

@@ -62,7 +62,8 @@ pub(crate) fn publish(tmp: &Path, dst: &Path) -> Result<()> {
 ///
 /// Samples are encoded as column chunks of at most
 /// [`super::MAX_CHUNK_SAMPLES`] samples ([`crate::column`]); a timestamp
-/// block whose bytes were already written is shared instead of written again.
+/// block whose bytes were already written is shared instead of written (or
+/// compressed) again.
 pub(crate) fn write_segment_tmp(
     tmp: &Path,
     dst: &Path,
@@ -88,7 +89,8 @@ pub(crate) fn write_segment_tmp(
     let mut postings: BTreeMap<(&str, &str), Vec<u32>> = BTreeMap::new();
     let mut ts_blocks: HashMap<Vec<u8>, BlockRef> = HashMap::new();
     let (mut samples, mut min_ts, mut max_ts) = (0u64, i64::MAX, i64::MIN);
-    let (mut ts, mut vals, mut block) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ts, mut vals, mut block, mut payload) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let put = |w: &mut BufWriter<File>, bytes: &[u8], offset: &mut u64| -> Result<BlockRef> {
         w.write_all(bytes).map_err(io)?;
         let r = BlockRef {
@@ -152,13 +154,16 @@ pub(crate) fn write_segment_tmp(
             .chunks(MAX_CHUNK_SAMPLES)
             .zip(vals.chunks(MAX_CHUNK_SAMPLES))
         {
-            block.clear();
-            column::encode_ts(t, &mut block);
-            let ts_ref = match ts_blocks.get(&block) {
+            // Looked up by payload: a shared block is compressed once.
+            payload.clear();
+            column::ts_payload(t, &mut payload);
+            let ts_ref = match ts_blocks.get(&payload) {
                 Some(r) => *r,
                 None => {
+                    block.clear();
+                    column::ts_block(&payload, &mut block);
                     let r = put(&mut w, &block, &mut offset)?;
-                    ts_blocks.insert(block.clone(), r);
+                    ts_blocks.insert(payload.clone(), r);
                     r
                 }
             };
