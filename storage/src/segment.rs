@@ -113,6 +113,17 @@ impl Segment {
         Self::from_map(path, id, map)
     }
 
+    /// Opens and validates a segment just written to `tmp`, before its
+    /// rename to `path` (the map stays valid across the rename: same file);
+    /// the segment reports `path`.
+    ///
+    /// # Errors
+    /// As [`Self::open`], naming `path`.
+    pub(crate) fn open_renamed(tmp: &Path, path: &Path, id: SegmentId) -> Result<Self> {
+        let map = crate::files::map_sealed(tmp)?;
+        Self::from_map(path, id, map)
+    }
+
     /// Validates a segment held in memory (fuzzing, tools). The bytes are copied
     /// into an anonymous map; the segment reports the path `<memory>`.
     ///

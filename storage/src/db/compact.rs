@@ -13,7 +13,7 @@ use crate::files;
 use crate::rollup::RollupTier;
 use crate::rollup::file::RollupFile;
 use crate::segment::Segment;
-use crate::segment::writer::{SegmentSummary, write_segment};
+use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
 use crate::{Result, SegmentId};
 
@@ -148,7 +148,7 @@ impl Storage {
         let id = SegmentId(self.next_segment.fetch_add(1, Relaxed));
         let tmp = files::segment_tmp_path(&self.config.data_dir, id);
         let dst = files::segment_path(&self.config.data_dir, id);
-        let written = write_segment(&tmp, &dst, seq, wal_cut, &keys, |i, ts, vals| {
+        let written = write_segment_tmp(&tmp, &dst, seq, wal_cut, &keys, |i, ts, vals| {
             // Sources are in flush order, so each series' samples stay in time order.
             for &(gi, ord) in sources[i] {
                 for c in group[gi].chunks(ord) {
@@ -159,8 +159,11 @@ impl Storage {
             Ok(())
         })
         .and_then(|s| {
-            let opened = self.open_written_segment(&dst, id);
-            Ok((s, opened?))
+            // Validated before its rename: a merge that does not open is
+            // never published.
+            let merged = self.open_segment_tmp(&tmp, &dst, id)?;
+            publish(&tmp, &dst)?;
+            Ok((s, merged))
         });
         let (summary, merged) = match written {
             Ok(w) => w,

@@ -117,7 +117,12 @@ impl Storage {
         // thread writes the segment's bytes to its temporary file, which is
         // no segment until its rename below, after the rollups are durable.
         let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
-        let write_tmp = || write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen);
+        // The segment is opened and validated on that thread too, before
+        // its rename: a segment that does not open is never published.
+        let write_tmp = || -> Result<(SegmentSummary, crate::segment::Segment)> {
+            let summary = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen)?;
+            Ok((summary, self.open_segment_tmp(&tmp, &dst, id)?))
+        };
         let (rollups, encoded) = std::thread::scope(|scope| {
             let segment = std::thread::Builder::new()
                 .name("gpulse-flush-segment".into())
@@ -159,10 +164,9 @@ impl Storage {
                 }
             }
         }
-        let written = encoded.and_then(|s| {
+        let written = encoded.and_then(|(s, segment)| {
             publish(&tmp, &dst)?;
-            let opened = self.open_written_segment(&dst, id);
-            Ok((s, opened?))
+            Ok((s, segment))
         });
         let (summary, segment) = match written {
             Ok(w) => w,

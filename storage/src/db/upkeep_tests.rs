@@ -329,10 +329,11 @@ fn retention_waits_for_a_compaction_in_progress() {
     assert_eq!(st.stats().segments, 0);
 }
 
-/// A segment that fails to open after its rename is taken out of
-/// `segments/`: after a restart every sample is in exactly one segment.
+/// A segment that fails to open right after it was written is never put in
+/// `segments/`; the retry writes its data: after a restart every sample is
+/// in exactly one segment.
 #[test]
-fn segment_failing_to_open_after_rename_is_withdrawn() {
+fn segment_failing_to_open_after_it_was_written_is_not_published() {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
     let st = Storage::open(cfg.clone()).unwrap();
@@ -343,6 +344,17 @@ fn segment_failing_to_open_after_rename_is_withdrawn() {
     let e = st.flush().unwrap_err();
     assert!(e.is_retryable(), "{e}");
     assert_eq!(st.stats().segments, 0);
+    let segments = dir.path().join("segments");
+    let names = |d: &std::path::Path| -> Vec<String> {
+        std::fs::read_dir(d)
+            .map(|r| {
+                r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(names(&segments).is_empty(), "{:?}", names(&segments));
+    assert!(names(&dir.path().join("quarantine")).is_empty());
     st.append(&[r], &[slot_ts(3)], &[3.0]).unwrap();
     st.flush().unwrap().expect("retried");
     drop(st);

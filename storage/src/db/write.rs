@@ -1,6 +1,6 @@
 //! Putting a newly written file into place, for flushes, merges and imports:
-//! writing a rollup file, opening a file right after its rename, and
-//! withdrawing one that fails to open.
+//! opening a segment's temporary file before its rename, writing a rollup
+//! file, and withdrawing a rollup file that fails to open after its rename.
 
 use std::fs;
 use std::path::Path;
@@ -16,18 +16,26 @@ use crate::segment::Segment;
 use crate::{Result, SegmentId};
 
 impl Storage {
-    /// Opens a segment just renamed into place; if that fails, takes the file
-    /// out of `segments/` again (see [`Self::withdraw`]).
-    pub(super) fn open_written_segment(&self, dst: &Path, id: SegmentId) -> Result<Segment> {
+    /// Opens and validates a segment written to its temporary file `tmp`,
+    /// before the caller renames it to `dst` ([`publish`]): a segment that
+    /// does not open is never published, and the caller deletes `tmp` (its
+    /// data stays for a retry, or is set aside).
+    ///
+    /// [`publish`]: crate::segment::writer::publish
+    pub(super) fn open_segment_tmp(
+        &self,
+        tmp: &Path,
+        dst: &Path,
+        id: SegmentId,
+    ) -> Result<Segment> {
         #[cfg(test)]
         if self.faults.take(&self.faults.segment_open) {
-            let e = Error::io(dst, std::io::Error::other("injected fault: segment open"));
-            self.withdraw(dst, &files::segment_file_name(id), &e);
-            return Err(e);
+            return Err(Error::io(
+                dst,
+                std::io::Error::other("injected fault: segment open"),
+            ));
         }
-        Segment::open(dst, id).inspect_err(|e| {
-            self.withdraw(dst, &files::segment_file_name(id), e);
-        })
+        Segment::open_renamed(tmp, dst, id)
     }
 
     /// Moves a file that was renamed into place but could not be opened to

@@ -25,7 +25,9 @@ pub struct SegmentSummary {
 }
 
 /// Writes the series `keys` (sorted) to `tmp`, then renames it to `dst`
-/// ([`write_segment_tmp`], then [`publish`]).
+/// ([`write_segment_tmp`], then [`publish`]); for tests (the storage opens
+/// the temporary file between the two).
+#[cfg(test)]
 pub(crate) fn write_segment(
     tmp: &Path,
     dst: &Path,
