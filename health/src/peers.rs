@@ -258,11 +258,6 @@ impl PeerSignals {
             // stale among them.
             return;
         }
-        let busy_now = match (poll.get(Field::GpuUtil), activity) {
-            (Some(u), _) => u >= config.busy_util_pct,
-            (None, Some(a)) => a >= config.busy_util_pct / 100.0,
-            (None, None) => self.busy_since.is_some(),
-        };
         // A step in power (a job's start, its next phase) restarts the
         // means, so that a GPU that starts a phase a poll or two after its
         // peers catches up at once rather than trailing them for seconds
@@ -310,6 +305,11 @@ impl PeerSignals {
         if let Some(r) = poll.get(Field::ClockThrottleReasons) {
             self.reasons = r as u32;
         }
+        let busy_now = match (poll.get(Field::GpuUtil), activity) {
+            (Some(u), _) => u >= config.busy_util_pct,
+            (None, Some(a)) => a >= config.busy_util_pct / 100.0,
+            (None, None) => self.busy_since.is_some(),
+        };
         if !busy_now {
             self.busy_since = None;
         } else if self.busy_since.is_none() {

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
+use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
 use crate::{Result, SegmentId};
@@ -119,7 +120,7 @@ impl Storage {
         let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
         // The segment is opened and validated on that thread too, before
         // its rename: a segment that does not open is never published.
-        let write_tmp = || -> Result<(SegmentSummary, crate::segment::Segment)> {
+        let write_tmp = || -> Result<(SegmentSummary, Segment)> {
             let summary = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen)?;
             Ok((summary, self.open_segment_tmp(&tmp, &dst, id)?))
         };

@@ -344,17 +344,12 @@ fn segment_failing_to_open_after_it_was_written_is_not_published() {
     let e = st.flush().unwrap_err();
     assert!(e.is_retryable(), "{e}");
     assert_eq!(st.stats().segments, 0);
-    let segments = dir.path().join("segments");
-    let names = |d: &std::path::Path| -> Vec<String> {
-        std::fs::read_dir(d)
-            .map(|r| {
-                r.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    assert!(names(&segments).is_empty(), "{:?}", names(&segments));
-    assert!(names(&dir.path().join("quarantine")).is_empty());
+    let in_segments: Vec<_> = fs::read_dir(dir.path().join(files::SEGMENTS_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(in_segments.is_empty(), "{in_segments:?}");
+    assert_eq!(quarantined(dir.path(), ""), Vec::<PathBuf>::new());
     st.append(&[r], &[slot_ts(3)], &[3.0]).unwrap();
     st.flush().unwrap().expect("retried");
     drop(st);
