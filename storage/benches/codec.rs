@@ -37,17 +37,7 @@ fn bench(c: &mut Criterion) {
             })
         })
         .collect();
-    let columns: Vec<(Vec<u8>, Vec<u8>, usize)> = series
-        .iter()
-        .flat_map(|(t, v)| {
-            t.chunks(4096).zip(v.chunks(4096)).map(|(t, v)| {
-                let (mut tb, mut vb) = (Vec::new(), Vec::new());
-                encode_ts(t, &mut tb);
-                encode_values(v, &mut vb);
-                (tb, vb, t.len())
-            })
-        })
-        .collect();
+    let columns = fleet::column_chunks(&series);
     let g_bytes: usize = gorilla.iter().map(|c| c.0.len()).sum();
     let v_bytes: usize = columns.iter().map(|c| c.1.len()).sum();
     let t_bytes: usize = columns.iter().map(|c| c.0.len()).sum();
@@ -71,6 +61,20 @@ fn bench(c: &mut Criterion) {
         "  columns, values + shared ts      {:.3} B/sample (what a segment stores)",
         (v_bytes + t_shared) as f64 / samples as f64
     );
+    // Which encoding each value block chose (docs/format/column.md kinds;
+    // bit 7 is zstd).
+    let mut kinds = std::collections::BTreeMap::<u8, (usize, usize)>::new();
+    for (_, vb, n) in &columns {
+        let k = kinds.entry(vb[0]).or_default();
+        k.0 += vb.len();
+        k.1 += n;
+    }
+    for (kind, (bytes, n)) in kinds {
+        println!(
+            "  value blocks of kind {kind:#04x}: {n} samples, {:.3} B/sample",
+            bytes as f64 / n as f64
+        );
+    }
 
     let mut g = c.benchmark_group("codec");
     g.throughput(Throughput::Elements(samples as u64));

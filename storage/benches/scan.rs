@@ -24,6 +24,8 @@
 // A benchmark reports to stdout.
 #![allow(clippy::print_stdout)]
 
+// Not every bench uses every helper.
+#[allow(dead_code)]
 mod fleet;
 
 use std::hint::black_box;

@@ -9,9 +9,14 @@
 //! - Values are mostly decimals with a fixed number of digits (71.4 W,
 //!   0.000006) or integers (MHz, MiB, counters). Such a chunk is stored as the
 //!   integers `v * 10^d`, after the delta order (none, delta, delta of delta)
-//!   that makes them smallest, as zigzag varints. Repeats and constant runs
-//!   then become runs of zero bytes.
-//! - zstd runs over either block when that makes it smaller.
+//!   that makes them smallest, in bit-packed frames of 128 ([`packed`]): a
+//!   fixed-width unpack decodes them several times faster than varints. Where
+//!   zigzag varints under zstd are clearly smaller (PCIe counters quantised to
+//!   a few thousand distinct values, mostly constant columns), those are
+//!   stored instead.
+//! - Timestamps are delta-of-deltas in the same packed frames.
+//! - zstd runs over a timestamp block, and a varint or fallback value block,
+//!   when that makes it smaller.
 //! - Anything else (NaN, -0.0, values with more than 9 decimals) falls back to
 //!   Gorilla's XOR encoding, or to raw bits.
 //!
@@ -21,14 +26,18 @@
 use crate::codec::{Reader, put_uvarint, put_varint};
 use crate::gorilla::{XorDecoder, XorEncoder};
 
+mod packed;
+
 const ZSTD_FLAG: u8 = 0x80;
 const ZSTD_LEVEL: i32 = 3;
 
 const TS_DOD: u8 = 1;
+const TS_PACKED: u8 = 2;
 
 const VAL_RAW: u8 = 0;
 const VAL_XOR: u8 = 1;
 const VAL_DECIMAL: u8 = 2;
+const VAL_PACKED: u8 = 3;
 
 /// Largest decimal exponent tried: up to 9 digits after the point.
 const MAX_SCALE: u8 = 9;
@@ -125,61 +134,72 @@ fn open_block(
     Ok((first & !ZSTD_FLAG, raw.into()))
 }
 
-/// Encodes a timestamp column: first value, first delta, then delta-of-delta,
-/// all zigzag varints.
+/// Encodes a timestamp column: bit-packed frames of the delta-of-deltas,
+/// after the first value and the first delta, zstd-compressed if smaller.
 pub fn encode_ts(ts: &[i64], out: &mut Vec<u8>) {
     let mut p = Vec::with_capacity(ts.len() + 16);
-    ts_payload(ts, &mut p);
-    ts_block(&p, out);
-}
-
-/// A timestamp column's payload before compression ([`encode_ts`] is
-/// [`ts_block`] of it). Equal payloads make equal blocks, so a writer that
-/// shares timestamp blocks looks them up by payload and compresses each
-/// distinct one once. Appends to `p`.
-pub fn ts_payload(ts: &[i64], p: &mut Vec<u8>) {
-    p.reserve(ts.len() + 16);
-    let (mut prev, mut prev_delta) = (0i64, 0i64);
-    for (i, &t) in ts.iter().enumerate() {
-        let delta = t.wrapping_sub(prev);
-        put_varint(
-            p,
-            if i < 2 {
-                delta
-            } else {
-                delta.wrapping_sub(prev_delta)
-            },
-        );
-        prev = t;
-        prev_delta = delta;
-    }
-}
-
-/// Appends the block of a payload made by [`ts_payload`] to `out`.
-pub fn ts_block(payload: &[u8], out: &mut Vec<u8>) {
-    put_block(out, TS_DOD, payload);
+    packed::write(&packed::plan(ts, 2), &mut p);
+    put_block(out, TS_PACKED, &p);
 }
 
 /// Decodes `n` timestamps from `block` and appends them to `out`.
 pub fn decode_ts(block: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), ColumnError> {
-    let (kind, payload) = open_block(block, n.saturating_mul(10))?;
+    let (kind, payload) = open_block(block, n.saturating_mul(10).saturating_add(16))?;
+    if kind == TS_PACKED {
+        out.reserve(n);
+        return packed::unpack(&payload, n, |f| out.extend_from_slice(f));
+    }
     if kind != TS_DOD {
         return Err(ColumnError::UnknownEncoding(kind));
     }
-    let mut r = Reader::new(&payload, 0);
+    // Kind 1, segment v2: zigzag varints of the delta-of-deltas.
+    let mut r = Varints {
+        buf: &payload,
+        pos: 0,
+    };
     out.reserve(n);
     let (mut prev, mut prev_delta) = (0i64, 0i64);
     for i in 0..n {
-        let x = r.varint("ts").map_err(|_| ColumnError::BadLength)?;
+        let x = r.next()?;
         let delta = if i < 2 { x } else { prev_delta.wrapping_add(x) };
         prev = prev.wrapping_add(delta);
         prev_delta = delta;
         out.push(prev);
     }
-    if !r.is_empty() {
+    if r.pos != payload.len() {
         return Err(ColumnError::BadLength);
     }
     Ok(())
+}
+
+/// Zigzag varints of a payload, read by the decoders' hot loops: the same
+/// rules as [`Reader::varint`], without its error offsets.
+struct Varints<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl Varints<'_> {
+    #[inline]
+    fn next(&mut self) -> Result<i64, ColumnError> {
+        let mut z = 0u64;
+        let mut shift = 0u32;
+        loop {
+            let &b = self.buf.get(self.pos).ok_or(ColumnError::BadLength)?;
+            self.pos += 1;
+            if shift == 63 && b > 1 {
+                return Err(ColumnError::BadLength);
+            }
+            z |= ((b & 0x7f) as u64) << shift;
+            if b & 0x80 == 0 {
+                return Ok(((z >> 1) as i64) ^ -((z & 1) as i64));
+            }
+            shift += 7;
+            if shift > 63 {
+                return Err(ColumnError::BadLength);
+            }
+        }
+    }
 }
 
 /// The smallest decimal exponent `d` such that every value is exactly
@@ -187,28 +207,48 @@ pub fn decode_ts(block: &[u8], n: usize, out: &mut Vec<i64>) -> Result<(), Colum
 fn as_decimal(vals: &[f64]) -> Option<(u8, Vec<i64>)> {
     let mut d = 0u8;
     for &v in vals {
-        while !exact_at(v, d) {
+        while exact_at(v, d).is_none() {
             d += 1;
             if d > MAX_SCALE {
                 return None;
             }
         }
     }
-    let ints = vals
-        .iter()
-        .map(|&v| (v * POW10[d as usize]).round() as i64)
-        .collect();
-    Some((d, ints))
+    vals.iter()
+        .map(|&v| exact_at(v, d))
+        .collect::<Option<Vec<i64>>>()
+        .map(|ints| (d, ints))
 }
 
-/// True if `v` round-trips bit-exactly through the integer the decoder sees,
-/// `round(v * 10^d) as i64`, divided by `10^d`. Going through the integer is
-/// what turns away -0.0, which would come back as +0.0.
+/// The integer `n` the decoder would see for `v` at scale `d`, if `v`
+/// round-trips bit-exactly through it: `round(v * 10^d)`, `|n| < 2^53`, and
+/// `n as f64 / 10^d` is `v`. Going through the integer is what turns away
+/// -0.0, which would come back as +0.0.
 #[inline]
-fn exact_at(v: f64, d: u8) -> bool {
-    let n = (v * POW10[d as usize]).round();
-    n.abs() < 9_007_199_254_740_992.0
-        && ((n as i64) as f64 / POW10[d as usize]).to_bits() == v.to_bits()
+fn exact_at(v: f64, d: u8) -> Option<i64> {
+    let n = round_to_int(v * POW10[d as usize])?;
+    ((n as f64 / POW10[d as usize]).to_bits() == v.to_bits()).then_some(n)
+}
+
+/// `x` rounded half away from zero, as `f64::round` does, if `|x| < 2^53`.
+/// Without SSE4.1 `f64::round` is a call into libm, and this is the
+/// encoder's inner loop; `x - trunc(x)` is exact in this range.
+#[inline]
+fn round_to_int(x: f64) -> Option<i64> {
+    // (NaN fails the comparison too.)
+    if x.abs().partial_cmp(&9_007_199_254_740_992.0) != Some(std::cmp::Ordering::Less) {
+        return None;
+    }
+    let t = x as i64;
+    let f = x - t as f64;
+    let n = if f >= 0.5 {
+        t + 1
+    } else if f <= -0.5 {
+        t - 1
+    } else {
+        t
+    };
+    (n.unsigned_abs() < 1 << 53).then_some(n)
 }
 
 /// Zigzag varints of `ints` after `order` rounds of differencing.
@@ -227,41 +267,61 @@ fn diff_varints(ints: &[i64], order: u8, out: &mut Vec<u8>) {
     }
 }
 
-/// Encodes a value column, picking the smallest encoding.
+/// How much larger than varints under zstd a bit-packed value block, which
+/// decodes about twice as fast, may be and still be chosen: 10 %, or 1/64 of
+/// a byte per sample (docs/BENCHMARKS.md, "Codec throughput").
+const PACKED_SLACK_PCT: usize = 10;
+const PACKED_SLACK_SAMPLES_PER_BYTE: usize = 64;
+
+/// Encodes a value column. Picks the smallest encoding, or bit-packed frames
+/// if they are at most a little larger.
 pub fn encode_values(vals: &[f64], out: &mut Vec<u8>) {
-    let mut best: Option<Vec<u8>> = None;
-    let mut consider = |candidate: Vec<u8>| {
-        if best.as_ref().is_none_or(|b| candidate.len() < b.len()) {
-            best = Some(candidate);
-        }
-    };
-    if let Some((d, ints)) = as_decimal(vals) {
-        // Judge each delta order by its final size: after zstd, the order with
-        // the fewest varint bytes is not always the smallest.
-        for order in 0..=2u8 {
-            let mut p = vec![d, order];
-            diff_varints(&ints, order, &mut p);
-            let mut block = Vec::new();
-            put_block(&mut block, VAL_DECIMAL, &p);
-            consider(block);
-        }
-    } else {
+    let Some((d, ints)) = as_decimal(vals) else {
         let mut x = XorEncoder::default();
         for &v in vals {
             x.append(v);
         }
-        let mut block = Vec::new();
-        put_block(&mut block, VAL_XOR, x.bytes());
-        consider(block);
+        let mut xor = Vec::new();
+        put_block(&mut xor, VAL_XOR, x.bytes());
         let raw: Vec<u8> = vals
             .iter()
             .flat_map(|v| v.to_bits().to_le_bytes())
             .collect();
         let mut block = Vec::new();
         put_block(&mut block, VAL_RAW, &raw);
-        consider(block);
-    }
-    out.extend_from_slice(&best.expect("BUG: at least one encoding"));
+        out.extend_from_slice(if block.len() < xor.len() {
+            &block
+        } else {
+            &xor
+        });
+        return;
+    };
+    // Bit-packed frames, at the delta order that packs smallest.
+    let mut packed = vec![VAL_PACKED, d];
+    packed::write(&packed::plan_best(&ints), &mut packed);
+    // (Bit-packed frames under zstd were smaller still on 40 % of the real
+    // recordings, all nearly constant, for 0.005 B/sample in all; not worth
+    // a third zstd run per chunk at flush.)
+    // Varints under zstd, at the delta order with the fewest varint bytes.
+    // (Judging each order by its size after zstd saved 0.5 % on the real
+    // recordings, for two more zstd runs per chunk: docs/BENCHMARKS.md.)
+    let p = (0..=2u8)
+        .map(|order| {
+            let mut p = vec![d, order];
+            diff_varints(&ints, order, &mut p);
+            p
+        })
+        .min_by_key(|p| p.len())
+        .expect("BUG: three orders");
+    let mut varints = Vec::new();
+    put_block(&mut varints, VAL_DECIMAL, &p);
+    let slack =
+        (varints.len() * PACKED_SLACK_PCT / 100).max(vals.len() / PACKED_SLACK_SAMPLES_PER_BYTE);
+    out.extend_from_slice(if packed.len() <= varints.len() + slack {
+        &packed
+    } else {
+        &varints
+    });
 }
 
 /// Decodes `n` values from `block` and appends them to `out`.
@@ -290,23 +350,46 @@ pub fn decode_values(block: &[u8], n: usize, out: &mut Vec<f64>) -> Result<(), C
             if d > MAX_SCALE {
                 return Err(ColumnError::BadScale(d));
             }
-            let scale = POW10[d as usize];
-            let mut r = Reader::new(rest, 0);
+            if order > 2 {
+                return Err(ColumnError::BadLength);
+            }
+            let mut r = Varints { buf: rest, pos: 0 };
             let (mut p1, mut p2) = (0i64, 0i64);
-            for _ in 0..n {
-                let v = r.varint("value").map_err(|_| ColumnError::BadLength)?;
+            let mut next = || -> Result<i64, ColumnError> {
+                let v = r.next()?;
                 let x = match order {
                     0 => v,
                     1 => p1.wrapping_add(v),
-                    2 => p1.wrapping_add(p2.wrapping_add(v)),
-                    _ => return Err(ColumnError::BadLength),
+                    _ => p1.wrapping_add(p2.wrapping_add(v)),
                 };
                 p2 = x.wrapping_sub(p1);
                 p1 = x;
-                out.push(x as f64 / scale);
+                Ok(x)
+            };
+            if d == 0 {
+                for _ in 0..n {
+                    out.push(next()? as f64);
+                }
+            } else {
+                let scale = POW10[d as usize];
+                for _ in 0..n {
+                    out.push(next()? as f64 / scale);
+                }
             }
-            if !r.is_empty() {
+            if r.pos != rest.len() {
                 return Err(ColumnError::BadLength);
+            }
+        }
+        VAL_PACKED => {
+            let (&d, rest) = payload.split_first().ok_or(ColumnError::BadLength)?;
+            if d > MAX_SCALE {
+                return Err(ColumnError::BadScale(d));
+            }
+            if d == 0 {
+                packed::unpack(rest, n, |f| out.extend(f.iter().map(|&x| x as f64)))?;
+            } else {
+                let scale = POW10[d as usize];
+                packed::unpack(rest, n, |f| out.extend(f.iter().map(|&x| x as f64 / scale)))?;
             }
         }
         other => return Err(ColumnError::UnknownEncoding(other)),

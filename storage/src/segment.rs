@@ -40,7 +40,10 @@ use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
-pub(crate) const VERSION: u32 = 2;
+/// The version written: 3 since bit-packed column blocks (`docs/format/column.md`).
+pub(crate) const VERSION: u32 = 3;
+/// Versions read. Version 2 differs only in the column kinds it may use.
+const READS: std::ops::RangeInclusive<u32> = 2..=VERSION;
 /// Most samples in one column chunk of a segment.
 pub(crate) const MAX_CHUNK_SAMPLES: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 16;
@@ -168,7 +171,7 @@ impl Segment {
             ));
         }
         let version = u32::from_le_bytes(map[8..12].try_into().expect("BUG: 4 bytes"));
-        if version != VERSION {
+        if !READS.contains(&version) {
             return Err(corrupt(8, Corruption::UnsupportedVersion { version }));
         }
 

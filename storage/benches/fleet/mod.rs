@@ -136,3 +136,19 @@ pub(crate) fn synthetic_series() -> Vec<Series> {
         })
         .collect()
 }
+
+/// Every series cut into chunks of 4,096 samples and encoded as segment
+/// columns: (timestamp block, value block, samples).
+pub(crate) fn column_chunks(series: &[Series]) -> Vec<(Vec<u8>, Vec<u8>, usize)> {
+    series
+        .iter()
+        .flat_map(|(t, v)| {
+            t.chunks(4096).zip(v.chunks(4096)).map(|(t, v)| {
+                let (mut tb, mut vb) = (Vec::new(), Vec::new());
+                storage::column::encode_ts(t, &mut tb);
+                storage::column::encode_values(v, &mut vb);
+                (tb, vb, t.len())
+            })
+        })
+        .collect()
+}

@@ -21,24 +21,41 @@ fn bits(v: &[f64]) -> Vec<u64> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-/// Golden bytes, by hand: ts 1000, 2000, 3003 -> varints of 1000, 1000, 3
-/// (zigzag 2000 = d0 0f; 6 = 06), kind 1, too short for zstd.
+/// Golden bytes, by hand: ts 1000, 2000, 3003 -> kind 2, order 2, the
+/// heads 1000 and 1000 (zigzag 2000 = d0 0f), then one frame of the
+/// delta-of-delta 3: width 0, min 3 (zigzag 06). Too short for zstd.
 #[test]
 fn golden_ts_block() {
     let mut b = Vec::new();
     encode_ts(&[1000, 2000, 3003], &mut b);
-    assert_eq!(b, [0x01, 0xd0, 0x0f, 0xd0, 0x0f, 0x06]);
+    assert_eq!(b, [0x02, 0x02, 0xd0, 0x0f, 0xd0, 0x0f, 0x00, 0x06]);
 }
 
-/// 71.4, 71.4, 71.5 -> scale 1: 714, 714, 715. Order 0: 3 two-byte varints
-/// (6 bytes); order 1: 714, 0, 1 -> zigzag 1428, 0, 2 -> 94 0b, 00, 02
-/// (4 bytes); order 2: 714, -714, 715 (6 bytes). So: kind 2, scale 1,
-/// order 1, 94 0b 00 02.
+/// A timestamp block of segment v2 (kind 1: zigzag varints of 1000, 1000, 3)
+/// still decodes.
+#[test]
+fn version_2_ts_block_decodes() {
+    let mut out = Vec::new();
+    decode_ts(&[0x01, 0xd0, 0x0f, 0xd0, 0x0f, 0x06], 3, &mut out).unwrap();
+    assert_eq!(out, [1000, 2000, 3003]);
+}
+
+/// 71.4, 71.4, 71.5 -> scale 1: 714, 714, 715.
+/// Varints: order 0 is 3 two-byte varints (6 bytes); order 1: 714, 0, 1 ->
+/// zigzag 1428, 0, 2 -> 94 0b, 00, 02 (4 bytes); order 2: 714, -714, 715
+/// (6 bytes). Best: kind 2, scale 1, order 1, 94 0b 00 02: 7 bytes.
+/// Packed: order 0 is one frame, min 714 (zigzag 94 0b), offsets 0, 0, 1
+/// in 1 bit (0b100): kind 3, scale 1, order 0, width 1, 94 0b, 04: also
+/// 7 bytes (orders 1 and 2 take 8). Packed decodes faster, so it wins.
 #[test]
 fn golden_decimal_block() {
     let (out, b) = val_round_trip(&[71.4, 71.4, 71.5]);
-    assert_eq!(b, [0x02, 0x01, 0x01, 0x94, 0x0b, 0x00, 0x02]);
+    assert_eq!(b, [0x03, 0x01, 0x00, 0x01, 0x94, 0x0b, 0x04]);
     assert_eq!(bits(&out), bits(&[71.4, 71.4, 71.5]));
+    // The varint block of segment v2 still decodes.
+    let mut v2 = Vec::new();
+    decode_values(&[0x02, 0x01, 0x01, 0x94, 0x0b, 0x00, 0x02], 3, &mut v2).unwrap();
+    assert_eq!(bits(&v2), bits(&[71.4, 71.4, 71.5]));
 }
 
 #[test]
@@ -56,7 +73,12 @@ fn long_repeats_compress_to_almost_nothing() {
         .collect();
     let (out, b) = val_round_trip(&vals);
     assert_eq!(bits(&out), bits(&vals));
-    assert!(b.len() < 40, "{} bytes", b.len());
+    // Bit-packed: 32 frames of width 0, each a width byte and its minimum
+    // (2 to 3 bytes): under 0.02 B/sample. Varints under zstd would take
+    // under 40 bytes, but within the packed encoding's slack of 1/64 byte
+    // per sample, and packed frames decode faster.
+    assert_eq!(b[0], VAL_PACKED);
+    assert!(b.len() < 4096 / 50, "{} bytes", b.len());
     let ts: Vec<i64> = (0..4096).map(|i| 1_775_000_000_000 + i * 100).collect();
     let mut tb = Vec::new();
     encode_ts(&ts, &mut tb);
@@ -182,4 +204,138 @@ fn the_reused_zstd_context_writes_what_a_fresh_one_does() {
             );
         }
     }
+}
+
+fn unpacked(payload: &[u8], n: usize) -> Result<Vec<i64>, ColumnError> {
+    let mut out = Vec::new();
+    packed::unpack(payload, n, |f| out.extend_from_slice(f))?;
+    Ok(out)
+}
+
+/// By hand: 5, 7, 6, 9 at order 0 -> min 5, offsets 0, 2, 1, 4 in 3 bits
+/// (2 bits and an exception for the 4 would take 6 bytes, not 4): order 0,
+/// width 3, zigzag 5 = 0x0a, then bits 000 010 001 100 from the lowest:
+/// bit 4 and 6 (0x50), bit 11 (0x08).
+#[test]
+fn golden_packed_frame() {
+    let mut p = Vec::new();
+    packed::pack(&[5, 7, 6, 9], 0, &mut p);
+    assert_eq!(p, [0x00, 0x03, 0x0a, 0x50, 0x08]);
+    assert_eq!(unpacked(&p, 4).unwrap(), [5, 7, 6, 9]);
+}
+
+/// By hand: twenty zeros and a 1000. Packing 10 bits for all would take 29
+/// bytes; width 0 with the 1000 as an exception takes 6: order 0, width 0
+/// with the exception flag (0x80), min 0, one exception at index 20 (0x14)
+/// of 1000 >> 0 (uvarint e8 07).
+#[test]
+fn golden_patched_frame() {
+    let mut xs = vec![0i64; 20];
+    xs.push(1000);
+    let mut p = Vec::new();
+    packed::pack(&xs, 0, &mut p);
+    assert_eq!(p, [0x00, 0x80, 0x00, 0x01, 0x14, 0xe8, 0x07]);
+    assert_eq!(unpacked(&p, 21).unwrap(), xs);
+}
+
+/// The first `order` values go before the frames: at order 1 a timestamp
+/// grid is its start, then one frame of equal steps (width 0).
+#[test]
+fn packed_heads_keep_the_frames_narrow() {
+    let ts: Vec<i64> = (0..300).map(|i| 1_775_000_000_000 + i * 1000).collect();
+    let mut p = Vec::new();
+    packed::pack(&ts, 1, &mut p);
+    // order, a 6-byte head, then three frames of width 0 (1 + 2 bytes each).
+    assert_eq!(p.len(), 1 + 6 + 3 * 3, "{p:02x?}");
+    assert_eq!(unpacked(&p, 300).unwrap(), ts);
+}
+
+#[test]
+fn forged_packed_payloads_are_errors_not_panics() {
+    // Width over 64; an exception index past the frame; an exception on a
+    // 64-bit frame; no exceptions behind the flag; trailing bytes; an order
+    // over 2.
+    for (p, n) in [
+        (vec![0x00, 0x41, 0x00], 1),
+        (vec![0x00, 0x80, 0x00, 0x01, 0x05, 0x01], 2),
+        (
+            vec![0x00, 0xc0, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0x01, 0x00, 0x01],
+            1,
+        ),
+        (vec![0x00, 0x80, 0x00, 0x00], 1),
+        (vec![0x00, 0x00, 0x00, 0x00], 1),
+        (vec![0x03, 0x00, 0x00], 1),
+    ] {
+        assert_eq!(unpacked(&p, n), Err(ColumnError::BadLength), "{p:02x?}");
+    }
+}
+
+/// Integers of a width picked first, with a few outliers: full frames of
+/// every width (the unrolled unpack) and frames with exceptions.
+fn narrow_with_outliers() -> impl Strategy<Value = Vec<i64>> {
+    (0u32..=60, 1usize..600).prop_flat_map(|(w, n)| {
+        prop::collection::vec(
+            prop_oneof![
+                30 => 0i64..=(1i64 << w),
+                1 => any::<i64>(),
+            ],
+            n,
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn packed_round_trips_narrow(xs in narrow_with_outliers(), order in 0u8..3) {
+        let mut p = Vec::new();
+        packed::pack(&xs, order, &mut p);
+        prop_assert_eq!(packed::plan(&xs, order).len, p.len());
+        prop_assert_eq!(unpacked(&p, xs.len()).unwrap(), xs);
+    }
+
+    /// Every width, exceptions, the fast and slow unpack paths and wrapping
+    /// differences at the ends of i64.
+    #[test]
+    fn packed_round_trips(
+        xs in prop::collection::vec(prop_oneof![
+            any::<i64>(),
+            (-40i64..40),
+            Just(i64::MIN),
+            Just(i64::MAX),
+            (0u32..64).prop_map(|b| 1i64 << b),
+        ], 0..700),
+        order in 0u8..3,
+    ) {
+        let mut p = Vec::new();
+        packed::pack(&xs, order, &mut p);
+        prop_assert_eq!(packed::plan(&xs, order).len, p.len());
+        prop_assert_eq!(unpacked(&p, xs.len()).unwrap(), xs.clone());
+        for cut in [0, p.len() / 2, p.len().saturating_sub(1)] {
+            if cut < p.len() {
+                prop_assert!(unpacked(&p[..cut], xs.len()).is_err());
+            }
+        }
+    }
+}
+
+/// Noise at the sensor's resolution is stored bit-packed without zstd, the
+/// fastest to decode; a mostly constant column stays a handful of bytes.
+#[test]
+fn noisy_columns_are_bit_packed() {
+    let mut x = 12_345u64;
+    let noisy: Vec<f64> = (0..4096)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (x >> 53) as f64 / 10.0
+        })
+        .collect();
+    let (out, b) = val_round_trip(&noisy);
+    assert_eq!(bits(&out), bits(&noisy));
+    assert_eq!(b[0], VAL_PACKED);
+    // 11 bits of noise per sample: 4096 × 11 / 8 = 5,632 bytes, plus frame headers.
+    assert!(b.len() < 5_632 + 32 * 4 + 8, "{} bytes", b.len());
 }

@@ -89,10 +89,12 @@ pub(crate) fn write_segment_tmp(
     let mut offset = HEADER_LEN as u64;
     let mut index = Vec::new();
     let mut postings: BTreeMap<(&str, &str), Vec<u32>> = BTreeMap::new();
-    let mut ts_blocks: HashMap<Vec<u8>, BlockRef> = HashMap::new();
+    // Timestamp blocks written so far, by their timestamps: every field of a
+    // GPU poll, and every GPU of a host polled together, shares one.
+    let mut ts_blocks: HashMap<Vec<i64>, BlockRef, foldhash::fast::RandomState> =
+        HashMap::default();
     let (mut samples, mut min_ts, mut max_ts) = (0u64, i64::MAX, i64::MIN);
-    let (mut ts, mut vals, mut block, mut payload) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut ts, mut vals, mut block) = (Vec::new(), Vec::new(), Vec::new());
     let put = |w: &mut BufWriter<File>, bytes: &[u8], offset: &mut u64| -> Result<BlockRef> {
         w.write_all(bytes).map_err(io)?;
         let r = BlockRef {
@@ -156,16 +158,14 @@ pub(crate) fn write_segment_tmp(
             .chunks(MAX_CHUNK_SAMPLES)
             .zip(vals.chunks(MAX_CHUNK_SAMPLES))
         {
-            // Looked up by payload: a shared block is compressed once.
-            payload.clear();
-            column::ts_payload(t, &mut payload);
-            let ts_ref = match ts_blocks.get(&payload) {
+            // Looked up by the timestamps: a shared block is encoded once.
+            let ts_ref = match ts_blocks.get(t) {
                 Some(r) => *r,
                 None => {
                     block.clear();
-                    column::ts_block(&payload, &mut block);
+                    column::encode_ts(t, &mut block);
                     let r = put(&mut w, &block, &mut offset)?;
-                    ts_blocks.insert(payload.clone(), r);
+                    ts_blocks.insert(t.to_vec(), r);
                     r
                 }
             };
