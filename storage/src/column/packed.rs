@@ -155,6 +155,10 @@ pub(crate) struct Plan {
 /// Plans the payload of `xs` after `order` (0..=2) rounds of differencing.
 pub(crate) fn plan(xs: &[i64], order: u8) -> Plan {
     let (heads, rest) = differences(xs, order);
+    plan_of(order, heads, rest)
+}
+
+fn plan_of(order: u8, heads: Vec<i64>, rest: Vec<i64>) -> Plan {
     let shapes: Vec<Shape> = rest.chunks(FRAME).map(frame_shape).collect();
     let len = 1
         + heads.iter().map(|&h| varint_len(h)).sum::<usize>()
@@ -171,9 +175,12 @@ pub(crate) fn plan(xs: &[i64], order: u8) -> Plan {
 /// [`plan`] at the delta order whose frames pack smallest before exceptions
 /// are considered (which would cost a histogram per frame and order).
 pub(crate) fn plan_best(xs: &[i64]) -> Plan {
-    let order = (0..=2u8)
-        .min_by_key(|&order| {
+    let (order, heads, rest) = (0..=2u8)
+        .map(|order| {
             let (heads, rest) = differences(xs, order);
+            (order, heads, rest)
+        })
+        .min_by_key(|(_, heads, rest)| {
             let frames: usize = rest
                 .chunks(FRAME)
                 .map(|f| {
@@ -185,7 +192,7 @@ pub(crate) fn plan_best(xs: &[i64]) -> Plan {
             heads.iter().map(|&h| varint_len(h)).sum::<usize>() + frames
         })
         .expect("BUG: three orders");
-    plan(xs, order)
+    plan_of(order, heads, rest)
 }
 
 /// Appends a planned payload.
@@ -284,10 +291,13 @@ pub(crate) fn unpack(
         // first byte: in place when the payload has them, else from a copy.
         if w == 0 {
             out.fill(min);
-        } else if len == FRAME && w <= 56 && payload.len() >= at + packed.len() + 8 {
-            unpack_frame(&payload[at..at + packed.len() + 8], w, min, out);
         } else if w <= 56 && payload.len() >= at + packed.len() + 8 {
-            unpack_fast(&payload[at..at + packed.len() + 8], w, min, out);
+            let src = &payload[at..at + packed.len() + 8];
+            if len == FRAME {
+                unpack_frame(src, w, min, out);
+            } else {
+                unpack_fast(src, w, min, out);
+            }
         } else {
             unpack_slow(packed, w, min, out);
         }
@@ -342,7 +352,7 @@ fn unpack_fast(src: &[u8], w: u32, min: i64, out: &mut [i64]) {
 }
 
 /// [`unpack_fast`] of a whole frame, with the width a constant: the
-/// compiler then unrolls the loop with constant shifts and no bounds checks.
+/// compiler then unrolls the loop with constant shifts and offsets.
 fn unpack_frame(src: &[u8], w: u32, min: i64, out: &mut [i64]) {
     macro_rules! widths {
         ($($w:literal)*) => {
