@@ -25,6 +25,50 @@ pub(crate) fn put_str(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(s.as_bytes());
 }
 
+/// Appends `raw` as a compressed section: `uvarint raw_len` and one zstd
+/// frame of `raw` (level 3, as column blocks). [`zstd_section`] reads it.
+pub(crate) fn put_zstd_section(out: &mut Vec<u8>, raw: &[u8]) {
+    put_uvarint(out, raw.len() as u64);
+    let z = crate::column::zstd_compress(raw).expect("BUG: zstd compression of a buffer failed");
+    out.extend_from_slice(&z);
+}
+
+/// The bytes of a section written by [`put_zstd_section`], found at file
+/// offset `base`. The stored bytes must be exactly one zstd frame that
+/// decompresses to the declared length, at most `max_raw`. Memory follows
+/// what the frame really holds, not the declared length, so a forged length
+/// allocates nothing.
+pub(crate) fn zstd_section(
+    stored: &[u8],
+    base: u64,
+    max_raw: u64,
+    what: &'static str,
+) -> ReadResult<Vec<u8>> {
+    use std::io::Read;
+    let mut r = Reader::new(stored, base);
+    let raw_len = r.uvarint(what)?;
+    let frame = &stored[r.pos..];
+    let bad = || Err((base, Corruption::OutOfBounds { what }));
+    if raw_len > max_raw || zstd::zstd_safe::find_frame_compressed_size(frame) != Ok(frame.len()) {
+        return bad();
+    }
+    let Ok(decoder) = zstd::stream::read::Decoder::with_buffer(frame) else {
+        return bad();
+    };
+    // The first allocation is bounded by the frame's size; the vector grows
+    // from there only as bytes really come out.
+    let guess = raw_len.min(frame.len() as u64 * 16).min(1 << 26);
+    let mut out = Vec::with_capacity(guess as usize);
+    match decoder
+        .single_frame()
+        .take(raw_len.saturating_add(1))
+        .read_to_end(&mut out)
+    {
+        Ok(n) if n as u64 == raw_len => Ok(out),
+        _ => bad(),
+    }
+}
+
 /// Reads a section; errors are `(absolute offset, what went wrong)`.
 #[derive(Debug)]
 pub(crate) struct Reader<'a> {
@@ -105,5 +149,76 @@ impl<'a> Reader<'a> {
         let n = self.len(what, self.buf.len())?;
         let b = self.bytes(n, what)?;
         String::from_utf8(b.to_vec()).map_err(|_| (at, Corruption::BadUtf8))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(raw: &[u8]) -> Vec<u8> {
+        let mut s = Vec::new();
+        put_zstd_section(&mut s, raw);
+        s
+    }
+
+    fn refused(stored: &[u8]) -> bool {
+        matches!(
+            zstd_section(stored, 100, u64::MAX, "test section"),
+            Err((
+                100,
+                Corruption::OutOfBounds {
+                    what: "test section"
+                }
+            ))
+        )
+    }
+
+    #[test]
+    fn a_zstd_section_reads_back() {
+        let raw: Vec<u8> = (0..10_000u32).flat_map(|i| (i % 7).to_le_bytes()).collect();
+        let s = section(&raw);
+        assert!(s.len() < raw.len() / 10);
+        assert_eq!(zstd_section(&s, 0, u64::MAX, "x").unwrap(), raw);
+        assert_eq!(zstd_section(&section(b""), 0, 0, "x").unwrap(), b"");
+    }
+
+    #[test]
+    fn a_forged_zstd_section_is_refused() {
+        let raw = b"label name, label value, label name, label value".repeat(50);
+        let good = section(&raw);
+        let frame = zstd::bulk::compress(&raw, 3).unwrap();
+        let declared = |n: u64| {
+            let mut s = Vec::new();
+            put_uvarint(&mut s, n);
+            s.extend_from_slice(&frame);
+            s
+        };
+        // The declared length, one off either way, or absurd.
+        assert!(refused(&declared(raw.len() as u64 + 1)));
+        assert!(refused(&declared(raw.len() as u64 - 1)));
+        assert!(refused(&declared(u64::MAX)));
+        // Over the caller's limit, although it would decompress.
+        assert!(zstd_section(&good, 0, raw.len() as u64 - 1, "x").is_err());
+        assert!(zstd_section(&good, 0, raw.len() as u64, "x").is_ok());
+        // A byte after the frame, a second frame, a cut frame, no frame.
+        let mut s = good.clone();
+        s.push(0);
+        assert!(refused(&s));
+        let mut s = good.clone();
+        s.extend_from_slice(&frame);
+        assert!(refused(&s));
+        assert!(refused(&good[..good.len() - 1]));
+        assert!(refused(&declared(0)[..1]));
+        // The length varint itself cut short reports where it was.
+        assert!(zstd_section(&[0x80], 100, u64::MAX, "test section").is_err());
+        // A flipped bit in the frame's content (zstd frames carry no checksum
+        // by default, so this may decode to other bytes: the section's CRC is
+        // what catches that); it must never panic.
+        for i in 0..good.len() {
+            let mut s = good.clone();
+            s[i] ^= 0x10;
+            let _ = zstd_section(&s, 0, u64::MAX, "x");
+        }
     }
 }

@@ -1,30 +1,34 @@
 //! Sealed segment files: immutable, memory-mapped, self-checking.
 //!
-//! A segment holds the Gorilla chunks of many series for one flush period, a
-//! series index (key -> chunk refs) and label postings (label pair -> series).
-//! Layout (`docs/format/segment.md`), integers little-endian:
+//! A segment holds the column chunks of many series for one flush period (or
+//! a compacted window), a series index (key -> chunk refs) and label postings
+//! (label pair -> series). Layout (`docs/format/segment.md`), integers
+//! little-endian:
 //!
 //! ```text
 //! +--------------------------------------------------------------+
 //! | header   magic "GPLSSEG1" | version u32 | crc32c(header) u32 |  16 B
 //! +--------------------------------------------------------------+
-//! | chunk data   Gorilla chunks, back to back                    |
+//! | data     timestamp and value blocks (column.md), back to back |
 //! +--------------------------------------------------------------+
-//! | series index  (series -> labels, chunk refs + crc32c each)   |
+//! | series index  (series -> labels, chunk refs + crc32c each),  |
+//! |               zstd-compressed since version 4                |
 //! +--------------------------------------------------------------+
-//! | postings      (label name, value) -> ascending series ids    |
+//! | postings      (label name, value) -> ascending series ids,   |
+//! |               zstd-compressed since version 4                |
 //! +--------------------------------------------------------------+
-//! | footer   offsets, lengths, counts, time range, crc32cs,      |
-//! |          crc32c(footer), magic "GPLSEND1"                    |  84 B
+//! | footer   offsets, lengths, counts, time range, flush range,  |
+//! |          wal_cut, crc32cs, magic "GPLSEND1"                  | 108 B
 //! +--------------------------------------------------------------+
 //! ```
 //!
-//! Opening validates magic, version, every section checksum and every chunk
-//! offset; chunk checksums are verified when a chunk is decoded. Any failure is
-//! [`Error::Corrupt`] with the file and offset, never a panic.
+//! Opening validates magic, version, every section checksum and every block
+//! offset; block checksums are verified when a chunk is decoded. Any failure
+//! is [`Error::Corrupt`] with the file and offset, never a panic.
 
 pub(crate) mod writer;
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -40,10 +44,16 @@ use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
-/// The version written: 3 since bit-packed column blocks (`docs/format/column.md`).
-pub(crate) const VERSION: u32 = 3;
-/// Versions read. Version 2 differs only in the column kinds it may use.
+/// The version written: 4 since the index and postings are zstd-compressed
+/// (3 added bit-packed column blocks, `docs/format/column.md`).
+pub(crate) const VERSION: u32 = 4;
+/// Versions read. Versions 2 and 3 store the index and postings as they
+/// are; version 2 differs from 3 only in the column kinds it may use.
 const READS: std::ops::RangeInclusive<u32> = 2..=VERSION;
+/// First version whose index and postings sections are compressed.
+const ZSTD_SECTIONS: u32 = 4;
+/// Largest index or postings section, decompressed.
+pub(crate) const MAX_SECTION: u64 = u32::MAX as u64;
 /// Most samples in one column chunk of a segment.
 pub(crate) const MAX_CHUNK_SAMPLES: usize = 4096;
 pub(crate) const HEADER_LEN: usize = 16;
@@ -235,11 +245,18 @@ impl Segment {
             }
         }
 
+        // Offsets in errors inside a compressed section are its file offset
+        // plus the position in its decompressed bytes.
+        let unzip = |stored, off, what| {
+            section_bytes(version, stored, off, what).map_err(|(o, k)| corrupt(o, k))
+        };
+        let index = unzip(index, index_off, "compressed index")?;
+        let post = unzip(post, post_off, "compressed postings")?;
         let data_end = index_off;
-        let series = parse_index(index, index_off, data_end, series_count)
+        let series = parse_index(&index, index_off, data_end, series_count)
             .map_err(|(o, k)| corrupt(o, k))?;
         let postings =
-            parse_postings(post, post_off, series.len()).map_err(|(o, k)| corrupt(o, k))?;
+            parse_postings(&post, post_off, series.len()).map_err(|(o, k)| corrupt(o, k))?;
         Ok(Self {
             id,
             path: path.to_path_buf(),
@@ -416,6 +433,21 @@ impl Drop for Segment {
             tracing::warn!(segment = %self.path.display(), error = %e, "could not delete a dropped segment; the next start deletes it");
         }
     }
+}
+
+/// A section's bytes as [`parse_index`] and [`parse_postings`] read them:
+/// decompressed from version [`ZSTD_SECTIONS`] on, as stored before.
+fn section_bytes<'a>(
+    version: u32,
+    stored: &'a [u8],
+    offset: u64,
+    what: &'static str,
+) -> codec::ReadResult<Cow<'a, [u8]>> {
+    if version < ZSTD_SECTIONS {
+        return Ok(Cow::Borrowed(stored));
+    }
+    // The writer refuses sections over 4 GiB decompressed.
+    codec::zstd_section(stored, offset, MAX_SECTION, what).map(Cow::Owned)
 }
 
 fn parse_index(

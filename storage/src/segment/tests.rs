@@ -193,41 +193,75 @@ fn encoding_matches_the_committed_golden_file() {
     assert_eq!((seg.num_series(), seg.num_samples()), (4, 751));
 }
 
-/// Segment v2, written before bit-packed columns (`golden-v2.gseg`, the
-/// golden file of that version), still opens and reads back sample for
-/// sample what the same content reads back as from a v3 file.
+/// Segments of the earlier versions still open and read back sample for
+/// sample what the same content reads back as from a current file: v2
+/// (`golden-v2.gseg`, before bit-packed columns) and v3 (`golden-v3.gseg`,
+/// before compressed index and postings), the golden files of those
+/// versions.
 #[test]
-fn a_version_2_segment_reads_as_the_same_samples() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/segment_open/golden-v2.gseg");
-    let v2 = std::fs::read(path).unwrap();
-    assert_eq!(v2[8..12], 2u32.to_le_bytes());
-    let old = Segment::from_bytes(&v2).unwrap();
+fn earlier_versions_read_as_the_same_samples() {
     let dir = tempfile::tempdir().unwrap();
     let new = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
-    assert_eq!(new.num_series(), old.num_series());
-    for ord in 0..old.num_series() as u32 {
-        assert_eq!(old.series_key(ord), new.series_key(ord));
-        let (a, b) = (
-            decode_series(&old, ord).unwrap(),
-            decode_series(&new, ord).unwrap(),
-        );
-        assert_eq!(a.len(), b.len());
-        for ((ta, va), (tb, vb)) in a.iter().zip(&b) {
-            assert_eq!((ta, va.to_bits()), (tb, vb.to_bits()));
+    for version in [2u32, 3] {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../fuzz/seeds/segment_open/golden-v{version}.gseg"));
+        let bytes = std::fs::read(path).unwrap();
+        assert_eq!(bytes[8..12], version.to_le_bytes());
+        let old = Segment::from_bytes(&bytes).unwrap();
+        assert_eq!(new.num_series(), old.num_series());
+        for ord in 0..old.num_series() as u32 {
+            assert_eq!(old.series_key(ord), new.series_key(ord));
+            let (a, b) = (
+                decode_series(&old, ord).unwrap(),
+                decode_series(&new, ord).unwrap(),
+            );
+            assert_eq!(a.len(), b.len());
+            for ((ta, va), (tb, vb)) in a.iter().zip(&b) {
+                assert_eq!((ta, va.to_bits()), (tb, vb.to_bits()));
+            }
+        }
+        for (name, value) in [("gpu", "1"), ("__name__", "DCGM_FI_DEV_POWER_USAGE")] {
+            let m = [Matcher::equal(name, value)];
+            assert_eq!(
+                old.select(&m),
+                new.select(&m),
+                "{name}={value} in v{version}"
+            );
         }
     }
     // A version after this one is refused, with its number.
-    let mut v4 = v2.clone();
-    v4[8..12].copy_from_slice(&4u32.to_le_bytes());
-    let crc = crc32c::crc32c(&v4[..12]);
-    v4[12..16].copy_from_slice(&crc.to_le_bytes());
+    let mut v5 = std::fs::read(write(dir.path())).unwrap();
+    v5[8..12].copy_from_slice(&5u32.to_le_bytes());
+    let crc = crc32c::crc32c(&v5[..12]);
+    v5[12..16].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
-        Segment::from_bytes(&v4),
+        Segment::from_bytes(&v5),
         Err(Error::Corrupt {
             offset: 8,
-            kind: Corruption::UnsupportedVersion { version: 4 },
+            kind: Corruption::UnsupportedVersion { version: 5 },
             ..
         })
     ));
+}
+
+/// Version 4 stores the index and the postings as `uvarint raw length` and
+/// one zstd frame (magic 0xFD2FB528, little-endian): read from the footer's
+/// offsets, independently of the reader.
+#[test]
+fn index_and_postings_are_one_zstd_frame_each() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = std::fs::read(write(dir.path())).unwrap();
+    let footer = &b[b.len() - FOOTER_LEN..];
+    let at = |i: usize| u64::from_le_bytes(footer[i * 8..i * 8 + 8].try_into().unwrap()) as usize;
+    for (off, len) in [(at(0), at(1)), (at(2), at(3))] {
+        let s = &b[off..off + len];
+        let n = s.iter().position(|&x| x & 0x80 == 0).unwrap() + 1;
+        assert_eq!(s[n..n + 4], [0x28, 0xb5, 0x2f, 0xfd]);
+        let raw = zstd::decode_all(&s[n..]).unwrap();
+        let mut declared = 0u64;
+        for (i, x) in s[..n].iter().enumerate() {
+            declared |= u64::from(x & 0x7f) << (7 * i);
+        }
+        assert_eq!(raw.len() as u64, declared);
+    }
 }
