@@ -312,8 +312,9 @@ impl Head {
     /// Encodes a WAL series record for every series (their refs as WAL refs)
     /// and marks them all logged: the checkpoint that starts a WAL segment.
     pub(crate) fn checkpoint(&mut self, dst: &mut Vec<u8>) {
+        let defs = self.series.iter().map(|s| (s.r.0, &*s.key));
+        crate::wal::record::encode_series_batches(dst, defs);
         for s in &mut self.series {
-            crate::wal::record::encode_series(dst, s.r.0, &s.key);
             s.logged = true;
         }
     }
@@ -1013,8 +1014,8 @@ mod tests {
         let mut named = Vec::new();
         while pos < cp.len() {
             let (rec, len) = crate::wal::record::decode(&cp[pos..]).unwrap();
-            if let crate::wal::record::Record::Series { wal_ref, key } = rec {
-                named.push((wal_ref, key));
+            if let crate::wal::record::Record::SeriesBatch(series) = rec {
+                named.extend(series);
             }
             pos += len;
         }

@@ -37,7 +37,10 @@ use crate::{Error, Result};
 use record::{Bad, Record};
 
 const MAGIC: &[u8; 8] = b"GPLSWAL1";
-const VERSION: u32 = 1;
+/// Version 2 added series batch records (`record::TYPE_SERIES_BATCH`);
+/// version 1 segments, which have none, are still read.
+const VERSION: u32 = 2;
+const READS: std::ops::RangeInclusive<u32> = 1..=VERSION;
 pub(crate) const HEADER_LEN: usize = 16;
 
 /// When a WAL write counts as done.
@@ -437,7 +440,9 @@ pub(crate) fn replay(
         let header_ok = buf.len() >= HEADER_LEN
             && &buf[..8] == MAGIC
             && buf[12..16] == crc32c::crc32c(&buf[..12]).to_le_bytes()
-            && buf[8..12] == VERSION.to_le_bytes();
+            && READS.contains(&u32::from_le_bytes(
+                buf[8..12].try_into().expect("BUG: 4 bytes"),
+            ));
         if !header_ok {
             if is_last && buf.len() < HEADER_LEN {
                 // Created but never completely written: nothing to lose.

@@ -64,6 +64,12 @@ pub(super) fn replay_wal(
             refs.remove(&wal_ref);
             defs.insert(wal_ref, key);
         }
+        Record::SeriesBatch(series) => {
+            for (wal_ref, key) in series {
+                refs.remove(&wal_ref);
+                defs.insert(wal_ref, key);
+            }
+        }
         Record::Samples {
             refs: rs,
             ts_ms,
