@@ -28,16 +28,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use memmap2::Mmap;
 
 use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables};
-use crate::codec::{ReadResult, Reader, put_str, put_uvarint, put_varint};
+use crate::codec::{ReadResult, Reader, put_str, put_uvarint};
 use crate::error::Corruption;
 use crate::segment::writer::publish;
 use crate::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLREND1";
-/// Version 2 added zstd-compressed block payloads (block flag bit 0); version
-/// 1 files, whose flags are all 0, are still read.
-pub(crate) const VERSION: u32 = 2;
+/// Version 3 stores a block's records as columns (the values as column
+/// blocks, `docs/format/column.md`); version 2 added zstd-compressed block
+/// payloads (block flag bit 0). Versions 1 (flags all 0) and 2, whose
+/// records are rows, are still read.
+pub(crate) const VERSION: u32 = 3;
+/// First version whose blocks hold columns.
+const COLUMNAR: u32 = 3;
 /// Block flag: the payload is `uvarint raw_len` + a zstd frame of `raw_len` bytes.
 const FLAG_ZSTD: u16 = 1;
 /// Largest decompressed block accepted: a block closes once it passes
@@ -48,6 +52,10 @@ pub(crate) const BLOCK_HEADER_LEN: usize = 28;
 pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
 /// Most groups in one block, so a reader decodes a bounded amount at a time.
 const MAX_BLOCK_GROUPS: usize = 4096;
+/// Most records in one block (version 3): a reader decodes a block's columns
+/// whole, 72 bytes a record, and a column block of constant values takes
+/// almost no bytes, so the payload's size cannot bound them.
+pub(crate) const MAX_BLOCK_RECORDS: usize = 1 << 20;
 /// A block is closed once its payload passes this size (see `encode_table`).
 const MAX_BLOCK_PAYLOAD: usize = 64 << 20;
 
@@ -62,6 +70,8 @@ struct BlockInfo {
     len: usize,
     /// The payload is zstd-compressed ([`FLAG_ZSTD`]).
     zstd: bool,
+    /// The records are columns (version 3), not rows.
+    columnar: bool,
     /// Smallest and largest metric of the block's groups, found when the file
     /// is opened: a query for one metric skips the blocks that cannot hold it
     /// without decoding them (groups are sorted metric first, so a block
@@ -201,6 +211,158 @@ fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
+    keep: impl FnMut(&RollupGroup) -> bool,
+    f: impl FnMut(&RollupGroup, RollupRecord),
+) -> ReadResult<()> {
+    if b.columnar {
+        decode_columns(buf, base, b, keep, f)
+    } else {
+        decode_rows(buf, base, b, keep, f)
+    }
+}
+
+/// Reads a group's six fields and checks them against the block's level.
+fn read_group(r: &mut Reader<'_>, b: &BlockInfo) -> ReadResult<RollupGroup> {
+    let g = RollupGroup {
+        metric: r.string("metric")?,
+        cluster: r.string("cluster")?,
+        row: r.string("row")?,
+        rack: r.string("rack")?,
+        host: r.string("host")?,
+        gpu: r.string("gpu")?,
+    };
+    if !g.is_at_level(b.level) {
+        return Err((
+            r.offset(),
+            Corruption::OutOfBounds {
+                what: "group field below its level",
+            },
+        ));
+    }
+    Ok(g)
+}
+
+/// A version 3 payload: the groups with their record counts, then each
+/// field of every record as a column (`docs/format/rollup.md`).
+fn decode_columns(
+    buf: &[u8],
+    base: u64,
+    b: &BlockInfo,
+    mut keep: impl FnMut(&RollupGroup) -> bool,
+    mut f: impl FnMut(&RollupGroup, RollupRecord),
+) -> ReadResult<()> {
+    let oob = |at: u64, what| Err((at, Corruption::OutOfBounds { what }));
+    let mut r = Reader::new(buf, base);
+    let w = b.tier.window_ms();
+    // Every group takes at least 7 bytes, and a block holds at most
+    // MAX_BLOCK_RECORDS records, which bounds both counts before anything is
+    // allocated.
+    let n_groups = r.len("group count", buf.len() / 7)?;
+    let mut groups = Vec::with_capacity(n_groups);
+    let mut total = 0usize;
+    for _ in 0..n_groups {
+        let g = read_group(&mut r, b)?;
+        let n = r.len("record count", MAX_BLOCK_RECORDS - total)?;
+        total += n;
+        groups.push((g, n));
+    }
+    // The integer columns, then the value columns, each a column block
+    // (`docs/format/column.md`) after its length.
+    fn block<'a>(r: &mut Reader<'a>, what: &'static str) -> ReadResult<(u64, &'a [u8])> {
+        let at = r.offset();
+        let len = r.len(what, usize::MAX)?;
+        Ok((at, r.bytes(len, what)?))
+    }
+    let mut ints: [Vec<i64>; 4] = Default::default();
+    for (v, what) in ints.iter_mut().zip(["window", "count", "first_ts", "span"]) {
+        let (at, bytes) = block(&mut r, what)?;
+        crate::column::decode_ints(bytes, total, v).map_err(|e| (at, Corruption::BadBlock(e)))?;
+        if v.len() != total {
+            return oob(at, what);
+        }
+    }
+    // The values: five column blocks for each run of groups of one metric.
+    let mut values: [Vec<f64>; 5] = Default::default();
+    for n in metric_runs(groups.iter().map(|(g, n)| (g.metric.as_str(), *n))) {
+        for (v, what) in values
+            .iter_mut()
+            .zip(["sum", "min", "max", "first", "last"])
+        {
+            let (at, bytes) = block(&mut r, what)?;
+            let before = v.len();
+            crate::column::decode_values(bytes, n, v).map_err(|e| (at, Corruption::BadBlock(e)))?;
+            if v.len() != before + n {
+                return oob(at, what);
+            }
+        }
+    }
+    if !r.is_empty() {
+        return oob(r.offset(), "bytes after the last column");
+    }
+    let [sum, min, max, first, last] = &values;
+    let [windows, counts, first_off, span] = &ints;
+    let mut from = 0;
+    for (g, n) in &groups {
+        let kept = keep(g);
+        for i in from..from + n {
+            // A window is its start over the tier's window length; they
+            // ascend within a group.
+            if i > from && windows[i] <= windows[i - 1] {
+                return oob(base, "window order");
+            }
+            let start = windows[i].checked_mul(w);
+            let Some(start) = start.filter(|s| *s >= b.min_ws && *s <= b.max_ws) else {
+                return oob(base, "window start");
+            };
+            // Offsets past the window, or negative, are refused before they
+            // are added, so that the sums below cannot overflow.
+            let (f_off, s_off) = (first_off[i], span[i]);
+            if !(0..w).contains(&f_off) || !(0..w).contains(&s_off) || counts[i] < 1 {
+                return oob(base, "record");
+            }
+            let rec = RollupRecord {
+                window_start_ms: start,
+                count: counts[i] as u64,
+                sum: sum[i],
+                min: min[i],
+                max: max[i],
+                first: first[i],
+                first_ts_ms: start.saturating_add(f_off),
+                last: last[i],
+                last_ts_ms: start.saturating_add(f_off + s_off),
+            };
+            if let Some(what) = record_problem(b.tier, &rec) {
+                return oob(base, what);
+            }
+            if kept {
+                f(g, rec);
+            }
+        }
+        from += n;
+    }
+    Ok(())
+}
+
+/// The number of records of each run of consecutive groups that share a
+/// metric (groups with no record count for nothing): a version 3 block
+/// encodes the values of each run apart, so that each metric has its own
+/// decimal scale and delta order.
+fn metric_runs<'a>(groups: impl Iterator<Item = (&'a str, usize)>) -> Vec<usize> {
+    let mut runs: Vec<(&str, usize)> = Vec::new();
+    for (metric, n) in groups.filter(|&(_, n)| n > 0) {
+        match runs.last_mut() {
+            Some((m, len)) if *m == metric => *len += n,
+            _ => runs.push((metric, n)),
+        }
+    }
+    runs.into_iter().map(|(_, n)| n).collect()
+}
+
+/// A version 1 or 2 payload: per group, its fields and its records as rows.
+fn decode_rows(
+    buf: &[u8],
+    base: u64,
+    b: &BlockInfo,
     mut keep: impl FnMut(&RollupGroup) -> bool,
     mut f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
@@ -209,17 +371,7 @@ fn decode_payload(
     let w = b.tier.window_ms();
     let n_groups = r.len("group count", buf.len())?;
     for _ in 0..n_groups {
-        let g = RollupGroup {
-            metric: r.string("metric")?,
-            cluster: r.string("cluster")?,
-            row: r.string("row")?,
-            rack: r.string("rack")?,
-            host: r.string("host")?,
-            gpu: r.string("gpu")?,
-        };
-        if !g.is_at_level(b.level) {
-            return oob(&r, "group field below its level");
-        }
+        let g = read_group(&mut r, b)?;
         let kept = keep(&g);
         let n = r.len("record count", buf.len())?;
         let mut prev: Option<i64> = None;
@@ -322,7 +474,7 @@ impl RollupFile {
             ));
         }
         let version = u32_at(b, 8);
-        if version != 1 && version != VERSION {
+        if !(1..=VERSION).contains(&version) {
             return Err(bad(8, Corruption::UnsupportedVersion { version }));
         }
         let fo = len - FOOTER_LEN;
@@ -437,6 +589,7 @@ impl RollupFile {
                 start,
                 len: plen,
                 zstd: flags & FLAG_ZSTD != 0,
+                columnar: version >= COLUMNAR,
                 metrics: None,
             };
             let mut metrics: Option<(Box<str>, Box<str>)> = None;
@@ -619,48 +772,94 @@ fn encode_table(
     out: &mut Vec<u8>,
 ) -> usize {
     let mut groups = table.groups().filter(|(_, w)| w.len() > 0).peekable();
+    // A group whose windows did not all fit in the previous block.
+    let mut pending = None;
     let mut n_blocks = 0;
+    let w = tier.window_ms();
     // Reused from block to block: fresh buffers of a block's size (megabytes
     // for a flush of many series) cost their page faults every time.
-    let (mut body, mut raw) = (Vec::new(), Vec::new());
-    while groups.peek().is_some() {
-        // A block ends after MAX_BLOCK_GROUPS groups or once its payload
-        // passes MAX_BLOCK_PAYLOAD, so that its length fits the u32 field
-        // (an import can give a group many windows).
+    let (mut body, mut raw, mut block) = (Vec::new(), Vec::new(), Vec::new());
+    let mut ints: [Vec<i64>; 4] = Default::default();
+    let mut values: [Vec<f64>; 5] = Default::default();
+    // The metric and record count of each group of the block.
+    let mut block_groups: Vec<(&String, usize)> = Vec::new();
+    while pending.is_some() || groups.peek().is_some() {
+        // A block ends after MAX_BLOCK_GROUPS groups or MAX_BLOCK_RECORDS
+        // records, or once its payload would pass MAX_BLOCK_PAYLOAD (at most
+        // 90 bytes a record), so that its length fits the u32 field and its
+        // columns bound what a reader allocates. A group with more windows
+        // than a block holds (an import can give it many) goes on in the
+        // next block.
         body.clear();
+        block_groups.clear();
+        ints.iter_mut().for_each(Vec::clear);
+        values.iter_mut().for_each(Vec::clear);
         let mut n_groups = 0usize;
         let (mut min_ws, mut max_ws) = (i64::MAX, i64::MIN);
-        while n_groups < MAX_BLOCK_GROUPS && body.len() < MAX_BLOCK_PAYLOAD {
-            let Some((g, windows)) = groups.next() else {
+        while n_groups < MAX_BLOCK_GROUPS
+            && ints[0].len() < MAX_BLOCK_RECORDS
+            && body.len() + 90 * ints[0].len() < MAX_BLOCK_PAYLOAD
+        {
+            let Some((g, mut windows)) = pending.take().or_else(|| groups.next()) else {
                 break;
             };
             n_groups += 1;
             for s in [&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu] {
                 put_str(&mut body, s);
             }
-            put_uvarint(&mut body, windows.len() as u64);
-            let mut prev: Option<i64> = None;
-            for r in windows {
-                let ws = r.window_start_ms;
-                min_ws = min_ws.min(ws);
-                max_ws = max_ws.max(ws);
-                put_varint(&mut body, prev.map_or(ws, |p| ws - p));
-                prev = Some(ws);
-                put_uvarint(&mut body, r.count);
-                for v in [r.sum, r.min, r.max, r.first] {
-                    body.extend_from_slice(&v.to_le_bytes());
+            let take = windows.len().min(MAX_BLOCK_RECORDS - ints[0].len());
+            put_uvarint(&mut body, take as u64);
+            block_groups.push((&g.metric, take));
+            for r in windows.by_ref().take(take) {
+                let start = r.window_start_ms;
+                min_ws = min_ws.min(start);
+                max_ws = max_ws.max(start);
+                // Aligned (`check_tables`): a group's windows count up by
+                // one wherever it has no gap, and its offsets are alike
+                // from window to window.
+                let [windows, counts, first_off, span] = &mut ints;
+                windows.push(start / w);
+                counts.push(r.count as i64);
+                first_off.push(r.first_ts_ms - start);
+                span.push(r.last_ts_ms - r.first_ts_ms);
+                for (col, v) in values
+                    .iter_mut()
+                    .zip([r.sum, r.min, r.max, r.first, r.last])
+                {
+                    col.push(v);
                 }
-                put_uvarint(&mut body, (r.first_ts_ms - ws) as u64);
-                body.extend_from_slice(&r.last.to_le_bytes());
-                put_uvarint(&mut body, (r.last_ts_ms - ws) as u64);
             }
+            if windows.len() > 0 {
+                pending = Some((g, windows));
+            }
+        }
+        // Every column as a column block: integers and decimal values
+        // bit-packed after the delta order that suits them (neighbouring
+        // windows of a group, and neighbouring groups of a metric, hold close
+        // values). The values are cut by metric: one metric's fractions
+        // would otherwise scale another's integers.
+        for col in &ints {
+            block.clear();
+            crate::column::encode_ints(col, &mut block);
+            put_uvarint(&mut body, block.len() as u64);
+            body.extend_from_slice(&block);
+        }
+        let mut at = 0;
+        for n in metric_runs(block_groups.iter().map(|(m, n)| (m.as_str(), *n))) {
+            for col in &values {
+                block.clear();
+                crate::column::encode_values(&col[at..at + n], &mut block);
+                put_uvarint(&mut body, block.len() as u64);
+                body.extend_from_slice(&block);
+            }
+            at += n;
         }
         raw.clear();
         put_uvarint(&mut raw, n_groups as u64);
         raw.extend_from_slice(&body);
-        // Records repeat their group's strings and hold small integers and
-        // repeated values as f64: zstd (level 3, as column blocks) takes them
-        // to about a seventh.
+        // Group strings repeat from group to group, and the varint columns
+        // are mostly repeats: zstd (level 3, as column blocks) over the whole
+        // payload.
         let mut payload = Vec::with_capacity(raw.len() / 4 + 16);
         put_uvarint(&mut payload, raw.len() as u64);
         payload.extend_from_slice(

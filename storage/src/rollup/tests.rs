@@ -495,8 +495,8 @@ fn every_truncation_and_flip_is_detected() {
 /// The rollup format is stable: the same tables encode to exactly the
 /// committed file, which also seeds the `rollup_open` fuzz target. After a
 /// deliberate format change, regenerate it with `GPULSE_BLESS=1`.
-#[test]
-fn encoding_matches_the_committed_golden_file() {
+/// The tables of the golden files.
+fn golden_tables() -> Tables {
     let mut tables = empty_tables();
     for (gpu, host) in [("0", "h0"), ("1", "h0"), ("0", "h1")] {
         let g = RollupGroup {
@@ -516,6 +516,12 @@ fn encoding_matches_the_committed_golden_file() {
             ],
         );
     }
+    tables
+}
+
+#[test]
+fn encoding_matches_the_committed_golden_file() {
+    let tables = golden_tables();
     let bytes = file::encode(9, &[(3, 5)], &tables);
     let committed = crate::golden::check("rollup_open", "golden.groll", &bytes);
     let f = file::RollupFile::from_bytes(&committed).unwrap();
@@ -875,37 +881,79 @@ fn matches_at_is_matches_of_the_projection() {
     assert!(matched > 0 && matched < 5 * filters.len());
 }
 
-/// Rewrites a version 2 file as version 1 wrote it: block payloads stored
-/// as they are, flags 0, checksums and offsets recomputed.
-fn as_version_1(v2: &[u8]) -> Vec<u8> {
+/// Rewrites a current (columnar) file as version 1 or 2 wrote it: each
+/// block's records as rows, per `docs/format/rollup.md` (an encoder of its
+/// own, not the file module's), raw (version 1, flags 0) or under zstd
+/// (version 2); checksums and offsets recomputed. Expects one block per tier
+/// and level, as small tables have.
+fn as_rows(v3: &[u8], version: u32) -> Vec<u8> {
+    use crate::codec::{put_str, put_uvarint, put_varint};
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let fo = v2.len() - file::FOOTER_LEN;
-    let (co, cl) = (u64_at(v2, fo) as usize, u64_at(v2, fo + 8) as usize);
-    let mut out = v2[..8].to_vec();
-    out.extend_from_slice(&1u32.to_le_bytes());
+    let f = file::RollupFile::from_bytes(v3).unwrap();
+    let fo = v3.len() - file::FOOTER_LEN;
+    let (co, cl) = (u64_at(v3, fo) as usize, u64_at(v3, fo + 8) as usize);
+    let mut out = v3[..8].to_vec();
+    out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
     let mut pos = file::HEADER_LEN;
     while pos < co {
-        let h = &v2[pos..pos + file::BLOCK_HEADER_LEN];
+        let h = &v3[pos..pos + file::BLOCK_HEADER_LEN];
         let plen = u32::from_le_bytes(h[4..8].try_into().unwrap()) as usize;
-        let stored = &v2[pos + file::BLOCK_HEADER_LEN..pos + file::BLOCK_HEADER_LEN + plen];
-        let mut r = crate::codec::Reader::new(stored, 0);
-        let raw_len = r.uvarint("len").unwrap() as usize;
-        let raw = zstd::bulk::decompress(&stored[r.offset() as usize..], raw_len).unwrap();
+        let (tier, level) = (
+            RollupTier::ALL[h[0] as usize],
+            RollupLevel::ALL[h[1] as usize],
+        );
+        let mut groups: Vec<(RollupGroup, Vec<RollupRecord>)> = Vec::new();
+        f.for_each(tier, level, i64::MIN, i64::MAX, |g, r| {
+            match groups.last_mut() {
+                Some((last, rs)) if last == g => rs.push(r),
+                _ => groups.push((g.clone(), vec![r])),
+            }
+        })
+        .unwrap();
+        let mut raw = Vec::new();
+        put_uvarint(&mut raw, groups.len() as u64);
+        for (g, rs) in &groups {
+            for s in [&g.metric, &g.cluster, &g.row, &g.rack, &g.host, &g.gpu] {
+                put_str(&mut raw, s);
+            }
+            put_uvarint(&mut raw, rs.len() as u64);
+            let mut prev = None;
+            for r in rs {
+                let ws = r.window_start_ms;
+                put_varint(&mut raw, prev.map_or(ws, |p| ws - p));
+                prev = Some(ws);
+                put_uvarint(&mut raw, r.count);
+                for v in [r.sum, r.min, r.max, r.first] {
+                    raw.extend_from_slice(&v.to_le_bytes());
+                }
+                put_uvarint(&mut raw, (r.first_ts_ms - ws) as u64);
+                raw.extend_from_slice(&r.last.to_le_bytes());
+                put_uvarint(&mut raw, (r.last_ts_ms - ws) as u64);
+            }
+        }
+        let stored = if version == 1 {
+            raw
+        } else {
+            let mut z = Vec::new();
+            put_uvarint(&mut z, raw.len() as u64);
+            z.extend_from_slice(&zstd::bulk::compress(&raw, 3).unwrap());
+            z
+        };
         let mut nh = h[..24].to_vec();
-        nh[2] = 0;
+        nh[2] = u8::from(version == 2);
         nh[3] = 0;
-        nh[4..8].copy_from_slice(&(raw.len() as u32).to_le_bytes());
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&nh), &raw);
+        nh[4..8].copy_from_slice(&(stored.len() as u32).to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&nh), &stored);
         nh.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(&nh);
-        out.extend_from_slice(&raw);
+        out.extend_from_slice(&stored);
         pos += file::BLOCK_HEADER_LEN + plen;
     }
     let new_co = out.len() as u64;
-    out.extend_from_slice(&v2[co..co + cl]);
-    let mut footer = v2[fo..].to_vec();
+    out.extend_from_slice(&v3[co..co + cl]);
+    let mut footer = v3[fo..].to_vec();
     footer[..8].copy_from_slice(&new_co.to_le_bytes());
     let crc = crc32c::crc32c(&footer[..52]);
     footer[52..56].copy_from_slice(&crc.to_le_bytes());
@@ -913,8 +961,39 @@ fn as_version_1(v2: &[u8]) -> Vec<u8> {
     out
 }
 
-#[test]
-fn version_1_files_read_as_they_did_and_version_2_compresses() {
+/// A record's fields as bits, so that NaN compares equal to itself.
+fn bits(r: &RollupRecord) -> [u64; 9] {
+    [
+        r.window_start_ms as u64,
+        r.count,
+        r.sum.to_bits(),
+        r.min.to_bits(),
+        r.max.to_bits(),
+        r.first.to_bits(),
+        r.first_ts_ms as u64,
+        r.last.to_bits(),
+        r.last_ts_ms as u64,
+    ]
+}
+
+/// Every record of every tier and level, in the reader's order.
+fn read_all(bytes: &[u8]) -> Vec<(RollupTier, RollupLevel, RollupGroup, [u64; 9])> {
+    let f = file::RollupFile::from_bytes(bytes).unwrap();
+    let mut all = Vec::new();
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            f.for_each(tier, level, i64::MIN, i64::MAX, |g, r| {
+                all.push((tier, level, g.clone(), bits(&r)));
+            })
+            .unwrap();
+        }
+    }
+    all
+}
+
+/// 200 GPUs' groups, 30 minutes each, values that move a little from
+/// minute to minute and from GPU to GPU (as temperatures do).
+fn gpu_tables() -> Tables {
     let mut tables = empty_tables();
     for i in 0..200usize {
         let g = RollupGroup {
@@ -936,45 +1015,61 @@ fn version_1_files_read_as_they_did_and_version_2_compresses() {
             .collect();
         add_to_tables(&mut tables, &g, &records);
     }
-    let v2 = file::encode(3, &[(1, 1)], &tables);
-    let v1 = as_version_1(&v2);
+    tables
+}
+
+#[test]
+fn earlier_versions_read_as_they_did_and_columns_are_smaller() {
+    let tables = gpu_tables();
+    let v3 = file::encode(3, &[(1, 1)], &tables);
+    assert_eq!(v3[8..12], 3u32.to_le_bytes());
+    let (v1, v2) = (as_rows(&v3, 1), as_rows(&v3, 2));
     assert!(
         v2.len() * 3 < v1.len(),
         "zstd blocks: {} vs {} bytes",
         v2.len(),
         v1.len()
     );
-    let read = |bytes: &[u8]| {
-        let f = file::RollupFile::from_bytes(bytes).unwrap();
-        let mut all = Vec::new();
-        for tier in RollupTier::ALL {
-            for level in RollupLevel::ALL {
-                f.for_each(tier, level, i64::MIN, i64::MAX, |g, r| {
-                    all.push((
-                        tier,
-                        level,
-                        g.clone(),
-                        r.window_start_ms,
-                        r.count,
-                        r.sum.to_bits(),
-                    ));
-                })
-                .unwrap();
-            }
-        }
-        all
-    };
-    let (a, b) = (read(&v1), read(&v2));
+    assert!(
+        v3.len() * 2 < v2.len(),
+        "columns: {} vs rows {} bytes",
+        v3.len(),
+        v2.len()
+    );
+    let (a, b, c) = (read_all(&v1), read_all(&v2), read_all(&v3));
     let minutes_at_gpu = a
         .iter()
         .filter(|x| x.0 == RollupTier::Minute && x.1 == RollupLevel::Gpu)
         .count();
     assert_eq!(minutes_at_gpu, 200 * 30);
     assert_eq!(a, b);
+    assert_eq!(a, c);
+    // What the tables hold, record for record: the reader's order is the
+    // tables' (groups ascending, windows ascending).
+    let mut want = Vec::new();
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            for (g, windows) in &tables[tier.index()][level.index()] {
+                for r in windows.values() {
+                    want.push((tier, level, g.clone(), bits(r)));
+                }
+            }
+        }
+    }
+    assert_eq!(c, want);
     // A version 1 file may not carry version 2's flags.
     let mut flagged = v1.clone();
     flagged[file::HEADER_LEN + 2] = 1;
     assert!(file::RollupFile::from_bytes(&flagged).is_err());
+    // The golden file of version 2 still reads as the tables it was made of.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../fuzz/seeds/rollup_open/golden-v2.groll");
+    let old = std::fs::read(path).unwrap();
+    assert_eq!(old[8..12], 2u32.to_le_bytes());
+    assert_eq!(
+        read_all(&old),
+        read_all(&file::encode(9, &[(3, 5)], &golden_tables()))
+    );
 }
 
 /// The names are what SQL users filter on (`level = 'rack'`, `tier = '1h'`)
@@ -1142,4 +1237,188 @@ fn is_at_level_is_equality_with_the_projection() {
             );
         }
     }
+}
+
+/// A file of one block (zstd-compressed, as version 3 writes them) whose
+/// raw payload is `raw`, every checksum right: what the reader sees when a
+/// payload that passes its CRC is wrong.
+fn file_of_payload(tier: RollupTier, level: RollupLevel, ws: (i64, i64), raw: &[u8]) -> Vec<u8> {
+    use crate::codec::put_uvarint;
+    let mut out = b"GPLSROL1".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    let crc = crc32c::crc32c(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    let mut stored = Vec::new();
+    put_uvarint(&mut stored, raw.len() as u64);
+    stored.extend_from_slice(&zstd::bulk::compress(raw, 3).unwrap());
+    let mut h = vec![tier.index() as u8, level.index() as u8, 1, 0];
+    h.extend_from_slice(&(stored.len() as u32).to_le_bytes());
+    h.extend_from_slice(&ws.0.to_le_bytes());
+    h.extend_from_slice(&ws.1.to_le_bytes());
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h), &stored);
+    h.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&stored);
+    let covers_off = out.len() as u64;
+    let covers = [0u8];
+    out.extend_from_slice(&covers);
+    let fo = out.len();
+    for v in [covers_off, 1, 1, 0, ws.0 as u64, ws.1 as u64 + 59_999] {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&crc32c::crc32c(&covers).to_le_bytes());
+    let crc = crc32c::crc32c(&out[fo..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out.extend_from_slice(b"GPLREND1");
+    out
+}
+
+/// A version 3 payload: one gpu-level group of minute records given as
+/// (window start in minutes, count, first offset, last - first, value).
+fn columnar_payload(records: &[(i64, i64, i64, i64, f64)], extra: &[u8]) -> Vec<u8> {
+    use crate::codec::{put_str, put_uvarint};
+    let mut raw = Vec::new();
+    put_uvarint(&mut raw, 1);
+    for s in ["m", "c", "", "", "h", "0"] {
+        put_str(&mut raw, s);
+    }
+    put_uvarint(&mut raw, records.len() as u64);
+    let mut block = Vec::new();
+    for col in [
+        records.iter().map(|r| r.0).collect::<Vec<_>>(),
+        records.iter().map(|r| r.1).collect(),
+        records.iter().map(|r| r.2).collect(),
+        records.iter().map(|r| r.3).collect(),
+    ] {
+        block.clear();
+        crate::column::encode_ints(&col, &mut block);
+        put_uvarint(&mut raw, block.len() as u64);
+        raw.extend_from_slice(&block);
+    }
+    let values: Vec<f64> = records.iter().map(|r| r.4).collect();
+    for _ in 0..5 {
+        block.clear();
+        crate::column::encode_values(&values, &mut block);
+        put_uvarint(&mut raw, block.len() as u64);
+        raw.extend_from_slice(&block);
+    }
+    raw.extend_from_slice(extra);
+    raw
+}
+
+#[test]
+fn a_forged_columnar_block_is_corrupt_never_a_panic() {
+    let (t, l) = (RollupTier::Minute, RollupLevel::Gpu);
+    let range = (60_000, 180_000);
+    let open = |records: &[(i64, i64, i64, i64, f64)], extra: &[u8]| {
+        file::RollupFile::from_bytes(&file_of_payload(
+            t,
+            l,
+            range,
+            &columnar_payload(records, extra),
+        ))
+    };
+    // Well formed: minutes 1 and 3, counts 6 and 1.
+    let good = [(1, 6, 0, 50_000, 2.5), (3, 1, 7, 0, 3.0)];
+    let f = open(&good, &[]).unwrap();
+    let mut got = Vec::new();
+    f.for_each(t, l, i64::MIN, i64::MAX, |_, r| got.push(r))
+        .unwrap();
+    assert_eq!(
+        got.iter()
+            .map(|r| (r.window_start_ms, r.count, r.last_ts_ms, r.sum))
+            .collect::<Vec<_>>(),
+        [(60_000, 6, 110_000, 2.5), (180_000, 1, 180_007, 3.0)]
+    );
+    let corrupt =
+        |r: crate::Result<file::RollupFile>| matches!(r, Err(crate::Error::Corrupt { .. }));
+    // Windows not ascending (equal, then going back), a window past the
+    // block's range, a count of 0 or negative, a first offset of a whole
+    // window or negative, a span past the window or negative, bytes after
+    // the columns.
+    assert!(corrupt(open(&[(1, 6, 0, 1, 1.0), (1, 1, 0, 1, 1.0)], &[])));
+    assert!(corrupt(open(&[(2, 6, 0, 1, 1.0), (1, 1, 0, 1, 1.0)], &[])));
+    assert!(corrupt(open(&[(4, 6, 0, 1, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, 0, 0, 1, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, -1, 0, 1, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, 1, 60_000, 0, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, 1, -1, 0, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, 2, 9, 59_991, 1.0)], &[])));
+    assert!(corrupt(open(&[(1, 2, 9, -1, 1.0)], &[])));
+    assert!(corrupt(open(&good, &[0])));
+    // A window that overflows when turned into milliseconds.
+    assert!(corrupt(open(&[(i64::MAX / 2, 1, 0, 0, 1.0)], &[])));
+    // Every cut of the payload, and every byte changed, behind valid
+    // checksums: an error or a file that reads, never a panic.
+    let raw = columnar_payload(&good, &[]);
+    for cut in 0..raw.len() {
+        assert!(corrupt(file::RollupFile::from_bytes(&file_of_payload(
+            t,
+            l,
+            range,
+            &raw[..cut]
+        ))));
+    }
+    for i in 0..raw.len() {
+        for x in [0x01u8, 0x80, 0xff] {
+            let mut b = raw.clone();
+            b[i] ^= x;
+            if let Ok(f) = file::RollupFile::from_bytes(&file_of_payload(t, l, range, &b)) {
+                f.for_each(t, l, i64::MIN, i64::MAX, |_, _| {}).unwrap();
+            }
+        }
+    }
+}
+
+/// A group with more windows than a block holds (an import of years of
+/// minutes) goes on in the next block, and reads back whole, in order.
+#[test]
+fn a_group_longer_than_a_block_spans_blocks() {
+    let n = file::MAX_BLOCK_RECORDS as i64 + 5;
+    let mut tables = empty_tables();
+    let (a, b) = (
+        RollupGroup {
+            metric: "a".into(),
+            gpu: "0".into(),
+            ..Default::default()
+        },
+        RollupGroup {
+            metric: "b".into(),
+            gpu: "0".into(),
+            ..Default::default()
+        },
+    );
+    let t = &mut tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()];
+    t.entry(a.clone()).or_default().extend((0..n).map(|m| {
+        (
+            m * 60_000,
+            RollupRecord::of_sample(m * 60_000, m * 60_000 + 1, m as f64),
+        )
+    }));
+    t.entry(b.clone())
+        .or_default()
+        .insert(0, RollupRecord::of_sample(0, 2, -1.0));
+    let bytes = file::encode(1, &[(1, 1)], &tables);
+    let f = file::RollupFile::from_bytes(&bytes).unwrap();
+    let mut got: Vec<(String, i64, f64)> = Vec::new();
+    f.for_each(
+        RollupTier::Minute,
+        RollupLevel::Gpu,
+        i64::MIN,
+        i64::MAX,
+        |g, r| got.push((g.metric.clone(), r.window_start_ms, r.sum)),
+    )
+    .unwrap();
+    assert_eq!(got.len() as i64, n + 1);
+    for (m, (metric, ws, sum)) in got.iter().take(n as usize).enumerate() {
+        assert_eq!(
+            (metric.as_str(), *ws, *sum),
+            ("a", m as i64 * 60_000, m as f64)
+        );
+    }
+    assert_eq!(got[n as usize], ("b".to_owned(), 0, -1.0));
+    // Two blocks (the footer's count; only this table has records): the
+    // first full, the second with the rest of `a` and all of `b`.
+    let fo = bytes.len() - file::FOOTER_LEN;
+    assert_eq!(bytes[fo + 16..fo + 24], 2u64.to_le_bytes());
 }
