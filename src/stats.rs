@@ -1,6 +1,6 @@
 //! `gpulse stats`: what a data directory holds and what it costs on disk.
-//! Reads the segment files only (never writes), so it is safe next to a
-//! running `serve`.
+//! Reads the segment and rollup files only (never writes), so it is safe
+//! next to a running `serve`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -8,8 +8,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use storage::SeriesKey;
-use storage::files::{self, SEGMENTS_DIR, WAL_DIR};
+use storage::files::{self, ROLLUPS_DIR, SEGMENTS_DIR, WAL_DIR};
 use storage::segment::Segment;
+use storage::{RollupFile, RollupLevel, RollupTier};
 
 /// Figures of one tier (today only `raw`).
 #[derive(Debug, Default, Clone)]
@@ -31,7 +32,29 @@ pub(crate) struct DirStats {
     pub(crate) raw: TierStats,
     pub(crate) wal_segments: u64,
     pub(crate) wal_bytes: u64,
+    pub(crate) rollup_files: u64,
+    pub(crate) rollup_bytes: u64,
+    /// Rollup records per tier (1 min, 1 h, 1 d) and level (gpu .. cluster),
+    /// as stored: records of one window in several files count once each.
+    pub(crate) rollup_records: [[u64; 5]; 3],
+    /// Every file under the data directory, whatever it is.
+    pub(crate) dir_bytes: u64,
     pub(crate) unreadable: Vec<String>,
+}
+
+/// Bytes of every file under `dir`, recursively (symbolic links not followed).
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
@@ -77,6 +100,32 @@ pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
             out.wal_bytes += e.metadata().map(|m| m.len()).unwrap_or(0);
         }
     }
+    if let Ok(entries) = std::fs::read_dir(data_dir.join(ROLLUPS_DIR)) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(id) = files::parse_rollup_file_name(&name) else {
+                continue;
+            };
+            let f = match RollupFile::open(&e.path(), id) {
+                Ok(f) => f,
+                Err(e) => {
+                    out.unreadable.push(e.to_string());
+                    continue;
+                }
+            };
+            out.rollup_files += 1;
+            out.rollup_bytes += f.size_bytes();
+            for tier in RollupTier::ALL {
+                for level in RollupLevel::ALL {
+                    let n = &mut out.rollup_records[tier as usize][level as usize];
+                    if let Err(e) = f.for_each(tier, level, i64::MIN, i64::MAX, |_, _| *n += 1) {
+                        out.unreadable.push(e.to_string());
+                    }
+                }
+            }
+        }
+    }
+    out.dir_bytes = dir_bytes(data_dir);
     Ok(out)
 }
 
@@ -123,6 +172,23 @@ pub(crate) fn render(data_dir: &Path, s: &DirStats, by_metric: bool) -> String {
         "WAL: {} segments, {} bytes (replayed into memory at the next start, deleted by the next flush)\n",
         s.wal_segments, s.wal_bytes
     );
+    let records: u64 = s.rollup_records.iter().flatten().sum();
+    out += &format!(
+        "rollups: {} files, {} bytes, {} records ({} B/record); per tier (gpu, host, rack, row, cluster):\n",
+        s.rollup_files,
+        s.rollup_bytes,
+        records,
+        per_sample(s.rollup_bytes, records)
+    );
+    for tier in RollupTier::ALL {
+        let n = s.rollup_records[tier as usize].map(|n| n.to_string());
+        out += &format!("  {:<3} {}\n", tier.label(), n.join(", "));
+    }
+    out += &format!(
+        "everything in the data directory: {} bytes, {} B per raw sample stored\n",
+        s.dir_bytes,
+        per_sample(s.dir_bytes, t.samples)
+    );
     if by_metric {
         out += &format!(
             "\n{:<44} {:>12} {:>12} {:>11}\n",
@@ -133,7 +199,67 @@ pub(crate) fn render(data_dir: &Path, s: &DirStats, by_metric: bool) -> String {
         }
     }
     for u in &s.unreadable {
-        out += &format!("unreadable segment: {u}\n");
+        out += &format!("unreadable: {u}\n");
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use storage::{Label, SeriesKey, Storage, StorageConfig};
+
+    use super::*;
+
+    /// Two GPUs' series, three minutes at 10 s, flushed: the report counts
+    /// what the directory holds, checked against the directory itself.
+    #[test]
+    fn stats_count_the_rollups_and_the_whole_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let st = Storage::open(StorageConfig::new(dir.path())).unwrap();
+        let key = |gpu: &str| {
+            let labels = vec![Label::new("Hostname", "h0"), Label::new("gpu", gpu)];
+            SeriesKey::new("DCGM_FI_DEV_GPU_TEMP", labels).unwrap()
+        };
+        let refs = st.series_refs(vec![key("0"), key("1")]).unwrap();
+        let t0 = 1_700_000_040_000i64; // a whole minute
+        for i in 0..18i64 {
+            let ts = t0 + i * 10_000;
+            st.append(&refs, &[ts, ts], &[40.0 + i as f64, 50.0])
+                .unwrap();
+        }
+        st.flush().unwrap();
+        drop(st);
+        let s = collect(dir.path()).unwrap();
+        assert_eq!((s.raw.samples, s.raw.series), (36, 2));
+        // 18 samples of each GPU at 10 s from a whole minute: 3 minutes,
+        // within one hour and one day.
+        let (minute, hour, day) = (0, 1, 2);
+        let (gpu, host) = (0, 1);
+        assert_eq!(s.rollup_records[minute][gpu], 2 * 3);
+        assert_eq!(s.rollup_records[minute][host], 3);
+        assert_eq!(s.rollup_records[hour][gpu], 2);
+        assert_eq!(s.rollup_records[day][host], 1);
+        let on_disk = |sub: &str| -> (u64, u64) {
+            std::fs::read_dir(dir.path().join(sub)).map_or((0, 0), |d| {
+                d.flatten()
+                    .map(|e| (1, e.metadata().unwrap().len()))
+                    .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+            })
+        };
+        assert_eq!((s.rollup_files, s.rollup_bytes), on_disk("rollups"));
+        let total: u64 = ["segments", "rollups", "wal", "health", "quarantine"]
+            .iter()
+            .map(|d| on_disk(d).1)
+            .sum::<u64>()
+            + std::fs::read_dir(dir.path())
+                .unwrap()
+                .flatten()
+                .filter(|e| e.file_type().unwrap().is_file())
+                .map(|e| e.metadata().unwrap().len())
+                .sum::<u64>();
+        assert_eq!(s.dir_bytes, total);
+        let report = render(dir.path(), &s, false);
+        assert!(report.contains("rollups: 1 files"), "{report}");
+        assert!(report.contains(&format!("everything in the data directory: {total} bytes")));
+    }
 }
