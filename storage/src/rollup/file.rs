@@ -857,9 +857,8 @@ fn encode_table(
         raw.clear();
         put_uvarint(&mut raw, n_groups as u64);
         raw.extend_from_slice(&body);
-        // Group strings repeat from group to group, and the varint columns
-        // are mostly repeats: zstd (level 3, as column blocks) over the whole
-        // payload.
+        // Group strings repeat from group to group: zstd (level 3, as column
+        // blocks) over the whole payload.
         let mut payload = Vec::with_capacity(raw.len() / 4 + 16);
         put_uvarint(&mut payload, raw.len() as u64);
         payload.extend_from_slice(

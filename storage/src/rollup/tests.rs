@@ -1422,3 +1422,56 @@ fn a_group_longer_than_a_block_spans_blocks() {
     let fo = bytes.len() - file::FOOTER_LEN;
     assert_eq!(bytes[fo + 16..fo + 24], 2u64.to_le_bytes());
 }
+
+/// Encoding and opening the rollup file of 200,000 series x 1 h of noisy
+/// minutes (15 M records in all tiers and levels), the flush's share of
+/// issue #18's table. Run with
+/// `cargo test --release -p storage --lib rollup_file_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing, for docs/BENCHMARKS.md"]
+fn rollup_file_timing() {
+    let value = |i: usize, k: usize| ((i * 7 + k * 13) % 1_000) as f64 * 0.5;
+    let delta: RollupDelta = (0..200_000usize)
+        .map(|i| {
+            let (host, gpu, metric) = (i / 200, (i / 25) % 8, i % 25);
+            let g = Arc::new(RollupGroup {
+                metric: format!("DCGM_FI_DEV_METRIC_{metric:02}"),
+                cluster: "prod-1".into(),
+                row: format!("row-{}", host / 40),
+                rack: format!("rack-{}", host / 4),
+                host: format!("gpu-node-{host:05}"),
+                gpu: gpu.to_string(),
+            });
+            let minutes = (0..60i64)
+                .map(|m| {
+                    let ws = m * 60_000;
+                    let mut r = RollupRecord::of_sample(ws, ws + 5, value(i, m as usize * 6));
+                    for k in 1..6 {
+                        let s = RollupRecord::of_sample(
+                            ws,
+                            ws + 5 + k * 10_000,
+                            value(i, (m * 6 + k) as usize),
+                        );
+                        r.merge(&s);
+                    }
+                    r
+                })
+                .collect();
+            (g, minutes)
+        })
+        .collect();
+    let tables = delta_tables(&delta);
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let bytes = file::encode(1, &[(1, 1)], &tables);
+        let encoded = t.elapsed();
+        let t = std::time::Instant::now();
+        let f = file::RollupFile::from_bytes(&bytes).unwrap();
+        eprintln!(
+            "encode {encoded:?} ({} bytes), open {:?}",
+            bytes.len(),
+            t.elapsed()
+        );
+        drop(f);
+    }
+}

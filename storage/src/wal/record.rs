@@ -81,15 +81,14 @@ pub fn encode_series(dst: &mut Vec<u8>, wal_ref: u32, key: &SeriesKey) {
 /// Appends series batch records defining `series`, [`BATCH_SERIES`] at most each.
 pub fn encode_series_batches<'a>(
     dst: &mut Vec<u8>,
-    series: impl ExactSizeIterator<Item = (u32, &'a SeriesKey)>,
+    mut series: impl ExactSizeIterator<Item = (u32, &'a SeriesKey)>,
 ) {
-    let mut series = series.peekable();
     let mut raw = Vec::new();
-    while series.peek().is_some() {
+    while series.len() > 0 {
         raw.clear();
-        let batch: Vec<_> = series.by_ref().take(BATCH_SERIES).collect();
-        put_uvarint(&mut raw, batch.len() as u64);
-        for (r, key) in batch {
+        let n = series.len().min(BATCH_SERIES);
+        put_uvarint(&mut raw, n as u64);
+        for (r, key) in series.by_ref().take(n) {
             put_series(&mut raw, r, key);
         }
         frame(dst, TYPE_SERIES_BATCH, |b| {
