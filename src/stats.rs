@@ -37,6 +37,8 @@ pub(crate) struct DirStats {
     /// Rollup records per tier (1 min, 1 h, 1 d) and level (gpu .. cluster),
     /// as stored: records of one window in several files count once each.
     pub(crate) rollup_records: [[u64; 5]; 3],
+    /// The largest raw cut of the rollup files (`RollupFile::raw_cut`).
+    pub(crate) raw_cut: i64,
     /// Every file under the data directory, whatever it is.
     pub(crate) dir_bytes: u64,
     pub(crate) unreadable: Vec<String>,
@@ -59,7 +61,10 @@ fn dir_bytes(dir: &Path) -> u64 {
 
 pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
     let seg_dir = data_dir.join(SEGMENTS_DIR);
-    let mut out = DirStats::default();
+    let mut out = DirStats {
+        raw_cut: i64::MIN,
+        ..DirStats::default()
+    };
     let mut keys: HashSet<Arc<SeriesKey>> = HashSet::new();
     let entries =
         std::fs::read_dir(&seg_dir).with_context(|| format!("reading {}", seg_dir.display()))?;
@@ -115,6 +120,7 @@ pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
             };
             out.rollup_files += 1;
             out.rollup_bytes += f.size_bytes();
+            out.raw_cut = out.raw_cut.max(f.raw_cut());
             for tier in RollupTier::ALL {
                 for level in RollupLevel::ALL {
                     let n = &mut out.rollup_records[tier as usize][level as usize];
@@ -184,6 +190,24 @@ pub(crate) fn render(data_dir: &Path, s: &DirStats, by_metric: bool) -> String {
         let n = s.rollup_records[tier as usize].map(|n| n.to_string());
         out += &format!("  {:<3} {}\n", tier.label(), n.join(", "));
     }
+    let cut = match s.raw_cut {
+        i64::MIN => "from every raw sample".to_owned(),
+        t => {
+            let at = u64::try_from(t)
+                .ok()
+                .and_then(|ms| {
+                    std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms))
+                })
+                .map_or_else(
+                    || format!("{t} ms"),
+                    |at| humantime::format_rfc3339_seconds(at).to_string(),
+                );
+            format!("from the raw samples since the raw cut, {at}")
+        }
+    };
+    out += &format!(
+        "  (gpu-level 1m records are not stored while raw data holds them: queries fold them {cut})\n"
+    );
     out += &format!(
         "everything in the data directory: {} bytes, {} B per raw sample stored\n",
         s.dir_bytes,
@@ -235,7 +259,8 @@ mod tests {
         // within one hour and one day.
         let (minute, hour, day) = (0, 1, 2);
         let (gpu, host) = (0, 1);
-        assert_eq!(s.rollup_records[minute][gpu], 2 * 3);
+        // The gpu-level minutes are folded from the raw data it holds.
+        assert_eq!(s.rollup_records[minute][gpu], 0);
         assert_eq!(s.rollup_records[minute][host], 3);
         assert_eq!(s.rollup_records[hour][gpu], 2);
         assert_eq!(s.rollup_records[day][host], 1);

@@ -271,6 +271,16 @@ struct State {
 }
 
 impl State {
+    /// The store's raw cut: the largest of its rollup files' (see
+    /// [`RollupFile::raw_cut`]); `i64::MIN` when none has one.
+    fn raw_cut(&self) -> i64 {
+        self.rollups
+            .iter()
+            .map(|f| f.raw_cut())
+            .max()
+            .unwrap_or(i64::MIN)
+    }
+
     /// The newest timestamp of `key` in the segments and the flush in
     /// progress, if any.
     fn newest_flushed(&self, key: &SeriesKey) -> Option<i64> {
@@ -403,6 +413,19 @@ impl Storage {
     /// Rollup files currently in use (for stats and tests).
     pub fn rollup_files(&self) -> usize {
         lock!(self.state.read()).rollups.len()
+    }
+
+    /// The raw cut (see [`RollupFile::raw_cut`]): gpu-level minute records
+    /// of raw samples before it are in rollup files, later ones are folded
+    /// from raw data when read. `i64::MIN` before any.
+    pub fn raw_cut(&self) -> i64 {
+        lock!(self.state.read()).raw_cut()
+    }
+
+    /// The rollup files in use, by id.
+    #[cfg(test)]
+    pub(crate) fn rollup_file_handles(&self) -> Vec<Arc<RollupFile>> {
+        lock!(self.state.read()).rollups.clone()
     }
 
     pub fn stats(&self) -> StorageStats {

@@ -38,6 +38,20 @@
 //! [`crate::Storage::import_rollups`] hold pre-aggregated history with no raw
 //! samples behind it (cut 0); with them the invariant reads
 //! `… == imported records + fold(raw samples stored)` (docs/format/rollup.md).
+//! Raw retention does not change the rollups: "raw samples stored" there
+//! means every sample accepted, whether its segment is still there or not.
+//!
+//! # Gpu-level minutes and the raw cut
+//!
+//! Rollup files (version 4 on) hold the gpu-level 1-minute records only of the
+//! raw samples before the store's *raw cut* ([`file::RollupFile::raw_cut`]):
+//! those of later samples are folded from the raw data when a query asks for
+//! them, so that the most numerous records (one per series and minute, about
+//! the size of the 6 samples they summarise at a 10 s interval) are not
+//! stored twice. Retention moves the cut forward, writing those records
+//! first, before it drops raw data; a flush writes them only for late samples
+//! before the cut. The head still folds every sample into minute records:
+//! they are what a flush merges into the coarser tiers and levels.
 //!
 //! # Merging, ties, NaN
 //!

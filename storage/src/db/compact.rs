@@ -10,8 +10,8 @@ use tracing::{error, info};
 
 use super::{Storage, normalize};
 use crate::files;
-use crate::rollup::RollupTier;
 use crate::rollup::file::RollupFile;
+use crate::rollup::{RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -19,12 +19,15 @@ use crate::{Result, SegmentId};
 
 impl Storage {
     /// Merges `sources` into one new rollup file, dropping the records that
-    /// `expired` says are past their tier's retention, then swaps them in and
-    /// deletes the sources. Caller holds the flush lock.
+    /// `dropped(tier, level, window_start)` says go (past their tier's
+    /// retention, say), then swaps them in and deletes the sources. The new
+    /// file's raw cut is the largest of `raw_cut` and the sources'. Caller
+    /// holds the flush lock.
     pub(super) fn merge_rollups(
         &self,
         sources: &[Arc<RollupFile>],
-        expired: impl Fn(RollupTier, i64) -> bool,
+        raw_cut: i64,
+        dropped: impl Fn(RollupTier, RollupLevel, i64) -> bool,
     ) -> Result<()> {
         let started = Instant::now();
         let mut tables = crate::rollup::empty_tables();
@@ -32,19 +35,21 @@ impl Storage {
             f.merge_into(&mut tables)?;
         }
         for tier in RollupTier::ALL {
-            for t in &mut tables[tier.index()] {
+            for level in RollupLevel::ALL {
+                let t = &mut tables[tier.index()][level.index()];
                 for w in t.values_mut() {
-                    w.retain(|&ws, _| !expired(tier, ws));
+                    w.retain(|&ws, _| !dropped(tier, level, ws));
                 }
                 t.retain(|_, w| !w.is_empty());
             }
         }
         let wal_cut = sources.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
+        let raw_cut = sources.iter().map(|f| f.raw_cut()).fold(raw_cut, i64::max);
         let covers = sources
             .iter()
             .flat_map(|f| f.covers().iter().copied())
             .collect();
-        let merged = Arc::new(self.write_rollups(wal_cut, &tables, Some(covers))?);
+        let merged = Arc::new(self.write_rollups(wal_cut, raw_cut, &tables, Some(covers))?);
         let mut state = lock!(self.state.write());
         state
             .rollups
@@ -86,7 +91,7 @@ impl Storage {
         let Some(group) = by_window.into_values().find(|g| g.len() >= 2) else {
             return Ok(false);
         };
-        self.merge_rollups(&group, |_, _| false)?;
+        self.merge_rollups(&group, i64::MIN, |_, _, _| false)?;
         Ok(true)
     }
 

@@ -14,6 +14,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
+use crate::rollup::{RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -117,7 +118,10 @@ impl Storage {
         // WAL below this file's cut is counted in it). Meanwhile a second
         // thread writes the segment's bytes to its temporary file, which is
         // no segment until its rename below, after the rollups are durable.
-        let frozen_rollup = lock!(self.state.read()).frozen_rollup.clone();
+        let (frozen_rollup, raw_cut) = {
+            let state = lock!(self.state.read());
+            (state.frozen_rollup.clone(), state.raw_cut())
+        };
         // The segment is opened and validated on that thread too, before
         // its rename: a segment that does not open is never published.
         let write_tmp = || -> Result<(SegmentSummary, Segment)> {
@@ -128,9 +132,18 @@ impl Storage {
             let segment = std::thread::Builder::new()
                 .name("gpulse-flush-segment".into())
                 .spawn_scoped(scope, write_tmp);
-            let rollups = frozen_rollup
-                .as_ref()
-                .map(|delta| self.write_rollups(cut, &crate::rollup::delta_tables(delta), None));
+            let rollups = frozen_rollup.as_ref().map(|delta| {
+                // The gpu-level minutes of samples after the raw cut are
+                // folded from the segment when read; those before it (late
+                // samples) are written (see `RollupFile::raw_cut`).
+                let mut tables = crate::rollup::delta_tables(delta);
+                let gpu_minutes = &mut tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()];
+                gpu_minutes.retain_mut(|(_, records)| {
+                    records.retain(|r| r.window_start_ms < raw_cut);
+                    !records.is_empty()
+                });
+                self.write_rollups(cut, raw_cut, &tables, None)
+            });
             let encoded = match segment {
                 Ok(handle) => handle
                     .join()

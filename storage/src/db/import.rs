@@ -159,7 +159,8 @@ impl Storage {
         }
         let records = tables.iter().flatten().map(count).sum();
         let _one_at_a_time = lock!(self.flush_lock.lock());
-        let file = self.write_rollups(0, &tables, None)?;
+        let raw_cut = lock!(self.state.read()).raw_cut();
+        let file = self.write_rollups(0, raw_cut, &tables, None)?;
         let summary = RollupImportSummary {
             file_id: Some(file.id()),
             gpu_records,

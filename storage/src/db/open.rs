@@ -20,6 +20,7 @@ use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR, ROLLUPS_DIR, SEGMENTS_DIR, TMP_EXT};
 use crate::head::Head;
 use crate::rollup::file::RollupFile;
+use crate::rollup::{RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::wal::Wal;
 
@@ -121,7 +122,7 @@ impl Storage {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "storage opened"
         );
-        Ok(Self {
+        let storage = Self {
             config,
             state: RwLock::new(State {
                 segments,
@@ -146,6 +147,56 @@ impl Storage {
             inventory,
             observer: std::sync::OnceLock::new(),
             _lock: lock,
+        };
+        storage.migrate_legacy_rollups()?;
+        Ok(storage)
+    }
+
+    /// Rewrites the rollup files that flushes wrote before version 4, which
+    /// hold the gpu-level minute records of every sample, as one file
+    /// without those that raw data still holds: from the minute of the
+    /// oldest raw sample on, they are folded from the raw data when read
+    /// ([`RollupFile::raw_cut`]), and would otherwise count twice. Without
+    /// raw data, every record stays and the cut goes after the newest.
+    ///
+    /// # Errors
+    /// Writing the new file; the old ones then stay, and the next open
+    /// tries again.
+    fn migrate_legacy_rollups(&self) -> Result<()> {
+        let state = lock!(self.state.read());
+        let legacy: Vec<_> = state
+            .rollups
+            .iter()
+            .filter(|f| f.is_legacy_flush())
+            .cloned()
+            .collect();
+        if legacy.is_empty() {
+            return Ok(());
+        }
+        let minute = RollupTier::Minute;
+        let oldest_raw = self
+            .select_in(&state, &[], i64::MIN, i64::MAX, true)
+            .iter()
+            .filter_map(|s| s.min_ts())
+            .min();
+        drop(state);
+        let raw_cut = match oldest_raw {
+            Some(t) => minute.window_start(t),
+            None => legacy
+                .iter()
+                .map(|f| f.time_range().1)
+                .max()
+                .map_or(i64::MIN, |t| {
+                    minute.window_start(t).saturating_add(minute.window_ms())
+                }),
+        };
+        info!(
+            files = legacy.len(),
+            raw_cut_ms = raw_cut,
+            "rewriting rollup files of an earlier version without the gpu-level minutes that raw data holds"
+        );
+        self.merge_rollups(&legacy, raw_cut, |tier, level, ws| {
+            tier == minute && level == RollupLevel::Gpu && ws >= raw_cut
         })
     }
 }

@@ -1,6 +1,8 @@
-//! Retention: [`Storage::enforce_retention`] drops expired segments and the
-//! expired records of each rollup tier.
+//! Retention: [`Storage::enforce_retention`] drops expired segments, after
+//! writing the gpu-level minute records of their samples, and the expired
+//! records of each rollup tier.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -9,13 +11,22 @@ use tracing::{error, info};
 use super::Storage;
 #[cfg(doc)]
 use super::StorageConfig;
-use crate::rollup::RollupTier;
+use crate::Result;
+use crate::rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
+
+/// How far one rollup file written by [`Storage::advance_raw_cut`] reaches:
+/// its records are gathered in memory, one per series and minute.
+const RAW_CUT_STEP_MS: i64 = 3_600_000;
 
 impl Storage {
     /// Drops every segment whose newest sample is older than the retention
-    /// (see [`StorageConfig::retention`]) at `now_ms`. A query that holds a
-    /// dropped segment keeps reading it; the file goes when the query ends.
-    /// Returns how many segments were dropped.
+    /// (see [`StorageConfig::retention`]) at `now_ms`. A query that holds a dropped segment keeps reading it; the
+    /// file goes when the query ends. Returns how many segments were dropped.
+    ///
+    /// Before that, the gpu-level minute records of every raw sample before
+    /// the minute after the newest sample to drop are written to rollup
+    /// files, which move the raw cut there ([`Self::advance_raw_cut`]). If that fails, it is logged and no
+    /// segment is dropped.
     ///
     /// Rollups have their own tiers ([`StorageConfig::retention_1m`] etc.):
     /// the rollup files holding a record whose window ended before its
@@ -34,7 +45,30 @@ impl Storage {
         let Some(keep) = self.config.retention else {
             return 0;
         };
-        let cutoff = now_ms.saturating_sub(keep.as_millis() as i64);
+        self.drop_raw_before(now_ms.saturating_sub(keep.as_millis() as i64), now_ms)
+    }
+
+    /// Drops the segments whose newest sample is before `cutoff`, after
+    /// moving the raw cut past them. Caller holds the upkeep lock.
+    pub(crate) fn drop_raw_before(&self, cutoff: i64, now_ms: i64) -> usize {
+        // The minute after the newest sample to drop: raw samples before it
+        // have their gpu-level minutes in rollup files once this succeeds.
+        let newest = lock!(self.state.read())
+            .segments
+            .iter()
+            .map(|s| s.time_range().1)
+            .filter(|&t| t < cutoff)
+            .max();
+        let Some(newest) = newest else {
+            return 0;
+        };
+        let raw_cut = RollupTier::Minute
+            .window_start(newest)
+            .saturating_add(RollupTier::Minute.window_ms());
+        if let Err(e) = self.advance_raw_cut(raw_cut, now_ms) {
+            error!(error = %e, "retention: writing the gpu-level minutes of expiring raw data failed; the raw data stays");
+            return 0;
+        }
         let mut state = lock!(self.state.write());
         let (expired, kept): (Vec<_>, Vec<_>) = state
             .segments
@@ -50,6 +84,76 @@ impl Storage {
             .segments_expired
             .fetch_add(expired.len() as u64, Relaxed);
         expired.len()
+    }
+
+    /// Writes the gpu-level minute records of the segments' raw samples
+    /// between the raw cut and `cut` (a minute boundary) to rollup files, at
+    /// most [`RAW_CUT_STEP_MS`] of them each, each file moving the raw cut to
+    /// where it ends. Records that `retention_1m` has expired at `now_ms` are
+    /// not written. The raw samples stay: the cut makes queries fold only
+    /// those after it. A crash between a file and the deletion of the raw
+    /// data thus counts nothing twice. Samples before the cut that are still
+    /// in memory (late ones) are left to the next flush, which writes the
+    /// gpu-level minutes before the cut. Caller holds the upkeep lock.
+    ///
+    /// # Errors
+    /// Writing a rollup file; the cut stays where the last file put it.
+    pub(crate) fn advance_raw_cut(&self, cut: i64, now_ms: i64) -> Result<()> {
+        let expired_1m = self
+            .config
+            .rollup_retention(RollupTier::Minute)
+            .map(|d| now_ms.saturating_sub(d.as_millis() as i64));
+        loop {
+            let state = lock!(self.state.read());
+            let mut from = state.raw_cut();
+            if from >= cut {
+                return Ok(());
+            }
+            if from == i64::MIN {
+                // No cut yet: start at the oldest raw sample.
+                let oldest = self
+                    .select_in(&state, &[], i64::MIN, cut - 1, false)
+                    .iter()
+                    .filter_map(|s| s.min_ts())
+                    .min();
+                from = match oldest {
+                    Some(t) => RollupTier::Minute.window_start(t),
+                    None => cut,
+                };
+            }
+            let to = cut.min(from.saturating_add(RAW_CUT_STEP_MS));
+            let mut groups: BTreeMap<RollupGroup, BTreeMap<i64, RollupRecord>> = BTreeMap::new();
+            self.fold_raw_minutes(
+                &state,
+                &RollupFilter::default(),
+                from,
+                to - 1,
+                false,
+                |g, r| {
+                    let gone = expired_1m.is_some_and(|c| {
+                        r.window_start_ms + RollupTier::Minute.window_ms() - 1 < c
+                    });
+                    if !gone {
+                        let w = match groups.get_mut(g) {
+                            Some(w) => w,
+                            None => groups.entry(g.clone()).or_default(),
+                        };
+                        w.entry(r.window_start_ms)
+                            .and_modify(|m| m.merge(&r))
+                            .or_insert(r);
+                    }
+                },
+            );
+            let wal_cut = state.rollups.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
+            drop(state);
+            let mut tables = crate::rollup::empty_tables();
+            tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()] = groups;
+            let file = self.write_rollups(wal_cut, to, &tables, None)?;
+            info!(file = %file.path().display(), raw_cut_ms = to, bytes = file.size_bytes(), "retention: wrote the gpu-level minutes of expiring raw data");
+            let mut state = lock!(self.state.write());
+            state.rollups.push(Arc::new(file));
+            state.rollups.sort_by_key(|f| f.id());
+        }
     }
 
     /// Caller holds the upkeep lock.
@@ -83,7 +187,7 @@ impl Storage {
                 sources.push(f.clone());
             }
         }
-        if let Err(e) = self.merge_rollups(&sources, expired) {
+        if let Err(e) = self.merge_rollups(&sources, i64::MIN, |tier, _, ws| expired(tier, ws)) {
             error!(error = %e, "rollup retention failed; the files stay as they are");
         }
     }

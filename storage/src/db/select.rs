@@ -8,23 +8,36 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use tracing::error;
 
-use super::{Storage, normalize};
+use super::{State, Storage, normalize};
 use crate::Result;
 use crate::error::Error;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{MemChunk, Newest};
 use crate::rollup::{Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 use crate::segment::{ChunkRef, Segment};
-use crate::series::{Matcher, SeriesKey};
+use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
 
 impl Storage {
     /// Every series matching all `matchers` with at least one chunk that
     /// overlaps `[min_ts, max_ts]`, sorted by key. Chunks are in time order.
     pub fn select(&self, matchers: &[Matcher], min_ts: i64, max_ts: i64) -> Vec<SelectedSeries> {
+        let state = lock!(self.state.read());
+        self.select_in(&state, matchers, min_ts, max_ts, true)
+    }
+
+    /// [`Self::select`] in a state its caller has locked; without the head
+    /// and a flush in progress unless `memory`.
+    pub(super) fn select_in(
+        &self,
+        state: &State,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+        memory: bool,
+    ) -> Vec<SelectedSeries> {
         let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
         let mut by_key: std::collections::BTreeMap<Arc<SeriesKey>, Vec<ChunkSource>> =
             Default::default();
-        let state = lock!(self.state.read());
         for seg in &state.segments {
             let (lo, hi) = seg.time_range();
             if !overlaps(lo, hi) {
@@ -57,16 +70,17 @@ impl Storage {
                 by_key.entry(key.clone()).or_default().extend(chunks);
             }
         };
-        if let Some(frozen) = &state.frozen {
+        if let Some(frozen) = state.frozen.as_ref().filter(|_| memory) {
             for (key, chunks) in frozen.iter() {
                 if matchers.iter().all(|m| m.matches(key)) {
                     mem(&mut by_key, key, chunks.clone());
                 }
             }
         }
-        lock!(self.head.read())
-            .for_each_series(matchers, |key, chunks| mem(&mut by_key, key, chunks));
-        drop(state);
+        if memory {
+            lock!(self.head.read())
+                .for_each_series(matchers, |key, chunks| mem(&mut by_key, key, chunks));
+        }
         by_key
             .into_iter()
             .map(|(key, chunks)| SelectedSeries { key, chunks })
@@ -183,8 +197,11 @@ impl Storage {
     /// Groups matching `filter` with their records whose window overlaps
     /// `[min_ts, max_ts]`; groups sorted, records in window order. Merges the
     /// rollup files, a flush in progress and the head, so it counts every
-    /// stored sample exactly once. A file block that fails to decode is
-    /// logged, counted (`rollup_read_errors`) and skipped.
+    /// stored sample exactly once. Gpu-level minutes of the samples after the
+    /// raw cut ([`RollupFile::raw_cut`](crate::rollup::file::RollupFile::raw_cut))
+    /// are folded from the raw samples, wherever they are. A file block that
+    /// fails to decode is logged, counted (`rollup_read_errors`) and skipped;
+    /// a raw chunk likewise (`chunk_read_errors`).
     pub fn select_rollups(
         &self,
         tier: RollupTier,
@@ -223,14 +240,82 @@ impl Storage {
                 self.metrics.rollup_read_errors.fetch_add(1, Relaxed);
             }
         }
+        // Memory's records of the windows before this are not in the files
+        // yet; after it, only here for the gpu-level minutes.
+        let mut memory_below = i64::MAX;
+        if (tier, level) == (RollupTier::Minute, RollupLevel::Gpu) {
+            let raw_cut = state.raw_cut();
+            let from = tier.window_start(min_ts).max(raw_cut);
+            let to = tier
+                .window_start(max_ts)
+                .saturating_add(tier.window_ms() - 1);
+            self.fold_raw_minutes(&state, filter, from, to, true, |g, r| q.add_record(g, r));
+            // Late samples before the raw cut: the next flush writes them.
+            memory_below = raw_cut;
+        }
+        let below = |r: &&RollupRecord| r.window_start_ms < memory_below;
         if let Some(delta) = &state.frozen_rollup {
             for (g, minutes) in delta.iter() {
-                q.add_minutes(g, minutes);
+                q.add_minutes(g, minutes.iter().filter(below));
             }
         }
-        lock!(self.head.read()).for_each_rollup(|g, r| q.add_minutes(g, r.records()));
+        lock!(self.head.read()).for_each_rollup(|g, r| q.add_minutes(g, r.records().filter(below)));
         drop(state);
         q.finish()
+    }
+
+    /// Folds the raw samples in `[min_ts, max_ts]` of the series whose
+    /// gpu-level group `filter` matches into gpu-level minute records, and
+    /// passes each to `f` (a series' records in window order); those of the
+    /// segments only unless `memory` (see [`Self::select_in`]). A chunk that
+    /// does not decode is logged and counted (`chunk_read_errors`), and its
+    /// series left out.
+    pub(super) fn fold_raw_minutes(
+        &self,
+        state: &State,
+        filter: &RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+        memory: bool,
+        mut f: impl FnMut(&RollupGroup, RollupRecord),
+    ) {
+        if min_ts > max_ts {
+            return;
+        }
+        let by_metric: Vec<Matcher> = filter
+            .metric
+            .iter()
+            .map(|m| Matcher::equal(METRIC_NAME_LABEL, m.as_str()))
+            .collect();
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        for s in self.select_in(state, &by_metric, min_ts, max_ts, memory) {
+            let group = RollupGroup::of_series(&s.key);
+            if !filter.matches(&group) {
+                continue;
+            }
+            ts.clear();
+            vals.clear();
+            if let Err(e) = s.read_into(min_ts, max_ts, &mut ts, &mut vals) {
+                error!(error = %e, series = %s.key, "raw chunk does not decode; its gpu-level minutes are left out");
+                self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
+                continue;
+            }
+            let mut current: Option<RollupRecord> = None;
+            for (&t, &v) in ts.iter().zip(&vals) {
+                let ws = RollupTier::Minute.window_start(t);
+                match &mut current {
+                    Some(r) if r.window_start_ms == ws => r.add(t, v),
+                    _ => {
+                        if let Some(done) = current.replace(RollupRecord::of_sample(ws, t, v)) {
+                            f(&group, done);
+                        }
+                    }
+                }
+            }
+            if let Some(done) = current {
+                f(&group, done);
+            }
+        }
     }
 }
 
@@ -299,6 +384,17 @@ impl SelectedSeries {
         }
         normalize(ts_ms, values, start);
         Ok(())
+    }
+
+    /// The oldest timestamp of the selected chunks, if any.
+    pub(crate) fn min_ts(&self) -> Option<i64> {
+        self.chunks
+            .iter()
+            .map(|c| match c {
+                ChunkSource::Segment(_, r) => r.min_ts,
+                ChunkSource::Mem(m) => m.min_ts,
+            })
+            .min()
     }
 
     /// Upper bound of the samples in the selected chunks.

@@ -70,14 +70,15 @@ impl Storage {
         }
     }
 
-    /// Writes a rollup file covering `covers` (plus its own new id) and
-    /// opens it. A file that fails to open after its rename is withdrawn
+    /// Writes a rollup file covering `covers` (plus its own new id), with
+    /// `raw_cut` (see [`RollupFile::raw_cut`]), and opens it. A file that fails to open after its rename is withdrawn
     /// ([`Self::withdraw`]) before the error returns, so that the retry of its
     /// records cannot count them twice after a restart; if it cannot be
     /// withdrawn, the next write reuses its id and so replaces it.
     pub(super) fn write_rollups<T: crate::rollup::TableView>(
         &self,
         wal_cut: u64,
+        raw_cut: i64,
         tables: &[[T; 5]; 3],
         covers: Option<Vec<(u64, u64)>>,
     ) -> Result<RollupFile> {
@@ -93,7 +94,7 @@ impl Storage {
         );
         let tmp = files::rollup_tmp_path(&self.config.data_dir, id);
         let dst = files::rollup_path(&self.config.data_dir, id);
-        if let Err(e) = rollup_file::write(&tmp, &dst, wal_cut, &covers, tables) {
+        if let Err(e) = rollup_file::write(&tmp, &dst, wal_cut, raw_cut, &covers, tables) {
             let _ = fs::remove_file(&tmp);
             return Err(e);
         }

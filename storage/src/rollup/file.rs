@@ -13,7 +13,8 @@
 //! +---------------------------------------------------------------+
 //! | covers: the ids of the files merged into this one (ranges)      |
 //! +---------------------------------------------------------------+
-//! | footer  offsets, counts, wal_cut, time range, crc32cs, magic    | 64 B
+//! | footer  offsets, counts, wal_cut, time range, raw_cut (v4),     | 72 B
+//! |         crc32cs, magic                                          |
 //! +---------------------------------------------------------------+
 //! ```
 //!
@@ -35,13 +36,18 @@ use crate::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLREND1";
-/// Version 3 stores a block's records as columns (the values as column
-/// blocks, `docs/format/column.md`); version 2 added zstd-compressed block
-/// payloads (block flag bit 0). Versions 1 (flags all 0) and 2, whose
-/// records are rows, are still read.
-pub(crate) const VERSION: u32 = 3;
+/// Version 4 adds `raw_cut` to the footer: gpu-level 1-minute records are
+/// no longer written for samples that raw segments still hold (see
+/// [`RollupFile::raw_cut`]). Version 3 stores a block's records as columns
+/// (the values as column blocks, `docs/format/column.md`); version 2 added
+/// zstd-compressed block payloads (block flag bit 0). Versions 1 (flags all
+/// 0) and 2, whose records are rows, and 3 are still read.
+pub(crate) const VERSION: u32 = 4;
 /// First version whose blocks hold columns.
 const COLUMNAR: u32 = 3;
+/// First version with `raw_cut` in its footer, and without gpu-level
+/// minute records of samples still in raw segments.
+pub(crate) const RAW_CUT: u32 = 4;
 /// Block flag: the payload is `uvarint raw_len` + a zstd frame of `raw_len` bytes.
 const FLAG_ZSTD: u16 = 1;
 /// Largest decompressed block accepted: a block closes once it passes
@@ -49,7 +55,17 @@ const FLAG_ZSTD: u16 = 1;
 const MAX_RAW_BLOCK: u64 = 4 * MAX_BLOCK_PAYLOAD as u64;
 pub(crate) const HEADER_LEN: usize = 16;
 pub(crate) const BLOCK_HEADER_LEN: usize = 28;
-pub(crate) const FOOTER_LEN: usize = 6 * 8 + 2 * 4 + 8;
+/// The footer of a version 4 file; earlier ones lack `raw_cut` (8 bytes less).
+pub(crate) const FOOTER_LEN: usize = 7 * 8 + 2 * 4 + 8;
+
+/// The footer's length in a file of `version`.
+const fn footer_len(version: u32) -> usize {
+    if version >= RAW_CUT {
+        FOOTER_LEN
+    } else {
+        FOOTER_LEN - 8
+    }
+}
 /// Most groups in one block, so a reader decodes a bounded amount at a time.
 const MAX_BLOCK_GROUPS: usize = 4096;
 /// Most records in one block (version 3): a reader decodes a block's columns
@@ -88,6 +104,9 @@ pub struct RollupFile {
     blocks: Vec<BlockInfo>,
     covers: Vec<(u64, u64)>,
     wal_cut: u64,
+    /// See [`RollupFile::raw_cut`]; `i64::MIN` before version 4.
+    raw_cut: i64,
+    version: u32,
     min_ts: i64,
     max_ts: i64,
     deleted: AtomicBool,
@@ -456,7 +475,7 @@ impl RollupFile {
         let bad = |offset: u64, kind| corrupt(path, (offset, kind));
         let b: &[u8] = &map;
         let len = b.len();
-        if len < HEADER_LEN + FOOTER_LEN {
+        if len < HEADER_LEN + footer_len(1) {
             return Err(bad(0, Corruption::TooShort { len: len as u64 }));
         }
         if &b[..8] != MAGIC {
@@ -477,17 +496,22 @@ impl RollupFile {
         if !(1..=VERSION).contains(&version) {
             return Err(bad(8, Corruption::UnsupportedVersion { version }));
         }
-        let fo = len - FOOTER_LEN;
+        if len < HEADER_LEN + footer_len(version) {
+            return Err(bad(0, Corruption::TooShort { len: len as u64 }));
+        }
+        let fo = len - footer_len(version);
+        // The two checksums follow the footer's u64 fields.
+        let crcs = fo + footer_len(version) - 16;
         if &b[len - 8..] != FOOTER_MAGIC {
             return Err(bad((len - 8) as u64, Corruption::BadMagic));
         }
-        let crc = crc32c::crc32c(&b[fo..fo + 52]);
-        if u32_at(b, fo + 52) != crc {
+        let crc = crc32c::crc32c(&b[fo..crcs + 4]);
+        if u32_at(b, crcs + 4) != crc {
             return Err(bad(
-                (fo + 52) as u64,
+                (crcs + 4) as u64,
                 Corruption::ChecksumMismatch {
                     section: "footer",
-                    expected: u32_at(b, fo + 52),
+                    expected: u32_at(b, crcs + 4),
                     actual: crc,
                 },
             ));
@@ -498,17 +522,22 @@ impl RollupFile {
         let wal_cut = u64_at(b, fo + 24);
         let min_ts = u64_at(b, fo + 32) as i64;
         let max_ts = u64_at(b, fo + 40) as i64;
+        let raw_cut = if version >= RAW_CUT {
+            u64_at(b, fo + 48) as i64
+        } else {
+            i64::MIN
+        };
         if covers_off < HEADER_LEN as u64 || covers_off.checked_add(covers_len) != Some(fo as u64) {
             return Err(bad(fo as u64, Corruption::OutOfBounds { what: "covers" }));
         }
         let (co, cl) = (covers_off as usize, covers_len as usize);
         let crc = crc32c::crc32c(&b[co..co + cl]);
-        if u32_at(b, fo + 48) != crc {
+        if u32_at(b, crcs) != crc {
             return Err(bad(
                 co as u64,
                 Corruption::ChecksumMismatch {
                     section: "covers",
-                    expected: u32_at(b, fo + 48),
+                    expected: u32_at(b, crcs),
                     actual: crc,
                 },
             ));
@@ -632,6 +661,8 @@ impl RollupFile {
             blocks,
             covers,
             wal_cut,
+            raw_cut,
+            version,
             min_ts,
             max_ts,
             deleted: AtomicBool::new(false),
@@ -649,6 +680,27 @@ impl RollupFile {
     /// WAL segments numbered below this are fully counted in rollup files.
     pub fn wal_cut(&self) -> u64 {
         self.wal_cut
+    }
+
+    /// Raw samples before this time (ms, a minute boundary) have their
+    /// gpu-level 1-minute records in rollup files; later ones do not: while
+    /// raw data holds them, those records are folded from it when read, and
+    /// retention writes them when it drops the raw data. The store's cut is
+    /// the largest of its files'. `i64::MIN` for a file before version 4.
+    pub fn raw_cut(&self) -> i64 {
+        self.raw_cut
+    }
+
+    /// Whether this file was written by a flush (or merged from one) before
+    /// version 4, and so may hold gpu-level 1-minute records of samples that
+    /// raw segments still hold. Imported files (`wal_cut` 0) do not.
+    pub(crate) fn is_legacy_flush(&self) -> bool {
+        self.version < RAW_CUT && self.wal_cut > 0
+    }
+
+    /// The format version the file was written in.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
     /// Ids of the rollup files this one replaces (its own included), as inclusive ranges.
@@ -884,6 +936,7 @@ fn encode_table(
 /// Encodes `tables` as a rollup file's bytes.
 pub(crate) fn encode<T: TableView>(
     wal_cut: u64,
+    raw_cut: i64,
     covers: &[(u64, u64)],
     tables: &[[T; 5]; 3],
 ) -> Vec<u8> {
@@ -919,6 +972,7 @@ pub(crate) fn encode<T: TableView>(
         wal_cut,
         min_ts as u64,
         max_ts as u64,
+        raw_cut as u64,
     ] {
         out.extend_from_slice(&v.to_le_bytes());
     }
@@ -941,6 +995,7 @@ pub(crate) fn write<T: TableView>(
     tmp: &Path,
     dst: &Path,
     wal_cut: u64,
+    raw_cut: i64,
     covers: &[(u64, u64)],
     tables: &[[T; 5]; 3],
 ) -> Result<()> {
@@ -951,7 +1006,7 @@ pub(crate) fn write<T: TableView>(
             what,
         });
     }
-    let bytes = encode(wal_cut, covers, tables);
+    let bytes = encode(wal_cut, raw_cut, covers, tables);
     let io = |e| Error::io(tmp, e);
     let file = File::create(tmp).map_err(io)?;
     let mut w = BufWriter::new(file);
