@@ -14,9 +14,10 @@ use super::StorageConfig;
 use crate::Result;
 use crate::rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 
-/// How far one rollup file written by [`Storage::advance_raw_cut`] reaches:
-/// its records are gathered in memory, one per series and minute.
-const RAW_CUT_STEP_MS: i64 = 3_600_000;
+/// About how many raw samples one rollup file written by
+/// [`Storage::advance_raw_cut`] folds: its records are gathered in memory
+/// first, one per series and minute (at most one per sample).
+const RAW_CUT_STEP_SAMPLES: u64 = 4 << 20;
 
 impl Storage {
     /// Drops every segment whose newest sample is older than the retention
@@ -87,67 +88,101 @@ impl Storage {
     }
 
     /// Writes the gpu-level minute records of the segments' raw samples
-    /// between the raw cut and `cut` (a minute boundary) to rollup files, at
-    /// most [`RAW_CUT_STEP_MS`] of them each, each file moving the raw cut to
-    /// where it ends. Records that `retention_1m` has expired at `now_ms` are
-    /// not written. The raw samples stay: the cut makes queries fold only
-    /// those after it. A crash between a file and the deletion of the raw
-    /// data thus counts nothing twice. Samples before the cut that are still
-    /// in memory (late ones) are left to the next flush, which writes the
-    /// gpu-level minutes before the cut. Caller holds the upkeep lock.
+    /// between the raw cut and `cut` (a minute boundary) to rollup files,
+    /// each file moving the raw cut to where it ends. A file covers about
+    /// [`RAW_CUT_STEP_SAMPLES`] samples (from the chunks' counts), and a
+    /// stretch without samples costs nothing. Records that `retention_1m` has
+    /// expired at `now_ms` are not written. The raw samples stay: the cut
+    /// makes queries fold only those after it. A crash between a file and
+    /// the deletion of the raw data thus counts nothing twice. Samples before
+    /// the cut that are still in memory (late ones) are left to the next
+    /// flush, which writes the gpu-level minutes before the cut. Caller holds
+    /// the upkeep lock.
     ///
     /// # Errors
     /// Writing a rollup file; the cut stays where the last file put it.
     pub(crate) fn advance_raw_cut(&self, cut: i64, now_ms: i64) -> Result<()> {
+        self.advance_raw_cut_by(cut, now_ms, RAW_CUT_STEP_SAMPLES)
+    }
+
+    /// [`Self::advance_raw_cut`] with files of about `step_samples` samples.
+    pub(crate) fn advance_raw_cut_by(
+        &self,
+        cut: i64,
+        now_ms: i64,
+        step_samples: u64,
+    ) -> Result<()> {
+        let minute = RollupTier::Minute;
         let expired_1m = self
             .config
-            .rollup_retention(RollupTier::Minute)
+            .rollup_retention(minute)
             .map(|d| now_ms.saturating_sub(d.as_millis() as i64));
         loop {
             let state = lock!(self.state.read());
-            let mut from = state.raw_cut();
+            let from = state.raw_cut();
             if from >= cut {
                 return Ok(());
             }
-            if from == i64::MIN {
-                // No cut yet: start at the oldest raw sample.
-                let oldest = self
-                    .select_in(&state, &[], i64::MIN, cut - 1, false)
-                    .iter()
-                    .filter_map(|s| s.min_ts())
-                    .min();
-                from = match oldest {
-                    Some(t) => RollupTier::Minute.window_start(t),
-                    None => cut,
-                };
-            }
-            let to = cut.min(from.saturating_add(RAW_CUT_STEP_MS));
-            let mut groups: BTreeMap<RollupGroup, BTreeMap<i64, RollupRecord>> = BTreeMap::new();
-            self.fold_raw_minutes(
-                &state,
-                &RollupFilter::default(),
-                from,
-                to - 1,
-                false,
-                |g, r| {
-                    let gone = expired_1m.is_some_and(|c| {
-                        r.window_start_ms + RollupTier::Minute.window_ms() - 1 < c
-                    });
-                    if !gone {
-                        let w = match groups.get_mut(g) {
-                            Some(w) => w,
-                            None => groups.entry(g.clone()).or_default(),
-                        };
-                        w.entry(r.window_start_ms)
-                            .and_modify(|m| m.merge(&r))
-                            .or_insert(r);
+            // The step ends at the first chunk start where the samples
+            // counted pass the budget: those of the chunks that straddle
+            // `from`, then of the chunks that start in [from, cut), in
+            // order. So each step passes at least one chunk start, and a
+            // stretch without samples costs nothing.
+            let (mut straddling, mut starts) = (0u64, Vec::new());
+            for seg in &state.segments {
+                let (lo, hi) = seg.time_range();
+                if hi < from || lo >= cut {
+                    continue;
+                }
+                for ord in 0..seg.num_series() as u32 {
+                    for c in seg.chunks(ord) {
+                        if c.max_ts < from || c.min_ts >= cut {
+                            continue;
+                        }
+                        if c.min_ts < from {
+                            straddling += u64::from(c.count);
+                        } else {
+                            starts.push((c.min_ts, u64::from(c.count)));
+                        }
                     }
-                },
-            );
+                }
+            }
+            starts.sort_unstable();
+            let lo = match (straddling, starts.first()) {
+                (0, Some(&(first, _))) => minute.window_start(first),
+                (0, None) => cut,
+                _ => from,
+            };
+            let mut samples = straddling;
+            let over = starts.iter().find(|&&(_, n)| {
+                samples += n;
+                samples > step_samples
+            });
+            let to = over.map_or(cut, |&(t, _)| {
+                minute
+                    .window_start(t)
+                    .max(lo.saturating_add(minute.window_ms()))
+                    .min(cut)
+            });
+            let mut groups: BTreeMap<RollupGroup, BTreeMap<i64, RollupRecord>> = BTreeMap::new();
+            let filter = RollupFilter::default();
+            self.fold_raw_minutes(&state, &filter, lo, to - 1, false, |g, r| {
+                let gone = expired_1m
+                    .is_some_and(|c| r.window_start_ms.saturating_add(minute.window_ms() - 1) < c);
+                if !gone {
+                    let w = match groups.get_mut(g) {
+                        Some(w) => w,
+                        None => groups.entry(g.clone()).or_default(),
+                    };
+                    w.entry(r.window_start_ms)
+                        .and_modify(|m| m.merge(&r))
+                        .or_insert(r);
+                }
+            });
             let wal_cut = state.rollups.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
             drop(state);
             let mut tables = crate::rollup::empty_tables();
-            tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()] = groups;
+            tables[minute.index()][RollupLevel::Gpu.index()] = groups;
             let file = self.write_rollups(wal_cut, to, &tables, None)?;
             info!(file = %file.path().display(), raw_cut_ms = to, bytes = file.size_bytes(), "retention: wrote the gpu-level minutes of expiring raw data");
             let mut state = lock!(self.state.write());

@@ -1529,7 +1529,9 @@ fn rollup_file_timing() {
             (g, minutes)
         })
         .collect();
-    let tables = delta_tables(&delta);
+    let mut tables = delta_tables(&delta);
+    // As a flush writes them: the gpu-level minutes are folded from raw data.
+    tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()].clear();
     for _ in 0..3 {
         let t = std::time::Instant::now();
         let bytes = file::encode(1, i64::MIN, &[(1, 1)], &tables);
@@ -1637,4 +1639,105 @@ fn rollup_files_of_version_3_count_each_sample_once() {
     st.flush().unwrap();
     everything.insert((0, t), 1.5);
     check(&st, &everything).unwrap();
+}
+
+/// Reading one metric's gpu-level minutes for 2 h of a 200-GPU fleet (10 s
+/// interval), folded from the raw segment, and then from a rollup file once
+/// retention's cut has passed the raw data. Run with
+/// `cargo test --release -p storage --lib gpu_minutes_read_timing -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing, for docs/BENCHMARKS.md"]
+fn gpu_minutes_read_timing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.max_chunk_samples = 720;
+    let st = Storage::open(cfg).unwrap();
+    let (metrics, gpus, step, n) = (53usize, 200usize, 10_000i64, 720i64);
+    let keys: Vec<SeriesKey> = (0..metrics * gpus)
+        .map(|i| {
+            let (m, g) = (i % metrics, i / metrics);
+            SeriesKey::new(
+                format!("DCGM_FI_DEV_METRIC_{m:02}"),
+                vec![
+                    Label::new("Hostname", format!("node-{:03}", g / 8)),
+                    Label::new("gpu", (g % 8).to_string()),
+                    Label::new("rack", format!("rack-{}", g / 32)),
+                ],
+            )
+            .unwrap()
+        })
+        .collect();
+    let refs = st.series_refs(keys).unwrap();
+    let t0 = 1_796_032_800_000i64;
+    for k in 0..n {
+        let ts = vec![t0 + k * step; refs.len()];
+        let vals: Vec<f64> = (0..refs.len())
+            .map(|i| ((i * 31 + k as usize * 7) % 500) as f64 * 0.25)
+            .collect();
+        st.append(&refs, &ts, &vals).unwrap();
+    }
+    st.flush().unwrap();
+    let filter = RollupFilter {
+        metric: Some("DCGM_FI_DEV_METRIC_07".into()),
+        ..RollupFilter::default()
+    };
+    let read = |what: &str| {
+        for _ in 0..3 {
+            let t = std::time::Instant::now();
+            let got = st.select_rollups(
+                RollupTier::Minute,
+                RollupLevel::Gpu,
+                &filter,
+                t0,
+                t0 + n * step,
+            );
+            let records: usize = got.iter().map(|(_, r)| r.len()).sum();
+            eprintln!("{what}: {records} records in {:?}", t.elapsed());
+            assert_eq!(records, gpus * 120);
+        }
+    };
+    read("folded from raw data");
+    st.advance_raw_cut(t0 + n * step, t0 + n * step).unwrap();
+    read("from a rollup file");
+}
+
+/// Moving the raw cut over raw data that spans the whole storable range
+/// sparsely, and over dense data, writes a file per step of samples (not
+/// per hour of time), and every tier and level still counts each sample once.
+#[test]
+fn the_raw_cut_moves_in_steps_of_samples_not_of_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.ooo_window = std::time::Duration::from_secs(u32::MAX as u64 * 1000);
+    cfg.retention_1m = None;
+    let st = Storage::open(cfg).unwrap();
+    let mut stored = Model::new();
+    // Both ends of the storable range, and 40 dense samples in between.
+    let mut at: Vec<i64> = vec![crate::MIN_TS_MS, crate::MAX_TS_MS];
+    at.extend((0..40).map(slot_ts));
+    for (k, &t) in at.iter().enumerate() {
+        let i = k % 3;
+        let r = st.series_ref(key_of(i)).unwrap();
+        st.append(&[r], &[t], &[k as f64]).unwrap();
+        stored.insert((i, t), k as f64);
+    }
+    st.flush().unwrap();
+    let files = st.rollup_files();
+    let cut = RollupTier::Minute.window_start(crate::MAX_TS_MS);
+    st.advance_raw_cut_by(cut, crate::MAX_TS_MS, 10).unwrap();
+    assert_eq!(st.raw_cut(), cut);
+    // 41 samples before the cut (one chunk each at most 7 samples), 10 a step:
+    // a handful of files, where steps of time would be billions.
+    let written = st.rollup_files() - files;
+    assert!((2..=8).contains(&written), "{written} files");
+    check(&st, &stored).unwrap();
+    let minutes = st.select_rollups(
+        RollupTier::Minute,
+        RollupLevel::Gpu,
+        &RollupFilter::default(),
+        i64::MIN,
+        i64::MAX,
+    );
+    let n: u64 = minutes.iter().flat_map(|(_, r)| r).map(|r| r.count).sum();
+    assert_eq!(n, at.len() as u64);
 }
