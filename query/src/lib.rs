@@ -201,6 +201,9 @@ pub struct QueryMetrics {
     sum_us: AtomicU64,
     /// Queries refused as invalid or too large, or failed while running.
     pub failed: AtomicU64,
+    /// PromQL range functions answered from a rollup tier instead of raw
+    /// samples (`promql::tiers`).
+    pub rollup_tier_answers: AtomicU64,
 }
 
 impl QueryMetrics {
@@ -246,6 +249,14 @@ impl QueryMetrics {
             "# HELP {failed} {kind} queries over HTTP that failed or were refused.\n# TYPE {failed} counter\n{failed} {}",
             self.failed.load(Relaxed)
         );
+        if kind == "promql" {
+            let tier = "gpulse_promql_rollup_tier_answers_total";
+            let _ = writeln!(
+                out,
+                "# HELP {tier} PromQL range functions answered from a rollup tier instead of raw samples.\n# TYPE {tier} counter\n{tier} {}",
+                self.rollup_tier_answers.load(Relaxed)
+            );
+        }
     }
 }
 

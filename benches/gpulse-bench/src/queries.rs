@@ -4,7 +4,8 @@
 //!
 //! Every query is anchored at the end of the loaded data (`at_ms`), not at
 //! the wall clock, so that a run answers the same question however long the
-//! load took.
+//! load took. A range query's start and end are whole steps (multiples of
+//! `step` since the epoch), as Grafana sends them.
 
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,18 @@ pub(crate) struct QuerySpec {
 }
 
 const HOUR_MS: i64 = 3_600_000;
+
+/// A range query from `start_ms` to `end_ms`, both moved back to whole
+/// steps, as Grafana sends them.
+fn range(query: String, start_ms: i64, end_ms: i64, step_s: u64) -> Prom {
+    let whole = |ms: i64| ms - ms.rem_euclid(step_s as i64 * 1000);
+    Prom::Range {
+        query,
+        start_ms: whole(start_ms),
+        end_ms: whole(end_ms),
+        step_s,
+    }
+}
 
 fn ts(ms: i64) -> String {
     format!("to_timestamp_millis({ms})")
@@ -109,12 +122,12 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
         QuerySpec {
             name: "host_energy_rate_6h",
             what: "rate() of energy per host over 6 h, at 1-minute steps",
-            promql: Prom::Range {
-                query: "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m]))".into(),
-                start_ms: t - 6 * HOUR_MS,
-                end_ms: t,
-                step_s: 60,
-            },
+            promql: range(
+                "sum by (Hostname) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m]))".into(),
+                t - 6 * HOUR_MS,
+                t,
+                60,
+            ),
             // Energy used per host and minute, from the counter's rise.
             sql_raw: format!(
                 "SELECT host, minute, sum(rise) / 60 AS mj_per_s FROM (\
@@ -135,14 +148,12 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
         QuerySpec {
             name: "rack_power_30d",
             what: "one rack's average GPU power over 30 days at 1-hour resolution",
-            promql: Prom::Range {
-                query: format!(
-                    "avg(avg_over_time(DCGM_FI_DEV_POWER_USAGE{{rack=\"{rack}\"}}[1h]))"
-                ),
-                start_ms: t - 30 * 24 * HOUR_MS,
-                end_ms: t,
-                step_s: 3600,
-            },
+            promql: range(
+                format!("avg(avg_over_time(DCGM_FI_DEV_POWER_USAGE{{rack=\"{rack}\"}}[1h]))"),
+                t - 30 * 24 * HOUR_MS,
+                t,
+                3600,
+            ),
             sql_raw: format!(
                 "SELECT date_bin(INTERVAL '1 hour', ts) AS hour, avg(value) AS watts FROM samples \
                  WHERE rack = '{rack}' AND metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts > {} AND ts <= {} \
@@ -304,16 +315,34 @@ mod tests {
     #[test]
     fn the_set_names_the_anchor() {
         let a = Anchor {
-            at_ms: 7_200_000,
+            at_ms: 7_200_000 + 90_500,
             host: "host-00000".into(),
             gpu: "0".into(),
             rack: "rack-000".into(),
         };
         let set = query_set(&a);
         assert_eq!(set.len(), 5);
-        assert!(set[0].sql_raw.contains("to_timestamp_millis(3600000)"));
+        assert!(set[0].sql_raw.contains("to_timestamp_millis(3690500)"));
         assert!(
             matches!(&set[4].promql, Prom::Range { step_s: 3600, query, .. } if query.contains("rack-000"))
         );
+        // Range queries on whole steps: 2 h 1 min 30.5 s, back to 2 h 1 min
+        // (1-minute steps) and 2 h (1-hour steps).
+        assert!(matches!(
+            &set[3].promql,
+            Prom::Range {
+                start_ms: -14_340_000,
+                end_ms: 7_260_000,
+                ..
+            }
+        ));
+        assert!(matches!(
+            &set[4].promql,
+            Prom::Range {
+                start_ms: -2_584_800_000,
+                end_ms: 7_200_000,
+                ..
+            }
+        ));
     }
 }

@@ -11,7 +11,8 @@
 //! mode, an answer that lacks a shard has Prometheus's
 //! `"warnings":["..."]` beside `data`; a cluster that refuses to answer (a
 //! peer with another cluster file) gives 503 with `errorType`
-//! `unavailable`.
+//! `unavailable`. The warnings also carry the answer's notes, such as
+//! windows answered from rollup tiers where raw samples have expired.
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;
@@ -166,9 +167,11 @@ fn success_with(data: &str, warnings: &[String]) -> Response {
         .into_response()
 }
 
-/// Renders an answer: its `data` and warnings.
+/// Renders an answer: its `data`, and its warnings and notes as warnings.
 fn render_answer(a: &Answer) -> (String, Vec<String>) {
-    (render(&a.value), a.warnings.clone())
+    let mut warnings = a.warnings.clone();
+    crate::cluster::add_warnings(&mut warnings, a.notes.iter().cloned());
+    (render(&a.value), warnings)
 }
 
 fn bad(msg: impl Into<String>) -> PromError {

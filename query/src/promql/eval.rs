@@ -34,6 +34,8 @@ pub(super) struct Evaluator<'a> {
     samples: Rc<Cell<usize>>,
     /// Warnings of the cluster reads (shards missing), shared with subqueries.
     warnings: Rc<RefCell<Vec<String>>>,
+    /// Notes on how the answer was made (see [`super::Answer::notes`]).
+    notes: Rc<RefCell<Vec<String>>>,
     /// When the query must stop (`--query-timeout`), checked at every node.
     deadline: crate::limits::Deadline,
 }
@@ -47,11 +49,11 @@ pub(super) fn unsupported(what: &str) -> PromError {
 pub(super) const MAX_ABS_MS: i64 = 1 << 58;
 
 /// A duration in milliseconds, capped at [`MAX_ABS_MS`].
-fn ms(d: std::time::Duration) -> i64 {
+pub(super) fn ms(d: std::time::Duration) -> i64 {
     d.as_millis().min(MAX_ABS_MS as u128) as i64
 }
 
-fn offset_ms(o: &Option<Offset>) -> i64 {
+pub(super) fn offset_ms(o: &Option<Offset>) -> i64 {
     match o {
         None => 0,
         Some(Offset::Pos(d)) => ms(*d),
@@ -80,6 +82,7 @@ impl<'a> Evaluator<'a> {
             steps,
             samples: Rc::new(Cell::new(0)),
             warnings: Rc::default(),
+            notes: Rc::default(),
             deadline,
         })
     }
@@ -87,6 +90,29 @@ impl<'a> Evaluator<'a> {
     /// The warnings of the reads so far.
     pub(super) fn warnings(&self) -> Vec<String> {
         self.warnings.borrow().clone()
+    }
+
+    /// This node's storage, when rollup tiers may answer (see [`super::tiers`]).
+    pub(super) fn tier_storage(&self) -> Option<&std::sync::Arc<storage::Storage>> {
+        self.engine.tier_storage()
+    }
+
+    /// The notes on the answer so far.
+    pub(super) fn notes(&self) -> Vec<String> {
+        self.notes.borrow().clone()
+    }
+
+    /// Adds a note to the answer (once).
+    pub(super) fn note(&self, note: String) {
+        crate::cluster::add_warnings(&mut self.notes.borrow_mut(), [note]);
+    }
+
+    /// Counts a range function answered from a rollup tier.
+    pub(super) fn tier_answered(&self) {
+        self.engine
+            .metrics
+            .rollup_tier_answers
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Counts `n` more samples held by the query against the limit.
@@ -449,6 +475,7 @@ impl<'a> Evaluator<'a> {
                 .collect(),
             samples: self.samples.clone(),
             warnings: self.warnings.clone(),
+            notes: self.notes.clone(),
             deadline: self.deadline,
         };
         let per_step = match inner.eval(&sq.expr)? {

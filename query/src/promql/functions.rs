@@ -647,6 +647,9 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
         ),
         _ => (arg(args, 0, name)?, None),
     };
+    if let Some(out) = super::tiers::over_tier(ev, name, &range_arg)? {
+        return checked(out);
+    }
     let input = ev.range_input(&range_arg)?;
     let keep_name = name == "last_over_time";
     let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];

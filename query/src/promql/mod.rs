@@ -21,6 +21,7 @@ pub mod api;
 mod binary;
 mod eval;
 mod functions;
+mod tiers;
 mod value;
 
 use std::sync::Arc;
@@ -145,6 +146,10 @@ pub struct Answer {
     /// Shards that no replica could serve (cluster mode); empty when the
     /// answer is complete.
     pub warnings: Vec<String>,
+    /// How a complete answer was made where a user should know it, such as
+    /// windows answered from rollup tiers because raw samples expired
+    /// ([`tiers`]). Shown with the warnings over HTTP; not an error.
+    pub notes: Vec<String>,
 }
 
 /// Evaluates PromQL over a [`Storage`], or over the whole cluster. Cheap to
@@ -152,6 +157,9 @@ pub struct Answer {
 #[derive(Debug, Clone)]
 pub struct PromEngine {
     storage: Arc<Storage>,
+    /// Whether range functions may be answered from rollup tiers
+    /// ([`tiers`]); on unless [`Self::without_rollup_tiers`].
+    rollup_tiers: bool,
     source: Source,
     limits: PromLimits,
     metrics: Arc<crate::QueryMetrics>,
@@ -167,6 +175,7 @@ impl PromEngine {
         Self {
             source: Source::Local(storage.clone()),
             storage,
+            rollup_tiers: true,
             limits,
             metrics: Arc::default(),
             guard: Arc::default(),
@@ -180,10 +189,27 @@ impl PromEngine {
     pub fn with_cluster(reader: ClusterReader, limits: PromLimits) -> Self {
         Self {
             storage: reader.storage().clone(),
+            rollup_tiers: true,
             source: Source::Cluster(reader),
             limits,
             metrics: Arc::default(),
             guard: Arc::default(),
+        }
+    }
+
+    /// This engine, evaluating every range function from raw samples (the
+    /// reference of the rollup tiers' differential test).
+    pub fn without_rollup_tiers(mut self) -> Self {
+        self.rollup_tiers = false;
+        self
+    }
+
+    /// This node's storage, when it answers alone (not a cluster) and range
+    /// functions may be answered from rollup tiers.
+    pub(crate) fn tier_storage(&self) -> Option<&Arc<Storage>> {
+        match &self.source {
+            Source::Local(s) if self.rollup_tiers => Some(s),
+            _ => None,
         }
     }
 
@@ -309,6 +335,7 @@ impl PromEngine {
         Ok(Answer {
             value,
             warnings: ev.warnings(),
+            notes: ev.notes(),
         })
     }
 
@@ -400,6 +427,7 @@ impl PromEngine {
         Ok(Answer {
             value,
             warnings: ev.warnings(),
+            notes: ev.notes(),
         })
     }
 }
