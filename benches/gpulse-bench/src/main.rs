@@ -750,23 +750,23 @@ async fn query(a: QueryArgs, gpulse: &std::path::Path) -> anyhow::Result<()> {
                     },
                 ));
             }
-            if sql {
+            if sql && let Some(raw) = &q.sql_raw {
                 forms.push((
                     "sql",
                     queries::Request::Sql {
                         base: base.clone(),
-                        query: q.sql_raw.clone(),
+                        query: raw.clone(),
                     },
                 ));
-                if let Some(r) = &q.sql_rollup {
-                    forms.push((
-                        "sql-rollup",
-                        queries::Request::Sql {
-                            base: base.clone(),
-                            query: r.clone(),
-                        },
-                    ));
-                }
+            }
+            if sql && let Some(r) = &q.sql_rollup {
+                forms.push((
+                    "sql-rollup",
+                    queries::Request::Sql {
+                        base: base.clone(),
+                        query: r.clone(),
+                    },
+                ));
             }
             for (language, req) in forms {
                 let t = queries::time(&agent, &req, reps);

@@ -34,6 +34,10 @@ pub(crate) enum Prom {
         end_ms: i64,
         step_s: u64,
     },
+    /// A dashboard refresh: each panel's query, one after another.
+    Dashboard {
+        panels: Vec<Prom>,
+    },
 }
 
 /// One question of the set.
@@ -42,7 +46,7 @@ pub(crate) struct QuerySpec {
     pub(crate) name: &'static str,
     pub(crate) what: &'static str,
     pub(crate) promql: Prom,
-    pub(crate) sql_raw: String,
+    pub(crate) sql_raw: Option<String>,
     pub(crate) sql_rollup: Option<String>,
 }
 
@@ -75,12 +79,12 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 query: format!("{{Hostname=\"{host}\",gpu=\"{gpu}\"}}[1h]"),
                 at_ms: t,
             },
-            sql_raw: format!(
+            sql_raw: Some(format!(
                 "SELECT metric, ts, value FROM samples WHERE host = '{host}' AND gpu = '{gpu}' \
                  AND ts > {} AND ts <= {} ORDER BY metric, ts",
                 ts(t - HOUR_MS),
                 ts(t)
-            ),
+            )),
             sql_rollup: None,
         },
         QuerySpec {
@@ -90,12 +94,12 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 query: "avg by (rack) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[1h]))".into(),
                 at_ms: t,
             },
-            sql_raw: format!(
+            sql_raw: Some(format!(
                 "SELECT rack, avg(value) AS util FROM samples WHERE metric = 'DCGM_FI_DEV_GPU_UTIL' \
                  AND ts > {} AND ts <= {} GROUP BY rack ORDER BY rack",
                 ts(t - HOUR_MS),
                 ts(t)
-            ),
+            )),
             sql_rollup: Some(format!(
                 "SELECT rack, sum(sum) / sum(count) AS util FROM rollup_1m WHERE level = 'rack' \
                  AND metric = 'DCGM_FI_DEV_GPU_UTIL' AND ts >= {} AND ts < {} GROUP BY rack ORDER BY rack",
@@ -110,13 +114,13 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 query: "topk(10, DCGM_FI_DEV_GPU_TEMP)".into(),
                 at_ms: t,
             },
-            sql_raw: format!(
+            sql_raw: Some(format!(
                 "SELECT host, gpu, last_value(value ORDER BY ts) AS temp FROM samples \
                  WHERE metric = 'DCGM_FI_DEV_GPU_TEMP' AND ts > {} AND ts <= {} \
                  GROUP BY host, gpu ORDER BY temp DESC LIMIT 10",
                 ts(t - 5 * 60_000),
                 ts(t)
-            ),
+            )),
             sql_rollup: None,
         },
         QuerySpec {
@@ -129,14 +133,14 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 60,
             ),
             // Energy used per host and minute, from the counter's rise.
-            sql_raw: format!(
+            sql_raw: Some(format!(
                 "SELECT host, minute, sum(rise) / 60 AS mj_per_s FROM (\
                  SELECT host, gpu, date_bin(INTERVAL '1 minute', ts) AS minute, max(value) - min(value) AS rise \
                  FROM samples WHERE metric = 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION' AND ts > {} AND ts <= {} \
                  GROUP BY host, gpu, minute) GROUP BY host, minute ORDER BY host, minute",
                 ts(t - 6 * HOUR_MS),
                 ts(t)
-            ),
+            )),
             sql_rollup: Some(format!(
                 "SELECT host, ts, sum(last - first) / 60 AS mj_per_s FROM rollup_1m \
                  WHERE level = 'gpu' AND metric = 'DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION' \
@@ -154,13 +158,13 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 t,
                 3600,
             ),
-            sql_raw: format!(
+            sql_raw: Some(format!(
                 "SELECT date_bin(INTERVAL '1 hour', ts) AS hour, avg(value) AS watts FROM samples \
                  WHERE rack = '{rack}' AND metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts > {} AND ts <= {} \
                  GROUP BY hour ORDER BY hour",
                 ts(t - 30 * 24 * HOUR_MS),
                 ts(t)
-            ),
+            )),
             sql_rollup: Some(format!(
                 "SELECT ts AS hour, avg AS watts FROM rollup_1h WHERE level = 'rack' AND rack = '{rack}' \
                  AND metric = 'DCGM_FI_DEV_POWER_USAGE' AND ts >= {} AND ts < {} ORDER BY hour",
@@ -168,7 +172,39 @@ pub(crate) fn query_set(a: &Anchor) -> Vec<QuerySpec> {
                 ts(t)
             )),
         },
+        QuerySpec {
+            name: "dashboard_6h",
+            what: "a refresh of NVIDIA's dcgm-exporter Grafana dashboard, all instances and GPUs, last 6 h",
+            promql: dashboard(t),
+            sql_raw: None,
+            sql_rollup: None,
+        },
     ]
+}
+
+/// The eight panels of NVIDIA's dcgm-exporter Grafana dashboard
+/// (`grafana/dcgm-exporter-dashboard.json`, shared/spec/gpu-domain.md §3.1),
+/// with `$instance` and `$gpu` at "All" (`.*`): range queries over the 6 h
+/// before `t` at a 1-minute step (a 6 h range in a panel some 400 pixels
+/// wide), except the power-total gauge, an instant query.
+fn dashboard(t: i64) -> Prom {
+    let sel = r#"{instance=~".*", gpu=~".*"}"#;
+    let graph = |q: String| range(q, t - 6 * HOUR_MS, t, 60);
+    Prom::Dashboard {
+        panels: vec![
+            graph(format!("DCGM_FI_DEV_GPU_TEMP{sel}")),
+            graph(format!("avg(DCGM_FI_DEV_GPU_TEMP{sel})")),
+            graph(format!("DCGM_FI_DEV_POWER_USAGE{sel}")),
+            Prom::Instant {
+                query: format!("sum(DCGM_FI_DEV_POWER_USAGE{sel})"),
+                at_ms: t,
+            },
+            graph(format!("DCGM_FI_DEV_SM_CLOCK{sel} * 1000000")),
+            graph(format!("DCGM_FI_DEV_GPU_UTIL{sel}")),
+            graph(format!("DCGM_FI_DEV_FB_USED{sel}")),
+            graph(format!("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{sel}")),
+        ],
+    }
 }
 
 /// A query as sent: the language and where it goes.
@@ -182,6 +218,21 @@ pub(crate) enum Request {
 
 /// Sends `req` once; returns the number of result series (PromQL) or rows.
 pub(crate) fn send(agent: &ureq::Agent, req: &Request) -> anyhow::Result<u64> {
+    if let Request::PromQl {
+        base,
+        query: Prom::Dashboard { panels },
+    } = req
+    {
+        let mut series = 0;
+        for p in panels {
+            let panel = Request::PromQl {
+                base: base.clone(),
+                query: p.clone(),
+            };
+            series += send(agent, &panel)?;
+        }
+        return Ok(series);
+    }
     let (url, resp) = match req {
         Request::PromQl { base, query } => {
             let secs = |ms: i64| format!("{:.3}", ms as f64 / 1000.0);
@@ -204,6 +255,7 @@ pub(crate) fn send(agent: &ureq::Agent, req: &Request) -> anyhow::Result<u64> {
                     params.push(("step", step_s.to_string()));
                     "/api/v1/query_range"
                 }
+                Prom::Dashboard { .. } => bail!("a dashboard is sent panel by panel"),
             };
             // VictoriaMetrics caches range results; every repetition must
             // evaluate, so its cache is turned off (others ignore the flag).
@@ -321,8 +373,9 @@ mod tests {
             rack: "rack-000".into(),
         };
         let set = query_set(&a);
-        assert_eq!(set.len(), 5);
-        assert!(set[0].sql_raw.contains("to_timestamp_millis(3690500)"));
+        assert_eq!(set.len(), 6);
+        let raw = set[0].sql_raw.as_deref().unwrap();
+        assert!(raw.contains("to_timestamp_millis(3690500)"), "{raw}");
         assert!(
             matches!(&set[4].promql, Prom::Range { step_s: 3600, query, .. } if query.contains("rack-000"))
         );
@@ -344,5 +397,28 @@ mod tests {
                 ..
             }
         ));
+        // The dashboard: eight panels, the fourth an instant query at the
+        // anchor, the others 6 h ranges on whole minutes.
+        let Prom::Dashboard { panels } = &set[5].promql else {
+            panic!("{:?}", set[5].promql);
+        };
+        assert_eq!(panels.len(), 8);
+        assert!(
+            matches!(&panels[3], Prom::Instant { at_ms: 7_290_500, query } if query.starts_with("sum("))
+        );
+        for p in panels.iter().filter(|p| !matches!(p, Prom::Instant { .. })) {
+            assert!(
+                matches!(
+                    p,
+                    Prom::Range {
+                        start_ms: -14_340_000,
+                        end_ms: 7_260_000,
+                        step_s: 60,
+                        ..
+                    }
+                ),
+                "{p:?}"
+            );
+        }
     }
 }

@@ -172,10 +172,30 @@ impl Plan<'_> {
         // Each selected series alone in its group among its metric's series
         // in the live windows.
         let metrics: BTreeSet<&str> = selected.iter().map(|s| s.key.metric()).collect();
+        // A series in the group of a selected one has its values of the
+        // labels a group takes from one label name only (not the host's,
+        // `Hostname` or `hostname`): the selector's equalities on those
+        // narrow the count. The records are narrowed by all of them, the
+        // host's included, as the groups of the selected series and the
+        // groups the expired windows match have them.
+        let equal = |label: &str| {
+            matchers.iter().find_map(|m| match m {
+                Matcher::Equal { name, value } if name == label && !value.is_empty() => {
+                    Some(value.clone())
+                }
+                _ => None,
+            })
+        };
+        let narrow: Vec<Matcher> = ["cluster", "row", "rack", "gpu"]
+            .into_iter()
+            .filter_map(|l| equal(l).map(|v| Matcher::equal(l, v)))
+            .collect();
         let mut members: HashMap<RollupGroup, usize> = HashMap::new();
         if let Some(&first) = live.first() {
             for &m in &metrics {
-                for s in storage.select(&[Matcher::equal("__name__", m)], first - w, hi) {
+                let mut same_groups = vec![Matcher::equal("__name__", m)];
+                same_groups.extend(narrow.iter().cloned());
+                for s in storage.select(&same_groups, first - w, hi) {
                     *members.entry(RollupGroup::of_series(&s.key)).or_default() += 1;
                 }
             }
@@ -206,7 +226,11 @@ impl Plan<'_> {
         for metric in filters {
             let filter = RollupFilter {
                 metric,
-                ..RollupFilter::default()
+                cluster: equal("cluster"),
+                row: equal("row"),
+                rack: equal("rack"),
+                host: equal("Hostname"),
+                gpu: equal("gpu"),
             };
             for (g, rs) in storage.select_rollups(self.tier, RollupLevel::Gpu, &filter, lo, hi) {
                 read += rs.len();

@@ -230,6 +230,12 @@ fn a_group_of_two_series_is_answered_from_raw_samples() {
         "pod a alone: 60 samples of 1"
     );
     assert_eq!(tiered.metrics().rollup_tier_answers.load(Relaxed), 0);
+    // Equalities on the group's labels narrow the count of its members,
+    // not past the label the group lacks.
+    let q = r#"sum_over_time(m0{pod="a", rack="r0", gpu="0", Hostname="h0"}[1h])"#;
+    let got = points(tiered.instant(q, T0 + H)).unwrap();
+    assert_eq!(got[0].1, vec![(T0 + H, 60.0)]);
+    assert_eq!(tiered.metrics().rollup_tier_answers.load(Relaxed), 0);
     // Both pods: each series is still not alone in its group.
     let both = points(tiered.instant("sum_over_time(m0[1h])", T0 + H)).unwrap();
     assert_eq!(both.len(), 2);
