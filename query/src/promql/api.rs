@@ -15,7 +15,6 @@
 //! windows answered from rollup tiers where raw samples have expired.
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::Router;
@@ -189,10 +188,12 @@ fn write_ts(out: &mut String, t: i64) {
         out.push('-');
         t = -t;
     }
-    let _ = write!(out, "{}", t / 1000);
+    out.push_str(itoa::Buffer::new().format(t / 1000));
     let frac = t % 1000;
     if frac != 0 {
-        let _ = write!(out, ".{frac:03}");
+        out.push('.');
+        let digits = [frac / 100, frac / 10 % 10, frac % 10];
+        out.extend(digits.map(|d| char::from(b'0' + d as u8)));
     }
 }
 
@@ -200,7 +201,7 @@ fn write_point(out: &mut String, t: i64, v: f64) {
     out.push('[');
     write_ts(out, t);
     out.push_str(",\"");
-    out.push_str(&super::value::format_value(v));
+    super::value::write_value(out, v);
     out.push_str("\"]");
 }
 
@@ -519,4 +520,28 @@ async fn buildinfo() -> Response {
         r#"{{"version":"{PROMETHEUS_COMPAT_VERSION}","revision":"gpulse-{}","branch":"gpulse","buildUser":"gpulse","buildDate":"","goVersion":""}}"#,
         env!("CARGO_PKG_VERSION")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Go's `MarshalTimestamp`: whole seconds bare, milliseconds as three
+    /// fraction digits, negative times signed.
+    #[test]
+    fn timestamps_are_seconds_with_milliseconds() {
+        for (t, want) in [
+            (0, "0"),
+            (1_000, "1"),
+            (1_796_346_840_000, "1796346840"),
+            (1_796_346_840_005, "1796346840.005"),
+            (1_796_346_840_050, "1796346840.050"),
+            (1_796_346_840_500, "1796346840.500"),
+            (1_796_346_840_999, "1796346840.999"),
+            (-1_500, "-1.500"),
+            (-7, "-0.007"),
+        ] {
+            let mut out = String::new();
+            super::write_ts(&mut out, t);
+            assert_eq!(out, want, "{t}");
+        }
+    }
 }

@@ -2,13 +2,13 @@
 //! (one-to-one, `group_left`/`group_right` matching), set operators and
 //! comparisons.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use promql_parser::parser::{BinaryExpr, LabelModifier, VectorMatchCardinality};
 
 use super::eval::{Evaluator, unsupported};
-use super::value::{Elem, METRIC_NAME, Val, Vector, display, drop_name, get, key_of, set_label};
+use super::value::{Elem, METRIC_NAME, NameDropper, Val, Vector, display, get, key_of, set_label};
 use super::{LabelSet, PromError};
 
 type Result<T> = std::result::Result<T, PromError>;
@@ -91,18 +91,24 @@ impl Evaluator<'_> {
                 }
                 Ok(Val::Scalar(out))
             }
-            (Val::Vector(l), Val::Scalar(r)) => Ok(Val::Vector(
-                l.into_iter()
-                    .zip(r)
-                    .map(|(v, s)| vector_scalar(&op, v, s, false, return_bool))
-                    .collect::<Result<_>>()?,
-            )),
-            (Val::Scalar(l), Val::Vector(r)) => Ok(Val::Vector(
-                r.into_iter()
-                    .zip(l)
-                    .map(|(v, s)| vector_scalar(&op, v, s, true, return_bool))
-                    .collect::<Result<_>>()?,
-            )),
+            (Val::Vector(l), Val::Scalar(r)) => {
+                let mut names = NameDropper::default();
+                Ok(Val::Vector(
+                    l.into_iter()
+                        .zip(r)
+                        .map(|(v, s)| vector_scalar(&op, v, s, false, return_bool, &mut names))
+                        .collect::<Result<_>>()?,
+                ))
+            }
+            (Val::Scalar(l), Val::Vector(r)) => {
+                let mut names = NameDropper::default();
+                Ok(Val::Vector(
+                    r.into_iter()
+                        .zip(l)
+                        .map(|(v, s)| vector_scalar(&op, v, s, true, return_bool, &mut names))
+                        .collect::<Result<_>>()?,
+                ))
+            }
             (Val::Vector(l), Val::Vector(r)) => {
                 let (card, matching) = match &b.modifier {
                     Some(m) => (m.card.clone(), m.matching.clone()),
@@ -113,12 +119,13 @@ impl Evaluator<'_> {
                     Some(LabelModifier::Exclude(l)) => (false, l.labels.clone()),
                     None => (false, Vec::new()),
                 };
+                let mut m = Matching::new(&op, &card, on, &names, return_bool);
                 let mut out = Vec::with_capacity(l.len());
                 for (lv, rv) in l.into_iter().zip(r) {
                     out.push(if is_set_op(&op) {
-                        set_op(&op, lv, rv, on, &names)
+                        m.set_op(lv, rv)
                     } else {
-                        vector_binop(&op, lv, rv, &card, on, &names, return_bool)?
+                        m.vector_binop(lv, rv)?
                     });
                 }
                 Ok(Val::Vector(out))
@@ -130,7 +137,14 @@ impl Evaluator<'_> {
     }
 }
 
-fn vector_scalar(op: &str, v: Vector, s: f64, swap: bool, return_bool: bool) -> Result<Vector> {
+fn vector_scalar(
+    op: &str,
+    v: Vector,
+    s: f64,
+    swap: bool,
+    return_bool: bool,
+    names: &mut NameDropper,
+) -> Result<Vector> {
     let mut out = Vec::with_capacity(v.len());
     for e in v {
         let (lv, rv) = if swap { (s, e.v) } else { (e.v, s) };
@@ -144,7 +158,7 @@ fn vector_scalar(op: &str, v: Vector, s: f64, swap: bool, return_bool: bool) -> 
         }
         if keep {
             let labels = if drops_name(op) || return_bool {
-                drop_name(&e.labels)
+                names.drop_name(&e.labels)
             } else {
                 e.labels
             };
@@ -154,131 +168,181 @@ fn vector_scalar(op: &str, v: Vector, s: f64, swap: bool, return_bool: bool) -> 
     Ok(out)
 }
 
-fn set_op(op: &str, lhs: Vector, rhs: Vector, on: bool, names: &[String]) -> Vector {
-    match op {
-        "and" => {
-            let r: std::collections::HashSet<String> = rhs
-                .iter()
-                .map(|e| signature(&e.labels, on, names))
-                .collect();
-            lhs.into_iter()
-                .filter(|e| r.contains(&signature(&e.labels, on, names)))
-                .collect()
-        }
-        "unless" => {
-            let r: std::collections::HashSet<String> = rhs
-                .iter()
-                .map(|e| signature(&e.labels, on, names))
-                .collect();
-            lhs.into_iter()
-                .filter(|e| !r.contains(&signature(&e.labels, on, names)))
-                .collect()
-        }
-        _ => {
-            let l: std::collections::HashSet<String> = lhs
-                .iter()
-                .map(|e| signature(&e.labels, on, names))
-                .collect();
-            let mut out = lhs;
-            out.extend(
-                rhs.into_iter()
-                    .filter(|e| !l.contains(&signature(&e.labels, on, names))),
-            );
-            out
-        }
-    }
+/// A left and a right label set, and the label set of their result.
+type MatchedPair = (Arc<LabelSet>, Arc<LabelSet>, Arc<LabelSet>);
+
+/// Vector matching of one binary operation, over all its steps. A series
+/// keeps one shared label set from step to step, so its matching signature
+/// (as a small id) and each pair's result label set are made the first
+/// time the sets (the same allocations) meet, and looked up after: a step
+/// costs a lookup per element, not strings and label sets. Each set met is
+/// held, so that its address is not reused meanwhile.
+struct Matching<'a> {
+    op: &'a str,
+    on: bool,
+    names: &'a [String],
+    return_bool: bool,
+    one_to_one: bool,
+    one_to_many: bool,
+    /// `group_left`/`group_right` labels taken from the "one" side.
+    include: Vec<String>,
+    sig_of_set: HashMap<usize, (Arc<LabelSet>, usize)>,
+    sig_ids: HashMap<String, usize>,
+    /// Per pair of sets (by address): the pair, held, and their result.
+    results: HashMap<(usize, usize), MatchedPair>,
 }
 
-/// `VectorBinop`: one-to-one, many-to-one (`group_left`) or one-to-many
-/// (`group_right`) matching, as Prometheus does it.
-fn vector_binop(
-    op: &str,
-    lhs: Vector,
-    rhs: Vector,
-    card: &VectorMatchCardinality,
-    on: bool,
-    names: &[String],
-    return_bool: bool,
-) -> Result<Vector> {
-    let (one_to_many, include): (bool, Vec<String>) = match card {
-        VectorMatchCardinality::OneToMany(l) => (true, l.labels.clone()),
-        VectorMatchCardinality::ManyToOne(l) => (false, l.labels.clone()),
-        _ => (false, Vec::new()),
-    };
-    let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
-    let (lhs, rhs) = if one_to_many { (rhs, lhs) } else { (lhs, rhs) };
-    let mut right: HashMap<String, Elem> = HashMap::with_capacity(rhs.len());
-    for e in rhs {
-        let sig = signature(&e.labels, on, names);
-        if let Some(dup) = right.get(&sig) {
-            let side = if one_to_many { "left" } else { "right" };
-            return Err(PromError::Execution(format!(
-                "found duplicate series for the match group on the {side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
-                display(&e.labels),
-                display(&dup.labels)
-            )));
+impl<'a> Matching<'a> {
+    fn new(
+        op: &'a str,
+        card: &VectorMatchCardinality,
+        on: bool,
+        names: &'a [String],
+        return_bool: bool,
+    ) -> Self {
+        let (one_to_many, include) = match card {
+            VectorMatchCardinality::OneToMany(l) => (true, l.labels.clone()),
+            VectorMatchCardinality::ManyToOne(l) => (false, l.labels.clone()),
+            _ => (false, Vec::new()),
+        };
+        Self {
+            op,
+            on,
+            names,
+            return_bool,
+            one_to_one: matches!(card, VectorMatchCardinality::OneToOne),
+            one_to_many,
+            include,
+            sig_of_set: HashMap::new(),
+            sig_ids: HashMap::new(),
+            results: HashMap::new(),
         }
-        right.insert(sig, e);
     }
-    let mut matched: HashMap<String, std::collections::HashSet<String>> = HashMap::new();
-    let mut out = Vec::new();
-    for l in lhs {
-        let sig = signature(&l.labels, on, names);
-        let Some(r) = right.get(&sig) else { continue };
-        let (vl, vr) = if one_to_many { (r.v, l.v) } else { (l.v, r.v) };
-        let (mut value, keep) = elem_binop(op, vl, vr)?;
-        if return_bool {
-            value = if keep { 1.0 } else { 0.0 };
-        } else if !keep {
-            continue;
+
+    /// The id of `labels`' matching signature (equal signatures, equal ids).
+    fn signature(&mut self, labels: &Arc<LabelSet>) -> usize {
+        let addr = Arc::as_ptr(labels) as usize;
+        if let Some(&(_, id)) = self.sig_of_set.get(&addr) {
+            return id;
         }
-        // resultMetric
-        let mut m: LabelSet = (*l.labels).clone();
-        if drops_name(op) {
-            m.retain(|(n, _)| n != METRIC_NAME);
-        }
-        if one_to_one {
-            if on {
-                m.retain(|(n, _)| names.iter().any(|x| x == n));
-            } else {
-                m.retain(|(n, _)| !names.iter().any(|x| x == n));
+        let next = self.sig_ids.len();
+        let sig = signature(labels, self.on, self.names);
+        let id = *self.sig_ids.entry(sig).or_insert(next);
+        self.sig_of_set.insert(addr, (labels.clone(), id));
+        id
+    }
+
+    fn set_op(&mut self, lhs: Vector, rhs: Vector) -> Vector {
+        match self.op {
+            "and" | "unless" => {
+                let keep_matched = self.op == "and";
+                let r: HashSet<usize> = rhs.iter().map(|e| self.signature(&e.labels)).collect();
+                lhs.into_iter()
+                    .filter(|e| r.contains(&self.signature(&e.labels)) == keep_matched)
+                    .collect()
+            }
+            _ => {
+                let l: HashSet<usize> = lhs.iter().map(|e| self.signature(&e.labels)).collect();
+                let mut out = lhs;
+                out.extend(
+                    rhs.into_iter()
+                        .filter(|e| !l.contains(&self.signature(&e.labels))),
+                );
+                out
             }
         }
-        for ln in &include {
-            let v = get(&r.labels, ln).unwrap_or("").to_string();
+    }
+
+    /// `resultMetric`: the label set of the result of `l` (the "many" side)
+    /// matched with `r`.
+    fn result_labels(&mut self, l: &Arc<LabelSet>, r: &Arc<LabelSet>) -> Arc<LabelSet> {
+        let key = (Arc::as_ptr(l) as usize, Arc::as_ptr(r) as usize);
+        if let Some((_, _, m)) = self.results.get(&key) {
+            return m.clone();
+        }
+        let mut m: LabelSet = (**l).clone();
+        if drops_name(self.op) {
+            m.retain(|(n, _)| n != METRIC_NAME);
+        }
+        if self.one_to_one {
+            if self.on {
+                m.retain(|(n, _)| self.names.iter().any(|x| x == n));
+            } else {
+                m.retain(|(n, _)| !self.names.iter().any(|x| x == n));
+            }
+        }
+        for ln in &self.include {
+            let v = get(r, ln).unwrap_or("").to_string();
             set_label(&mut m, ln, &v);
         }
-        if return_bool {
+        if self.return_bool {
             m.retain(|(n, _)| n != METRIC_NAME);
         }
-        let seen = matched.get_mut(&sig);
-        if one_to_one {
-            if seen.is_some() {
-                return Err(PromError::Execution(
-                    "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)".into(),
-                ));
+        let m = Arc::new(m);
+        self.results.insert(key, (l.clone(), r.clone(), m.clone()));
+        m
+    }
+
+    /// `VectorBinop`: one-to-one, many-to-one (`group_left`) or one-to-many
+    /// (`group_right`) matching, as Prometheus does it.
+    fn vector_binop(&mut self, lhs: Vector, rhs: Vector) -> Result<Vector> {
+        let one_to_many = self.one_to_many;
+        let (lhs, rhs) = if one_to_many { (rhs, lhs) } else { (lhs, rhs) };
+        let mut right: HashMap<usize, Elem> = HashMap::with_capacity(rhs.len());
+        for e in rhs {
+            let sig = self.signature(&e.labels);
+            if let Some(dup) = right.get(&sig) {
+                let side = if one_to_many { "left" } else { "right" };
+                return Err(PromError::Execution(format!(
+                    "found duplicate series for the match group on the {side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
+                    display(&e.labels),
+                    display(&dup.labels)
+                )));
             }
-            matched.insert(sig, Default::default());
-        } else {
-            let k = key_of(&m);
-            match seen {
-                Some(set) => {
-                    if !set.insert(k) {
-                        return Err(PromError::Execution(
-                            "multiple matches for labels: grouping labels must ensure unique matches"
-                                .into(),
-                        ));
+            right.insert(sig, e);
+        }
+        let mut matched: HashMap<usize, HashSet<String>> = HashMap::new();
+        let mut out = Vec::new();
+        for l in lhs {
+            let sig = self.signature(&l.labels);
+            let Some(r) = right.get(&sig) else { continue };
+            let (vl, vr) = if one_to_many { (r.v, l.v) } else { (l.v, r.v) };
+            let (mut value, keep) = elem_binop(self.op, vl, vr)?;
+            if self.return_bool {
+                value = if keep { 1.0 } else { 0.0 };
+            } else if !keep {
+                continue;
+            }
+            let m = self.result_labels(&l.labels, &r.labels);
+            let seen = matched.get_mut(&sig);
+            if self.one_to_one {
+                if seen.is_some() {
+                    return Err(PromError::Execution(
+                        "multiple matches for labels: many-to-one matching must be explicit (group_left/group_right)".into(),
+                    ));
+                }
+                matched.insert(sig, HashSet::new());
+            } else {
+                let k = key_of(&m);
+                match seen {
+                    Some(set) => {
+                        if !set.insert(k) {
+                            return Err(PromError::Execution(
+                                "multiple matches for labels: grouping labels must ensure unique matches"
+                                    .into(),
+                            ));
+                        }
+                    }
+                    None => {
+                        matched.insert(sig, [k].into_iter().collect());
                     }
                 }
-                None => {
-                    matched.insert(sig, [k].into_iter().collect());
-                }
             }
+            out.push(Elem {
+                labels: m,
+                v: value,
+            });
         }
-        out.push(Elem {
-            labels: Arc::new(m),
-            v: value,
-        });
+        Ok(out)
     }
-    Ok(out)
 }

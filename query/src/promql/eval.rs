@@ -11,12 +11,15 @@ use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelect
 use storage::Matcher;
 
 use super::value::{
-    Elem, LabelSetIds, METRIC_NAME, RangeInput, RawSeries, Val, Vector, check_unique,
-    check_unique_steps, drop_name,
+    Elem, LabelSetIds, METRIC_NAME, NameDropper, RangeInput, RawSeries, Val, Vector, check_unique,
+    check_unique_steps,
 };
-use super::{PromEngine, PromError, PromValue, Sample, Series, is_stale_nan, labels_of};
+use super::{LabelSet, PromEngine, PromError, PromValue, Sample, Series, is_stale_nan, labels_of};
 
 type Result<T> = std::result::Result<T, PromError>;
+
+/// A series' label set and its (step index, value) points.
+type SelectedPoints = (Arc<LabelSet>, Vec<(u32, f64)>);
 
 /// Prometheus's default `evaluation_interval`, the step of a subquery
 /// written without one (`x[1h:]`).
@@ -181,6 +184,15 @@ impl<'a> Evaluator<'a> {
                 )));
             }
         }
+        let mut bare = expr;
+        while let Expr::Paren(p) = bare {
+            bare = &p.expr;
+        }
+        if let Expr::VectorSelector(vs) = bare
+            && let Some(matrix) = self.selector_matrix(vs)?
+        {
+            return Ok(PromValue::Matrix(matrix));
+        }
         match self.eval(expr)? {
             Val::Scalar(v) => Ok(PromValue::Matrix(vec![Series {
                 labels: Arc::new(Vec::new()),
@@ -231,18 +243,21 @@ impl<'a> Evaluator<'a> {
             Expr::Paren(p) => self.eval(&p.expr),
             Expr::Unary(u) => match self.eval(&u.expr)? {
                 Val::Scalar(v) => Ok(Val::Scalar(v.into_iter().map(|x| -x).collect())),
-                Val::Vector(vs) => Ok(Val::Vector(
-                    vs.into_iter()
-                        .map(|v| {
-                            v.into_iter()
-                                .map(|e| Elem {
-                                    labels: drop_name(&e.labels),
-                                    v: -e.v,
-                                })
-                                .collect()
-                        })
-                        .collect(),
-                )),
+                Val::Vector(vs) => {
+                    let mut names = NameDropper::default();
+                    Ok(Val::Vector(
+                        vs.into_iter()
+                            .map(|v| {
+                                v.into_iter()
+                                    .map(|e| Elem {
+                                        labels: names.drop_name(&e.labels),
+                                        v: -e.v,
+                                    })
+                                    .collect()
+                            })
+                            .collect(),
+                    ))
+                }
                 Val::Str(_) => Err(PromError::BadData(
                     "unary expression only allowed on expressions of type scalar or vector".into(),
                 )),
@@ -365,6 +380,25 @@ impl<'a> Evaluator<'a> {
         vs: &VectorSelector,
         sample_time: bool,
     ) -> Result<Vec<Vector>> {
+        let mut out: Vec<Vector> = vec![Vec::new(); self.steps.len()];
+        for (labels, points) in self.selector_points(vs, sample_time)? {
+            for (i, v) in points {
+                out[i as usize].push(Elem {
+                    labels: labels.clone(),
+                    v,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A vector selector's value, series by series: each matching series'
+    /// label set and its (step index, value) points, steps ascending.
+    fn selector_points(
+        &self,
+        vs: &VectorSelector,
+        sample_time: bool,
+    ) -> Result<Vec<SelectedPoints>> {
         let matchers = Self::matchers(vs)?;
         let off = offset_ms(&vs.offset);
         let at = self.at_ms(&vs.at);
@@ -382,11 +416,22 @@ impl<'a> Evaluator<'a> {
             Some(series) => series,
             None => self.load(&matchers, lo, hi, true)?,
         };
-        let mut out: Vec<Vector> = vec![Vec::new(); self.steps.len()];
+        let mut out = Vec::with_capacity(series.len());
         let mut produced = 0usize;
-        for s in &series {
+        // The steps of a range query ascend: each series' position then
+        // moves forward over its samples instead of a search per step.
+        let ascending = refs.is_sorted();
+        for s in series {
+            let mut points = Vec::new();
+            let mut idx = 0;
             for (i, &r) in refs.iter().enumerate() {
-                let idx = s.ts.partition_point(|&t| t <= r);
+                if ascending {
+                    while idx < s.ts.len() && s.ts[idx] <= r {
+                        idx += 1;
+                    }
+                } else {
+                    idx = s.ts.partition_point(|&t| t <= r);
+                }
                 if idx == 0 {
                     continue;
                 }
@@ -394,15 +439,39 @@ impl<'a> Evaluator<'a> {
                 if t < r - lookback || is_stale_nan(v) {
                     continue;
                 }
-                produced += 1;
-                out[i].push(Elem {
-                    labels: s.labels.clone(),
-                    v: if sample_time { t as f64 / 1000.0 } else { v },
-                });
+                points.push((i as u32, if sample_time { t as f64 / 1000.0 } else { v }));
             }
+            produced += points.len();
+            out.push((s.labels, points));
         }
         self.account(produced)?;
         Ok(out)
+    }
+
+    /// A range query of a bare vector selector, the most common dashboard
+    /// panel: its series are the matrix's, sorted by labels, without going
+    /// through vectors per step. `None` where two series have one label set
+    /// (a cluster's answer can), which [`Self::to_matrix`] merges.
+    fn selector_matrix(&self, vs: &VectorSelector) -> Result<Option<Vec<Series>>> {
+        self.deadline.check().map_err(PromError::Refused)?;
+        let mut series = self.selector_points(vs, false)?;
+        series.retain(|(_, points)| !points.is_empty());
+        series.sort_by(|a, b| a.0.cmp(&b.0));
+        if series.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Ok(None);
+        }
+        Ok(Some(
+            series
+                .into_iter()
+                .map(|(labels, points)| Series {
+                    labels,
+                    points: points
+                        .into_iter()
+                        .map(|(i, v)| (self.steps[i as usize], v))
+                        .collect(),
+                })
+                .collect(),
+        ))
     }
 
     /// A range vector argument: a matrix selector or a subquery.

@@ -7,8 +7,8 @@ use promql_parser::parser::{Call, Expr};
 use super::aggregate::quantile;
 use super::eval::{Evaluator, unsupported};
 use super::value::{
-    Elem, LabelSetIds, METRIC_NAME, Val, Vector, check_unique_steps, drop_name, get, set_label,
-    valid_label_name,
+    Elem, LabelSetIds, METRIC_NAME, NameDropper, Val, Vector, check_unique_steps, drop_name, get,
+    set_label, valid_label_name,
 };
 use super::{LabelSet, PromError};
 
@@ -56,12 +56,13 @@ fn arg(args: &[Box<Expr>], i: usize, name: &str) -> Result<Expr> {
 
 /// Applies `f` to every element, dropping the metric name.
 fn map_values(v: Vec<Vector>, f: impl Fn(f64, usize) -> f64) -> Vec<Vector> {
+    let mut names = NameDropper::default();
     v.into_iter()
         .enumerate()
         .map(|(i, vec)| {
             vec.into_iter()
                 .map(|e| Elem {
-                    labels: drop_name(&e.labels),
+                    labels: names.drop_name(&e.labels),
                     v: f(e.v, i),
                 })
                 .collect()

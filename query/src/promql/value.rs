@@ -101,6 +101,28 @@ pub(super) fn drop_name(labels: &Arc<LabelSet>) -> Arc<LabelSet> {
     }
 }
 
+/// [`drop_name`] over the steps of an evaluation. A series keeps one shared
+/// label set over all its steps, so a set met again (the same allocation)
+/// gets the one set without its name made the first time: later steps
+/// allocate nothing, and [`LabelSetIds`] finds the result by its address.
+/// Each set met is held, so that its address is not reused meanwhile.
+#[derive(Debug, Default)]
+pub(super) struct NameDropper {
+    of_set: HashMap<usize, (Arc<LabelSet>, Arc<LabelSet>)>,
+}
+
+impl NameDropper {
+    pub(super) fn drop_name(&mut self, labels: &Arc<LabelSet>) -> Arc<LabelSet> {
+        let addr = Arc::as_ptr(labels) as usize;
+        if let Some((_, out)) = self.of_set.get(&addr) {
+            return out.clone();
+        }
+        let out = drop_name(labels);
+        self.of_set.insert(addr, (labels.clone(), out.clone()));
+        out
+    }
+}
+
 pub(super) fn get<'l>(labels: &'l LabelSet, name: &str) -> Option<&'l str> {
     labels
         .iter()
@@ -221,14 +243,26 @@ pub(super) fn display(labels: &LabelSet) -> String {
 /// Go's `strconv.FormatFloat(v, 'f', -1, 64)`, with Prometheus's spelling
 /// of the non-finite values.
 pub(super) fn format_value(v: f64) -> String {
+    let mut s = String::new();
+    write_value(&mut s, v);
+    s
+}
+
+/// [`format_value`] onto `out`.
+pub(super) fn write_value(out: &mut String, v: f64) {
+    use std::fmt::Write;
     if v.is_nan() {
-        "NaN".into()
+        out.push_str("NaN");
     } else if v == f64::INFINITY {
-        "+Inf".into()
+        out.push_str("+Inf");
     } else if v == f64::NEG_INFINITY {
-        "-Inf".into()
+        out.push_str("-Inf");
+    } else if v.fract() == 0.0 && v.abs() < 1e15 && !(v == 0.0 && v.is_sign_negative()) {
+        // Whole values (most DCGM fields) as integers: the same digits,
+        // without the float formatter's shortest-digits search.
+        out.push_str(itoa::Buffer::new().format(v as i64));
     } else {
-        format!("{v}")
+        let _ = write!(out, "{v}");
     }
 }
 
@@ -274,6 +308,59 @@ mod tests {
                 "agrees with the check of each step"
             );
         }
+    }
+
+    /// Whole values take the integer path; its digits are the float
+    /// formatter's (Go's 'f', -1 for these), checked on both sides of the
+    /// path's bounds.
+    #[test]
+    fn whole_values_are_written_as_the_float_formatter_writes_them() {
+        let mut x = 1u64;
+        let mut cases = vec![
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            1e15 - 1.0,
+            1e15,
+            -1e15,
+            1e16,
+            2e20,
+            0.5,
+            -2.5,
+        ];
+        for _ in 0..2000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let mag = 10f64.powi((x >> 59) as i32 + 1);
+            cases.push(((x >> 11) as f64 / (1u64 << 53) as f64 * mag).round());
+            cases.push(-((x >> 13) as f64));
+        }
+        for v in cases {
+            assert_eq!(format_value(v), format!("{v}"), "{v:e}");
+        }
+        assert_eq!(format_value(f64::NAN), "NaN");
+        assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
+    }
+
+    /// The name goes, once per set: the same set gets the same result
+    /// (one allocation), equal sets apart get equal results.
+    #[test]
+    fn names_are_dropped_once_per_label_set() {
+        let named = |host: &str| {
+            Arc::new(vec![
+                ("__name__".to_owned(), "m".to_owned()),
+                ("host".to_owned(), host.to_owned()),
+            ])
+        };
+        let (a, also_a, unnamed) = (named("a"), named("a"), set("b"));
+        let mut d = NameDropper::default();
+        let first = d.drop_name(&a);
+        assert_eq!(*first, vec![("host".to_owned(), "a".to_owned())]);
+        assert!(Arc::ptr_eq(&first, &d.drop_name(&a)));
+        let other = d.drop_name(&also_a);
+        assert_eq!(other, first);
+        assert!(!Arc::ptr_eq(&first, &other));
+        assert!(Arc::ptr_eq(&d.drop_name(&unnamed), &unnamed));
     }
 
     /// Moving the bounds forward gives the windows that two binary
