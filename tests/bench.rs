@@ -190,7 +190,7 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
     ]);
     let lines = json_lines(&results);
     let queries: Vec<&Value> = lines.iter().filter(|l| l["kind"] == "query").collect();
-    assert_eq!(queries.len(), 5 + 5 + 3, "PromQL, SQL and SQL over rollups");
+    assert_eq!(queries.len(), 6 + 5 + 3, "PromQL, SQL and SQL over rollups");
     let results_of = |q: &str, lang: &str| {
         queries
             .iter()
@@ -203,6 +203,10 @@ fn both_protocols_deliver_the_same_fleet_and_the_report_compares_them() {
     assert_eq!(results_of("rack_util_1h", "promql"), Some(1));
     assert_eq!(results_of("rack_util_1h", "sql"), Some(1));
     assert_eq!(results_of("host_energy_rate_6h", "promql"), Some(3));
+    // The dashboard's eight panels: six with a series per GPU (temperature,
+    // power, SM clock, utilisation, framebuffer, tensor activity), the
+    // average temperature and the power total with one each.
+    assert_eq!(results_of("dashboard_6h", "promql"), Some(6 * 20 + 2));
 
     let md = dir.path().join("B.md");
     let out = bench(&[
