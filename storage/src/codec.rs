@@ -145,10 +145,15 @@ impl<'a> Reader<'a> {
     }
 
     pub(crate) fn string(&mut self, what: &'static str) -> ReadResult<String> {
+        self.str(what).map(str::to_owned)
+    }
+
+    /// [`Self::string`] without the copy: the text as it lies in the buffer.
+    pub(crate) fn str(&mut self, what: &'static str) -> ReadResult<&'a str> {
         let at = self.offset();
         let n = self.len(what, self.buf.len())?;
         let b = self.bytes(n, what)?;
-        String::from_utf8(b.to_vec()).map_err(|_| (at, Corruption::BadUtf8))
+        std::str::from_utf8(b).map_err(|_| (at, Corruption::BadUtf8))
     }
 }
 

@@ -231,11 +231,53 @@ impl RollupGroup {
     /// self.at_level(level)`): every field below the level is empty. Without
     /// building the projection, for the checks of every group of a file.
     pub fn is_at_level(&self, level: RollupLevel) -> bool {
+        self.as_ref().is_at_level(level)
+    }
+
+    /// The group's fields, borrowed.
+    pub(crate) fn as_ref(&self) -> GroupRef<'_> {
+        GroupRef {
+            metric: &self.metric,
+            cluster: &self.cluster,
+            row: &self.row,
+            rack: &self.rack,
+            host: &self.host,
+            gpu: &self.gpu,
+        }
+    }
+}
+
+/// A group's fields as borrowed text: what a rollup file reader tests
+/// before it allocates a [`RollupGroup`] for the groups it keeps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupRef<'a> {
+    pub(crate) metric: &'a str,
+    pub(crate) cluster: &'a str,
+    pub(crate) row: &'a str,
+    pub(crate) rack: &'a str,
+    pub(crate) host: &'a str,
+    pub(crate) gpu: &'a str,
+}
+
+impl GroupRef<'_> {
+    /// [`RollupGroup::is_at_level`].
+    pub(crate) fn is_at_level(&self, level: RollupLevel) -> bool {
         let empty_below = |l: RollupLevel, s: &str| level <= l || s.is_empty();
-        empty_below(RollupLevel::Row, &self.row)
-            && empty_below(RollupLevel::Rack, &self.rack)
-            && empty_below(RollupLevel::Host, &self.host)
-            && empty_below(RollupLevel::Gpu, &self.gpu)
+        empty_below(RollupLevel::Row, self.row)
+            && empty_below(RollupLevel::Rack, self.rack)
+            && empty_below(RollupLevel::Host, self.host)
+            && empty_below(RollupLevel::Gpu, self.gpu)
+    }
+
+    pub(crate) fn to_group(self) -> RollupGroup {
+        RollupGroup {
+            metric: self.metric.to_owned(),
+            cluster: self.cluster.to_owned(),
+            row: self.row.to_owned(),
+            rack: self.rack.to_owned(),
+            host: self.host.to_owned(),
+            gpu: self.gpu.to_owned(),
+        }
     }
 }
 
@@ -252,13 +294,18 @@ pub struct RollupFilter {
 
 impl RollupFilter {
     pub fn matches(&self, g: &RollupGroup) -> bool {
+        self.matches_ref(&g.as_ref())
+    }
+
+    /// [`Self::matches`] on borrowed fields.
+    pub(crate) fn matches_ref(&self, g: &GroupRef<'_>) -> bool {
         let ok = |f: &Option<String>, v: &str| f.as_deref().is_none_or(|f| f == v);
-        ok(&self.metric, &g.metric)
-            && ok(&self.cluster, &g.cluster)
-            && ok(&self.row, &g.row)
-            && ok(&self.rack, &g.rack)
-            && ok(&self.host, &g.host)
-            && ok(&self.gpu, &g.gpu)
+        ok(&self.metric, g.metric)
+            && ok(&self.cluster, g.cluster)
+            && ok(&self.row, g.row)
+            && ok(&self.rack, g.rack)
+            && ok(&self.host, g.host)
+            && ok(&self.gpu, g.gpu)
     }
 
     /// `self.matches(&g.at_level(level))`, without building the projection:

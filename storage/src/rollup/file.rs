@@ -28,7 +28,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use memmap2::Mmap;
 
-use super::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables};
+use super::{
+    GroupRef, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables,
+};
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint};
 use crate::error::Corruption;
 use crate::segment::writer::publish;
@@ -223,14 +225,15 @@ pub(crate) fn check_tables<T: TableView>(
 }
 
 /// Parses one block's payload, calling `f` per record of the groups that
-/// `keep` accepts (asked once per group). Checks that windows are aligned,
+/// `keep` accepts (asked once per group, on the fields as they lie in the
+/// payload: only kept groups are copied out). Checks that windows are aligned,
 /// ascending per group and inside the block's range, that sample timestamps
 /// lie in their window, and that group fields below the level are empty.
 fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
-    keep: impl FnMut(&RollupGroup) -> bool,
+    keep: impl FnMut(&GroupRef<'_>) -> bool,
     f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
     if b.columnar {
@@ -241,14 +244,14 @@ fn decode_payload(
 }
 
 /// Reads a group's six fields and checks them against the block's level.
-fn read_group(r: &mut Reader<'_>, b: &BlockInfo) -> ReadResult<RollupGroup> {
-    let g = RollupGroup {
-        metric: r.string("metric")?,
-        cluster: r.string("cluster")?,
-        row: r.string("row")?,
-        rack: r.string("rack")?,
-        host: r.string("host")?,
-        gpu: r.string("gpu")?,
+fn read_group<'a>(r: &mut Reader<'a>, b: &BlockInfo) -> ReadResult<GroupRef<'a>> {
+    let g = GroupRef {
+        metric: r.str("metric")?,
+        cluster: r.str("cluster")?,
+        row: r.str("row")?,
+        rack: r.str("rack")?,
+        host: r.str("host")?,
+        gpu: r.str("gpu")?,
     };
     if !g.is_at_level(b.level) {
         return Err((
@@ -267,7 +270,7 @@ fn decode_columns(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
-    mut keep: impl FnMut(&RollupGroup) -> bool,
+    mut keep: impl FnMut(&GroupRef<'_>) -> bool,
     mut f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
     let oob = |at: u64, what| Err((at, Corruption::OutOfBounds { what }));
@@ -283,7 +286,8 @@ fn decode_columns(
         let g = read_group(&mut r, b)?;
         let n = r.len("record count", MAX_BLOCK_RECORDS - total)?;
         total += n;
-        groups.push((g, n));
+        let kept = keep(&g).then(|| g.to_group());
+        groups.push((g.metric, kept, n));
     }
     // The integer columns, then the value columns, each a column block
     // (`docs/format/column.md`) after its length.
@@ -302,7 +306,7 @@ fn decode_columns(
     }
     // The values: five column blocks for each run of groups of one metric.
     let mut values: [Vec<f64>; 5] = Default::default();
-    for n in metric_runs(groups.iter().map(|(g, n)| (g.metric.as_str(), *n))) {
+    for n in metric_runs(groups.iter().map(|&(metric, _, n)| (metric, n))) {
         for (v, what) in values
             .iter_mut()
             .zip(["sum", "min", "max", "first", "last"])
@@ -321,8 +325,7 @@ fn decode_columns(
     let [sum, min, max, first, last] = &values;
     let [windows, counts, first_off, span] = &ints;
     let mut from = 0;
-    for (g, n) in &groups {
-        let kept = keep(g);
+    for (_, kept, n) in &groups {
         for i in from..from + n {
             // A window is its start over the tier's window length; they
             // ascend within a group.
@@ -353,7 +356,7 @@ fn decode_columns(
             if let Some(what) = record_problem(b.tier, &rec) {
                 return oob(base, what);
             }
-            if kept {
+            if let Some(g) = kept {
                 f(g, rec);
             }
         }
@@ -382,7 +385,7 @@ fn decode_rows(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
-    mut keep: impl FnMut(&RollupGroup) -> bool,
+    mut keep: impl FnMut(&GroupRef<'_>) -> bool,
     mut f: impl FnMut(&RollupGroup, RollupRecord),
 ) -> ReadResult<()> {
     let oob = |r: &Reader<'_>, what| Err((r.offset(), Corruption::OutOfBounds { what }));
@@ -391,7 +394,7 @@ fn decode_rows(
     let n_groups = r.len("group count", buf.len())?;
     for _ in 0..n_groups {
         let g = read_group(&mut r, b)?;
-        let kept = keep(&g);
+        let kept = keep(&g).then(|| g.to_group());
         let n = r.len("record count", buf.len())?;
         let mut prev: Option<i64> = None;
         for _ in 0..n {
@@ -436,10 +439,9 @@ fn decode_rows(
             if let Some(what) = record_problem(b.tier, &rec) {
                 return oob(&r, what);
             }
-            if !kept {
-                continue;
+            if let Some(g) = &kept {
+                f(g, rec);
             }
-            f(&g, rec);
         }
     }
     if !r.is_empty() {
@@ -630,7 +632,7 @@ impl RollupFile {
                 |g| {
                     // Min and max rather than first and last: pruning must not
                     // depend on the groups being sorted (nothing checks that).
-                    let m = g.metric.as_str();
+                    let m = g.metric;
                     match &mut metrics {
                         None => metrics = Some((m.into(), m.into())),
                         Some((lo, _)) if m < &**lo => *lo = m.into(),
@@ -772,7 +774,7 @@ impl RollupFile {
             }
             let raw = payload(&self.map[b.start..b.start + b.len], b)
                 .map_err(|e| corrupt(&self.path, e))?;
-            decode_payload(&raw, b.start as u64, b, |g| filter.matches(g), &mut f)
+            decode_payload(&raw, b.start as u64, b, |g| filter.matches_ref(g), &mut f)
                 .map_err(|e| corrupt(&self.path, e))?;
         }
         Ok(())
