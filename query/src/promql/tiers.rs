@@ -251,24 +251,29 @@ impl Plan<'_> {
                 return Ok(None);
             }
         }
-        let mut out: Vec<Vector> = vec![Vec::new(); refs.len()];
-        let mut produced = 0usize;
+        // The answering groups, in label order: the records came in hash
+        // order, and each step's elements go in label order, as raw
+        // evaluation gives them, so that what aggregates them adds in one
+        // order every time.
+        let mut rows: Vec<(Arc<LabelSet>, bool, &Vec<RollupRecord>)> = Vec::new();
         for (g, rs) in &records {
-            let labels = match series.get(g) {
-                Some(l) => l.clone(),
+            let (labels, live) = match series.get(g) {
+                Some(l) => (l.clone(), true),
                 None if self.expired > 0 => match group_key(g) {
                     Some(k) if matchers.iter().all(|m| m.matches(&k)) => {
-                        drop_name(&Arc::new(labels_of(&k)))
+                        (drop_name(&Arc::new(labels_of(&k))), false)
                     }
                     _ => continue,
                 },
                 None => continue,
             };
-            let steps = if series.contains_key(g) {
-                0..refs.len()
-            } else {
-                0..self.expired
-            };
+            rows.push((labels, live, rs));
+        }
+        rows.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<Vector> = vec![Vec::new(); refs.len()];
+        let mut produced = 0usize;
+        for (labels, live, rs) in rows {
+            let steps = if live { 0..refs.len() } else { 0..self.expired };
             for i in steps {
                 let Ok(k) = rs.binary_search_by_key(&(refs[i] - w), |x| x.window_start_ms) else {
                     continue;
