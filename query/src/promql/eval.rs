@@ -318,10 +318,15 @@ impl<'a> Evaluator<'a> {
         let selection = self.engine.select(matchers, min_ts, max_ts)?;
         crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
         let selected = selection.series;
-        let mut out = Vec::with_capacity(selected.len());
-        for s in selected {
+        // Every series is counted against the limit before any is read.
+        let mut work = 0usize;
+        for s in &selected {
             self.account(s.max_samples())?;
-            let (mut ts, mut vs) = (Vec::new(), Vec::new());
+            work = work.saturating_add(s.max_samples());
+        }
+        let read = |s: &crate::cluster::ClusterSeries| -> Result<Option<RawSeries>> {
+            let cap = s.max_samples();
+            let (mut ts, mut vs) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
             s.read_into(min_ts, max_ts, &mut ts, &mut vs)
                 .map_err(|e| PromError::Internal(format!("reading {}: {e}", s.key)))?;
             if !keep_stale && vs.iter().any(|&v| is_stale_nan(v)) {
@@ -333,13 +338,19 @@ impl<'a> Evaluator<'a> {
                     .unzip();
             }
             if ts.is_empty() {
-                continue;
+                return Ok(None);
             }
-            out.push(RawSeries {
+            Ok(Some(RawSeries {
                 labels: Arc::new(labels_of(&s.key)),
                 ts,
                 vs,
-            });
+            }))
+        };
+        let read = super::parallel::map(&selected, work, read);
+        self.deadline.check().map_err(PromError::Refused)?;
+        let mut out = Vec::with_capacity(read.len());
+        for s in read {
+            out.extend(s?);
         }
         Ok(out)
     }

@@ -653,16 +653,19 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
     }
     let input = ev.range_input(&range_arg)?;
     let keep_name = name == "last_over_time";
-    let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
-    let mut produced = 0usize;
-    for s in &input.series {
+    let param = param.as_deref();
+    let work: usize = input.series.iter().map(|s| s.ts.len()).sum();
+    let steps = &ev.steps;
+    // Series by series, across cores: each one's label set and points.
+    let per_series = super::parallel::map(&input.series, work, |s| {
         let labels = if keep_name {
             s.labels.clone()
         } else {
             drop_name(&s.labels)
         };
+        let mut points: Vec<(u32, f64)> = Vec::new();
         let mut at = None;
-        for (i, &t) in ev.steps.iter().enumerate() {
+        for (i, &t) in steps.iter().enumerate() {
             let reference = input.reference(t);
             let (lo, hi) = input.next_window(s, reference, &mut at);
             if hi == lo {
@@ -678,16 +681,24 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
                 reference - input.range_ms,
                 reference,
                 input.range_ms,
-                param.as_ref().map(|p| p[i]),
+                param.map(|p| p[i]),
                 t,
             );
             if let Some(v) = v {
-                produced += 1;
-                out[i].push(Elem {
-                    labels: labels.clone(),
-                    v,
-                });
+                points.push((i as u32, v));
             }
+        }
+        (labels, points)
+    });
+    let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
+    let mut produced = 0usize;
+    for (labels, points) in per_series {
+        produced += points.len();
+        for (i, v) in points {
+            out[i as usize].push(Elem {
+                labels: labels.clone(),
+                v,
+            });
         }
     }
     ev.account(produced)?;

@@ -21,6 +21,7 @@ pub mod api;
 mod binary;
 mod eval;
 mod functions;
+mod parallel;
 mod tiers;
 mod value;
 

@@ -659,3 +659,51 @@ fn api_parsing_and_rendering() {
         r#"{"resultType":"scalar","result":[0.005,"1000000000000000000000"]}"#
     );
 }
+
+/// Enough samples that the reads and the range function are split across
+/// the scan threads (`parallel::MIN_PARALLEL_SAMPLES`): 64 series of 600
+/// samples, gpu `g` at second `i` holding `1000 g + i`. Every series keeps
+/// its own answer and the series their order.
+#[test]
+fn series_split_across_cores_keep_their_own_answers() {
+    const SERIES: i64 = 64;
+    const SAMPLES: i64 = 600;
+    assert!((SERIES * SAMPLES) as usize >= super::parallel::MIN_PARALLEL_SAMPLES);
+    let gpus: Vec<String> = (0..SERIES).map(|g| format!("{g:02}")).collect();
+    let samples: Vec<Vec<(i64, f64)>> = (0..SERIES)
+        .map(|g| (0..SAMPLES).map(|i| (i, (1000 * g + i) as f64)).collect())
+        .collect();
+    let labels: Vec<[(&str, &str); 1]> = gpus.iter().map(|g| [("gpu", g.as_str())]).collect();
+    let specs: Vec<Spec<'_>> = (0..SERIES as usize)
+        .map(|g| ("m", &labels[g][..], &samples[g][..]))
+        .collect();
+    let f = fixture(&specs);
+    let end = T0 + (SAMPLES - 1) * S;
+    // The whole hour holds all 600: sum 600 * 1000 g + (0 + ... + 599).
+    let sums = vector(&f, "sum_over_time(m[1h])", end);
+    assert_eq!(sums.len(), SERIES as usize);
+    for (g, gpu) in gpus.iter().enumerate() {
+        let expected = (600_000 * g as i64 + 599 * 600 / 2) as f64;
+        assert_eq!(sums[&format!("{{gpu={gpu}}}")], expected, "gpu {gpu}");
+    }
+    // At each minute, the newest sample is the one at that second.
+    let r = match f
+        .engine
+        .range("last_over_time(m[1m])", T0 + 60 * S, end, 60 * S)
+    {
+        Ok(PromValue::Matrix(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    let got: Vec<String> = r.iter().map(|s| show(&s.labels)).collect();
+    let want: Vec<String> = gpus
+        .iter()
+        .map(|g| format!("{{__name__=m,gpu={g}}}"))
+        .collect();
+    assert_eq!(got, want, "series in label order");
+    for (g, s) in r.iter().enumerate() {
+        let expected: Vec<(i64, f64)> = (1..=9)
+            .map(|k| (T0 + k * 60 * S, (1000 * g as i64 + k * 60) as f64))
+            .collect();
+        assert_eq!(s.points, expected, "gpu {g}");
+    }
+}

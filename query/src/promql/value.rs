@@ -161,8 +161,8 @@ pub(super) fn key_of(labels: &LabelSet) -> String {
 /// that its address is not reused while the ids live.
 #[derive(Debug, Default)]
 pub(super) struct LabelSetIds {
-    of_set: HashMap<usize, (Arc<LabelSet>, usize)>,
-    of_key: HashMap<String, usize>,
+    of_set: HashMap<usize, (Arc<LabelSet>, usize), foldhash::fast::RandomState>,
+    of_labels: HashMap<Arc<LabelSet>, usize, foldhash::fast::RandomState>,
 }
 
 impl LabelSetIds {
@@ -172,8 +172,8 @@ impl LabelSetIds {
         if let Some(&(_, id)) = self.of_set.get(&addr) {
             return id;
         }
-        let next = self.of_key.len();
-        let id = *self.of_key.entry(key_of(labels)).or_insert(next);
+        let next = self.of_labels.len();
+        let id = *self.of_labels.entry(labels.clone()).or_insert(next);
         self.of_set.insert(addr, (labels.clone(), id));
         id
     }

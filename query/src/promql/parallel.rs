@@ -1,0 +1,62 @@
+//! Work on many series at once, split across cores: the reads of a
+//! selector and the range functions over them. Each series is independent,
+//! so the answer is the same as one core's, in the same order.
+
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+/// Below this many samples of work a query stays on its own thread: handing
+/// series to the pool costs a few microseconds, more than reading them.
+pub(super) const MIN_PARALLEL_SAMPLES: usize = 16_384;
+
+/// The pool the PromQL evaluator splits its work on: one thread per core,
+/// named `gpulse-scan-N`, started on first use.
+fn pool() -> Option<&'static rayon::ThreadPool> {
+    static POOL: OnceLock<Option<rayon::ThreadPool>> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        if threads < 2 {
+            return None;
+        }
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("gpulse-scan-{i}"))
+            .build()
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "cannot start the PromQL scan threads; queries run on one core");
+            })
+            .ok()
+    })
+    .as_ref()
+}
+
+/// `f` of every item, in order; across the pool's threads when `work` (in
+/// samples) is worth it.
+pub(super) fn map<T, U, F>(items: &[T], work: usize, f: F) -> Vec<U>
+where
+    T: Sync,
+    U: Send,
+    F: Fn(&T) -> U + Sync + Send,
+{
+    match pool() {
+        Some(pool) if work >= MIN_PARALLEL_SAMPLES && items.len() > 1 => {
+            pool.install(|| items.par_iter().map(&f).collect())
+        }
+        _ => items.iter().map(f).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_keep_the_order_of_the_items_with_or_without_the_pool() {
+        let items: Vec<u64> = (0..10_000).collect();
+        let square = |x: &u64| x * x;
+        let expected: Vec<u64> = (0..10_000u64).map(|x| x * x).collect();
+        assert_eq!(map(&items, MIN_PARALLEL_SAMPLES, square), expected);
+        assert_eq!(map(&items, 0, square), expected);
+    }
+}
