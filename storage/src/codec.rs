@@ -144,6 +144,11 @@ impl<'a> Reader<'a> {
         Ok(u32::from_le_bytes(b.try_into().expect("BUG: 4 bytes")))
     }
 
+    pub(crate) fn u64_le(&mut self, what: &'static str) -> ReadResult<u64> {
+        let b = self.bytes(8, what)?;
+        Ok(u64::from_le_bytes(b.try_into().expect("BUG: 8 bytes")))
+    }
+
     pub(crate) fn string(&mut self, what: &'static str) -> ReadResult<String> {
         self.str(what).map(str::to_owned)
     }

@@ -44,14 +44,17 @@ use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
-/// The version written: 4 since the index and postings are zstd-compressed
-/// (3 added bit-packed column blocks, `docs/format/column.md`).
-pub(crate) const VERSION: u32 = 4;
+/// The version written: 5 since each chunk's index entry carries its last
+/// value (4 compressed the index and postings, 3 added bit-packed column
+/// blocks, `docs/format/column.md`).
+pub(crate) const VERSION: u32 = 5;
 /// Versions read. Versions 2 and 3 store the index and postings as they
 /// are; version 2 differs from 3 only in the column kinds it may use.
 const READS: std::ops::RangeInclusive<u32> = 2..=VERSION;
 /// First version whose index and postings sections are compressed.
 const ZSTD_SECTIONS: u32 = 4;
+/// First version whose chunk entries carry the chunk's last value.
+const LAST_VALUES: u32 = 5;
 /// Largest index or postings section, decompressed.
 pub(crate) const MAX_SECTION: u64 = u32::MAX as u64;
 /// Most samples in one column chunk of a segment.
@@ -74,11 +77,21 @@ pub struct ChunkRef {
     pub min_ts: i64,
     pub max_ts: i64,
     pub count: u32,
+    /// Whether `last_bits` holds the value at `max_ts` (version 5 on).
+    has_last: bool,
+    last_bits: u64,
     ts: BlockRef,
     values: BlockRef,
 }
 
 impl ChunkRef {
+    /// The value of the chunk's newest sample (the one at `max_ts`), bit for
+    /// bit, where the file records it (version 5 on); `None` in older files,
+    /// whose chunks must be decoded for it.
+    pub fn last_value(&self) -> Option<f64> {
+        self.has_last.then(|| f64::from_bits(self.last_bits))
+    }
+
     /// Bytes of the value block (the timestamp block may be shared).
     pub fn value_bytes(&self) -> u32 {
         self.values.len
@@ -253,7 +266,7 @@ impl Segment {
         let index = unzip(index, index_off, "compressed index")?;
         let post = unzip(post, post_off, "compressed postings")?;
         let data_end = index_off;
-        let series = parse_index(&index, index_off, data_end, series_count)
+        let series = parse_index(&index, index_off, data_end, series_count, version)
             .map_err(|(o, k)| corrupt(o, k))?;
         let postings =
             parse_postings(&post, post_off, series.len()).map_err(|(o, k)| corrupt(o, k))?;
@@ -455,6 +468,7 @@ fn parse_index(
     base: u64,
     data_end: u64,
     expect: u64,
+    version: u32,
 ) -> codec::ReadResult<Vec<SegmentSeries>> {
     let mut r = Reader::new(buf, base);
     // Every series takes at least 3 bytes, so a count above that is corrupt;
@@ -503,6 +517,12 @@ fn parse_index(
             };
             let ts = block("timestamp block")?;
             let values = block("value block")?;
+            let has_last = version >= LAST_VALUES;
+            let last_bits = if has_last {
+                r.u64_le("chunk last value")?
+            } else {
+                0
+            };
             if count == 0 {
                 return Err((
                     at,
@@ -529,6 +549,8 @@ fn parse_index(
                 min_ts,
                 max_ts,
                 count,
+                has_last,
+                last_bits,
                 ts,
                 values,
             });

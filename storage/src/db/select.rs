@@ -172,6 +172,21 @@ impl Storage {
                     }
                     let span = |c: &ChunkRef| (c.min_ts, c.max_ts);
                     let decode = |c: &ChunkRef, best: &mut Option<Newest>, at| {
+                        // A chunk's samples ascend: where its newest one is in
+                        // range and the file records its value, that is the
+                        // chunk's answer, and nothing is decoded.
+                        if let Some(value) = c.last_value()
+                            && min_ts <= c.max_ts
+                            && c.max_ts <= max_ts
+                        {
+                            let n = Newest {
+                                ts_ms: c.max_ts,
+                                value,
+                                at,
+                            };
+                            Newest::offer(best, n);
+                            return Ok(());
+                        }
                         ts.clear();
                         values.clear();
                         seg.read_chunk(c, &mut ts, &mut values)?;

@@ -195,14 +195,14 @@ fn encoding_matches_the_committed_golden_file() {
 
 /// Segments of the earlier versions still open and read back sample for
 /// sample what the same content reads back as from a current file: v2
-/// (`golden-v2.gseg`, before bit-packed columns) and v3 (`golden-v3.gseg`,
-/// before compressed index and postings), the golden files of those
-/// versions.
+/// (`golden-v2.gseg`, before bit-packed columns), v3 (`golden-v3.gseg`,
+/// before compressed index and postings) and v4 (`golden-v4.gseg`, before
+/// each chunk's last value), the golden files of those versions.
 #[test]
 fn earlier_versions_read_as_the_same_samples() {
     let dir = tempfile::tempdir().unwrap();
     let new = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
-    for version in [2u32, 3] {
+    for version in [2u32, 3, 4] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("../fuzz/seeds/segment_open/golden-v{version}.gseg"));
         let bytes = std::fs::read(path).unwrap();
@@ -211,6 +211,8 @@ fn earlier_versions_read_as_the_same_samples() {
         assert_eq!(new.num_series(), old.num_series());
         for ord in 0..old.num_series() as u32 {
             assert_eq!(old.series_key(ord), new.series_key(ord));
+            // Only version 5 on records the last values.
+            assert!(old.chunks(ord).iter().all(|c| c.last_value().is_none()));
             let (a, b) = (
                 decode_series(&old, ord).unwrap(),
                 decode_series(&new, ord).unwrap(),
@@ -230,15 +232,15 @@ fn earlier_versions_read_as_the_same_samples() {
         }
     }
     // A version after this one is refused, with its number.
-    let mut v5 = std::fs::read(write(dir.path())).unwrap();
-    v5[8..12].copy_from_slice(&5u32.to_le_bytes());
-    let crc = crc32c::crc32c(&v5[..12]);
-    v5[12..16].copy_from_slice(&crc.to_le_bytes());
+    let mut v6 = std::fs::read(write(dir.path())).unwrap();
+    v6[8..12].copy_from_slice(&6u32.to_le_bytes());
+    let crc = crc32c::crc32c(&v6[..12]);
+    v6[12..16].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
-        Segment::from_bytes(&v5),
+        Segment::from_bytes(&v6),
         Err(Error::Corrupt {
             offset: 8,
-            kind: Corruption::UnsupportedVersion { version: 5 },
+            kind: Corruption::UnsupportedVersion { version: 6 },
             ..
         })
     ));
@@ -264,4 +266,29 @@ fn index_and_postings_are_one_zstd_frame_each() {
         }
         assert_eq!(raw.len() as u64, declared);
     }
+}
+
+/// Each chunk's index entry records its newest sample's value, bit for bit
+/// (a NaN too): the sample head's last values, and what the value block
+/// decodes to at `max_ts`.
+#[test]
+fn chunks_record_their_last_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
+    let mut lasts = Vec::new();
+    for ord in 0..seg.num_series() as u32 {
+        for c in seg.chunks(ord) {
+            let (mut ts, mut vs) = (Vec::new(), Vec::new());
+            seg.read_chunk(c, &mut ts, &mut vs).unwrap();
+            assert_eq!(ts.last(), Some(&c.max_ts));
+            let last = c.last_value().unwrap();
+            assert_eq!(last.to_bits(), vs.last().unwrap().to_bits());
+            lasts.push(last.to_bits());
+        }
+    }
+    let expected: Vec<u64> = [249.0, 1249.0, 2249.0, f64::NAN]
+        .iter()
+        .map(|v: &f64| v.to_bits())
+        .collect();
+    assert_eq!(lasts, expected);
 }

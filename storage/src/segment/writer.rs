@@ -181,6 +181,9 @@ pub(crate) fn write_segment_tmp(
                 put_uvarint(&mut index, r.len as u64);
                 index.extend_from_slice(&r.crc.to_le_bytes());
             }
+            // The newest sample's value, so that a read of each series'
+            // latest sample (an instant selector) decodes nothing.
+            index.extend_from_slice(&v[v.len() - 1].to_bits().to_le_bytes());
             samples += t.len() as u64;
             min_ts = min_ts.min(lo);
             max_ts = max_ts.max(hi);
