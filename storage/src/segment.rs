@@ -77,9 +77,8 @@ pub struct ChunkRef {
     pub min_ts: i64,
     pub max_ts: i64,
     pub count: u32,
-    /// Whether `last_bits` holds the value at `max_ts` (version 5 on).
-    has_last: bool,
-    last_bits: u64,
+    /// The IEEE-754 bits of the value at `max_ts` (version 5 on).
+    last_bits: Option<u64>,
     ts: BlockRef,
     values: BlockRef,
 }
@@ -89,7 +88,7 @@ impl ChunkRef {
     /// bit, where the file records it (version 5 on); `None` in older files,
     /// whose chunks must be decoded for it.
     pub fn last_value(&self) -> Option<f64> {
-        self.has_last.then(|| f64::from_bits(self.last_bits))
+        self.last_bits.map(f64::from_bits)
     }
 
     /// Bytes of the value block (the timestamp block may be shared).
@@ -517,11 +516,10 @@ fn parse_index(
             };
             let ts = block("timestamp block")?;
             let values = block("value block")?;
-            let has_last = version >= LAST_VALUES;
-            let last_bits = if has_last {
-                r.u64_le("chunk last value")?
+            let last_bits = if version >= LAST_VALUES {
+                Some(r.u64_le("chunk last value")?)
             } else {
-                0
+                None
             };
             if count == 0 {
                 return Err((
@@ -549,7 +547,6 @@ fn parse_index(
                 min_ts,
                 max_ts,
                 count,
-                has_last,
                 last_bits,
                 ts,
                 values,

@@ -324,7 +324,11 @@ impl<'a> Evaluator<'a> {
             self.account(s.max_samples())?;
             work = work.saturating_add(s.max_samples());
         }
+        // The deadline is checked before each series' read, as it was
+        // between reads on one thread, so that a long selection still stops.
+        let deadline = self.deadline;
         let read = |s: &crate::cluster::ClusterSeries| -> Result<Option<RawSeries>> {
+            deadline.check().map_err(PromError::Refused)?;
             let cap = s.max_samples();
             let (mut ts, mut vs) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
             s.read_into(min_ts, max_ts, &mut ts, &mut vs)
@@ -347,7 +351,6 @@ impl<'a> Evaluator<'a> {
             }))
         };
         let read = super::parallel::map(&selected, work, read);
-        self.deadline.check().map_err(PromError::Refused)?;
         let mut out = Vec::with_capacity(read.len());
         for s in read {
             out.extend(s?);
