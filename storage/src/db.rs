@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::files;
@@ -134,7 +134,8 @@ pub struct StorageMetrics {
     pub samples_out_of_order: AtomicU64,
     /// Dropped: a sample with that timestamp was already stored.
     pub samples_duplicate: AtomicU64,
-    /// Dropped: older than the out-of-order window allows.
+    /// Dropped: older than the out-of-order window allows, or before the
+    /// raw cut (see [`Storage::raw_cut`]).
     pub samples_too_old: AtomicU64,
     pub segments_quarantined: AtomicU64,
     pub flushes: AtomicU64,
@@ -230,7 +231,8 @@ pub struct AppendOutcome {
     pub out_of_order: u32,
     /// Dropped: a sample with that timestamp was already stored.
     pub duplicates: u32,
-    /// Dropped: older than the out-of-order window allows.
+    /// Dropped: older than the out-of-order window allows, or before the
+    /// raw cut (see [`Storage::raw_cut`]).
     pub too_old: u32,
     /// The whole batch was dropped unread: its producer's sequence number
     /// was already stored (a re-send after a lost ack).
@@ -340,6 +342,10 @@ pub struct Storage {
     faults: Faults,
     /// Shared by appends from WAL write to head append; exclusive for a freeze + cut.
     gate: RwLock<()>,
+    /// Appends refuse samples before this (as too old): the raw cut, or
+    /// where retention is moving it ([`Storage::move_raw_cut`]). Raised
+    /// under the exclusive gate, read under the shared one.
+    raw_floor: AtomicI64,
     wal: Wal,
     next_segment: AtomicU64,
     next_rollup: AtomicU64,
@@ -418,8 +424,20 @@ impl Storage {
     /// The raw cut (see [`RollupFile::raw_cut`]): gpu-level minute records
     /// of raw samples before it are in rollup files, later ones are folded
     /// from raw data when read. `i64::MIN` before any.
+    ///
+    /// Appends refuse a sample before the raw cut, counted as too old:
+    /// the raw data there may be gone, so a repeat of a stored sample could
+    /// not be told from a new one and would count twice in the rollups.
+    /// Retention moves the cut only past raw data older than the raw
+    /// retention, so this refuses nothing the retention would keep.
     pub fn raw_cut(&self) -> i64 {
         lock!(self.state.read()).raw_cut()
+    }
+
+    /// The segments in use.
+    #[cfg(test)]
+    pub(crate) fn segment_handles(&self) -> Vec<Arc<Segment>> {
+        lock!(self.state.read()).segments.clone()
     }
 
     /// The rollup files in use, by id.

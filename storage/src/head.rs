@@ -463,6 +463,19 @@ impl Head {
         self.samples
     }
 
+    /// The oldest timestamp the head holds, if any.
+    pub(crate) fn min_ts(&self) -> Option<i64> {
+        self.series
+            .iter()
+            .flat_map(|s| {
+                let open = (s.open.count() > 0).then_some(s.open_min_ts);
+                let closed = s.closed.iter().map(|c| c.min_ts);
+                let ooo = s.ooo.iter().map(|&(t, _)| t);
+                closed.chain(open).chain(ooo)
+            })
+            .min()
+    }
+
     /// Takes every chunk out of the head, sorted by series key. Series with
     /// no samples are left out.
     pub(crate) fn freeze(&mut self) -> Vec<FrozenSeries> {

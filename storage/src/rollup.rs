@@ -72,10 +72,11 @@
 //!
 //! # Known gaps
 //!
-//! - A sample whose timestamp equals one in a segment that retention already
-//!   deleted is not recognised as a duplicate (the raw data is gone); the head
-//!   only sees it when the series was silent for the whole raw retention and
-//!   after a restart, and it is then counted twice in the rollups.
+//! - Appends refuse samples before the raw cut (counted as too old), since
+//!   the raw data a repeat would be checked against may be gone; WAL replay
+//!   refuses them too, so that a repeat refused before a crash is not
+//!   counted after it ([`crate::Storage::raw_cut`]). The cut stays at or
+//!   before the raw retention's cutoff, rounded down to a minute.
 //! - Rollup files are merged per finished compaction window and the expired
 //!   ones rewritten into one "archive" file by retention; the archive is
 //!   rewritten whole each time (see [`crate::Storage::enforce_retention`]).

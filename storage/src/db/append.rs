@@ -184,6 +184,8 @@ impl Storage {
         }
         let mut head = lock!(self.head.write());
         let mut out = AppendOutcome::default();
+        // Raised only under the exclusive gate, so fixed for this batch.
+        let floor = self.raw_floor.load(Relaxed);
         // Taken only for a late sample that may repeat a flushed timestamp. The
         // gate keeps freezes out, so `maybe_flushed` cannot change meanwhile;
         // the head lock is let go first to keep the lock order state -> head.
@@ -191,6 +193,11 @@ impl Storage {
         let mut i = 0;
         while i < refs.len() {
             let (r, t, v) = (refs[i], ts_ms[i], values[i]);
+            if t < floor {
+                out.too_old += 1;
+                i += 1;
+                continue;
+            }
             if flushed.is_none() && head.maybe_flushed(r, t) {
                 drop(head);
                 flushed = Some(lock!(self.state.read()));

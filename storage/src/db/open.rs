@@ -5,7 +5,7 @@
 
 use std::fs;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Instant;
 
@@ -95,10 +95,16 @@ impl Storage {
         let producers = Producers::default();
         let inventory = crate::inventory::Inventory::open(&config.data_dir)?;
         let rollup_cut = rollups.iter().map(|f| f.wal_cut()).max().unwrap_or(0);
+        let raw_cut = rollups
+            .iter()
+            .map(|f| f.raw_cut())
+            .max()
+            .unwrap_or(i64::MIN);
         let replay = replay_wal(
             &config.data_dir,
             &segments,
             rollup_cut,
+            raw_cut,
             &mut head,
             &producers,
             &metrics,
@@ -138,6 +144,7 @@ impl Storage {
             #[cfg(test)]
             faults: Faults::default(),
             gate: RwLock::new(()),
+            raw_floor: AtomicI64::new(raw_cut),
             wal,
             next_segment: AtomicU64::new(max_id + 1),
             next_rollup: AtomicU64::new(max_rollup_id + 1),
@@ -149,6 +156,8 @@ impl Storage {
             _lock: lock,
         };
         storage.migrate_legacy_rollups()?;
+        // Migration may have set a raw cut.
+        storage.raw_floor.fetch_max(storage.raw_cut(), Relaxed);
         Ok(storage)
     }
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use tracing::{error, warn};
+use tracing::{error, info, warn};
 
 use super::set_aside::{sample_line, write_set_aside};
 use super::{OUT_OF_RANGE, Producers, StorageMetrics, segments_have_sample};
@@ -23,10 +23,17 @@ use crate::wal::{self, ReplayReport};
 /// already contain. Series that also live in segments start with their last
 /// flushed timestamp, so that a batch re-sent after a restart counts as a
 /// duplicate rather than as new samples.
+///
+/// A sample before `raw_cut` is not replayed: appends refused it (see
+/// [`crate::Storage::raw_cut`]), or it repeats raw data that retention may
+/// have dropped since. No sample the head held is there: retention moves
+/// the cut past the head's samples only after flushing them
+/// ([`crate::Storage::move_raw_cut`]).
 pub(super) fn replay_wal(
     data_dir: &Path,
     segments: &[Arc<Segment>],
     rollup_cut: u64,
+    raw_cut: i64,
     head: &mut Head,
     producers: &Producers,
     metrics: &StorageMetrics,
@@ -51,7 +58,7 @@ pub(super) fn replay_wal(
     // that has since gone idle, its samples all in segments) stays out of
     // the head and does not count against `max_series`.
     let mut defs: HashMap<u32, SeriesKey> = HashMap::new();
-    let (mut replayed, mut orphans, mut refused) = (0u64, 0u64, 0u64);
+    let (mut replayed, mut orphans, mut refused, mut below_cut) = (0u64, 0u64, 0u64, 0u64);
     // Samples storage cannot hold, written by a version that let them in:
     // set aside rather than replayed, so that they cannot wedge every flush.
     let mut unstorable: Vec<String> = Vec::new();
@@ -95,6 +102,7 @@ pub(super) fn replay_wal(
                     Some(&r) if !crate::ts_storable(t) => {
                         unstorable.push(sample_line(head.key(r), t, v));
                     }
+                    Some(_) if t < raw_cut => below_cut += 1,
                     Some(&r) => {
                         let seen = |key: &SeriesKey, ts| segments_have_sample(segments, key, ts);
                         let stored = matches!(
@@ -146,6 +154,13 @@ pub(super) fn replay_wal(
                 error!(error = %e, samples = n, "WAL samples outside the storable range were dropped: they could not be set aside");
             }
         }
+    }
+    if below_cut > 0 {
+        info!(
+            samples = below_cut,
+            raw_cut_ms = raw_cut,
+            "WAL samples before the raw cut were not replayed (appends refused them as too old)"
+        );
     }
     metrics.wal_replayed_samples.fetch_add(replayed, Relaxed);
     metrics.wal_orphan_samples.fetch_add(orphans, Relaxed);

@@ -21,7 +21,7 @@ const RAW_CUT_STEP_SAMPLES: u64 = 4 << 20;
 
 impl Storage {
     /// Drops every segment whose newest sample is older than the retention
-    /// (see [`StorageConfig::retention`]) at `now_ms`. A query that holds a dropped segment keeps reading it; the
+    /// (see [`StorageConfig::retention`]) at `now_ms`, rounded down to a minute. A query that holds a dropped segment keeps reading it; the
     /// file goes when the query ends. Returns how many segments were dropped.
     ///
     /// Before that, the gpu-level minute records of every raw sample before
@@ -49,9 +49,12 @@ impl Storage {
         self.drop_raw_before(now_ms.saturating_sub(keep.as_millis() as i64), now_ms)
     }
 
-    /// Drops the segments whose newest sample is before `cutoff`, after
-    /// moving the raw cut past them. Caller holds the upkeep lock.
+    /// Drops the segments whose newest sample is before the minute of
+    /// `cutoff`, after moving the raw cut past them. The cut thus stays at
+    /// or before `cutoff`, and appends refuse nothing newer (see
+    /// [`Storage::raw_cut`]). Caller holds the upkeep lock.
     pub(crate) fn drop_raw_before(&self, cutoff: i64, now_ms: i64) -> usize {
+        let cutoff = RollupTier::Minute.window_start(cutoff);
         // The minute after the newest sample to drop: raw samples before it
         // have their gpu-level minutes in rollup files once this succeeds.
         let newest = lock!(self.state.read())
@@ -66,15 +69,18 @@ impl Storage {
         let raw_cut = RollupTier::Minute
             .window_start(newest)
             .saturating_add(RollupTier::Minute.window_ms());
-        if let Err(e) = self.advance_raw_cut(raw_cut, now_ms) {
+        if let Err(e) = self.move_raw_cut(raw_cut, now_ms) {
             error!(error = %e, "retention: writing the gpu-level minutes of expiring raw data failed; the raw data stays");
             return 0;
         }
+        // Every sample before the raw cut (at or before `cutoff`) has its
+        // minutes in rollup files now, those of a segment the raw cut's
+        // flush wrote too.
         let mut state = lock!(self.state.write());
         let (expired, kept): (Vec<_>, Vec<_>) = state
             .segments
             .drain(..)
-            .partition(|s| s.time_range().1 < cutoff);
+            .partition(|s| s.time_range().1 < raw_cut);
         state.segments = kept;
         drop(state);
         for s in &expired {
@@ -85,6 +91,46 @@ impl Storage {
             .segments_expired
             .fetch_add(expired.len() as u64, Relaxed);
         expired.len()
+    }
+
+    /// Moves the raw cut to `cut` (a minute boundary): from here on appends
+    /// refuse samples before it ([`Storage::raw_cut`]); if memory still holds
+    /// one (a late sample, or a flush that failed), the head is flushed; then
+    /// [`Self::advance_raw_cut`] writes the gpu-level minutes. So the WAL
+    /// after the last flush holds no stored sample before the cut, only
+    /// refused ones, and replay, which refuses what is before the cut, agrees
+    /// with what appends did even after retention dropped the raw data a
+    /// refused repeat would have been checked against. Caller holds the
+    /// upkeep lock.
+    ///
+    /// # Errors
+    /// The flush or a rollup file's write; the refusal stays in force, the
+    /// cut where the last file put it.
+    pub(crate) fn move_raw_cut(&self, cut: i64, now_ms: i64) -> Result<()> {
+        {
+            // No append is between its WAL write and its head append.
+            let _gate = lock!(self.gate.write());
+            self.raw_floor.fetch_max(cut, Relaxed);
+        }
+        let oldest_in_memory = {
+            let state = lock!(self.state.read());
+            let frozen = state.frozen.as_ref().and_then(|f| {
+                f.iter()
+                    .flat_map(|(_, chunks)| chunks.iter().map(|c| c.min_ts))
+                    .min()
+            });
+            let head = lock!(self.head.read()).min_ts();
+            frozen.into_iter().chain(head).min()
+        };
+        if let Some(oldest) = oldest_in_memory.filter(|&t| t < cut) {
+            info!(
+                oldest_sample_ms = oldest,
+                raw_cut_ms = cut,
+                "retention: flushing first, since memory holds samples before the new raw cut"
+            );
+            self.flush_locked()?;
+        }
+        self.advance_raw_cut(cut, now_ms)
     }
 
     /// Writes the gpu-level minute records of the segments' raw samples
