@@ -91,5 +91,36 @@ say "query set through node a (answers for the whole cluster)"
 "$BENCH" query --url http://127.0.0.1:37401 --sql --at-ms "$END_MS" --reps "$REPS" \
   --system gpulse-cluster --json "$OUT/query.jsonl"
 
+say "bytes between nodes: an aggregation pushed down, and the raw samples it covers"
+# What nodes b and c sent node a over Flight (Arrow IPC message bytes).
+flight_bytes() {
+  local total=0 b
+  for i in 1 2; do
+    b=$(curl -fsS "http://127.0.0.1:$((37401 + 10 * i))/metrics" | awk '/^gpulse_flight_bytes_sent_total / {print $2}')
+    total=$((total + ${b:-0}))
+  done
+  echo "$total"
+}
+SPAN_S=$(python3 -c "import sys; s=sys.argv[1]; print(int(s[:-1]) * {'s': 1, 'm': 60, 'h': 3600}[s[-1]])" "$SPAN")
+START_S=$(( END_MS / 1000 - SPAN_S + 60 )) END_S=$(( END_MS / 1000 ))
+prom() { curl -fsS "http://127.0.0.1:37401/api/v1/$1" --data-urlencode "query=$2" "${@:3}"; }
+AGG='sum by (rack) (avg_over_time(DCGM_FI_DEV_POWER_USAGE[1m]))'
+b0=$(flight_bytes)
+prom query_range "$AGG" -d start="$START_S" -d end="$END_S" -d step=60 > "$WORK/agg.json"
+b1=$(flight_bytes)
+prom query_range 'DCGM_FI_DEV_POWER_USAGE' -d start="$START_S" -d end="$END_S" -d step=60 > /dev/null
+b2=$(flight_bytes)
+# Every raw sample the aggregation's windows cover, cluster-wide.
+COVERED=$(prom query "sum(count_over_time(DCGM_FI_DEV_POWER_USAGE[$(( SPAN_S ))s]))" -d time="$END_S" \
+  | python3 -c 'import json, sys; print(int(float(json.load(sys.stdin)["data"]["result"][0]["value"][1])))')
+python3 - "$((b1 - b0))" "$((b2 - b1))" "$COVERED" "$AGG" <<'PY' | tee "$OUT/bytes.txt"
+import sys
+pushed, raw, covered, q = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+print(f"{q}, range over the span at 60 s steps:")
+print(f"  pushed down: {pushed:,} bytes from peers; raw samples covered: {covered:,} ({covered * 16:,} bytes at 16 B/sample)")
+print(f"  = {100 * pushed / (covered * 16):.3f} % of the raw samples' bytes (goal <= 1 %)")
+print(f"  the same selector read raw (not pushed down): {raw:,} bytes from peers")
+PY
+
 say "cluster status"
 "$BIN" cluster status --cluster "$FILE"

@@ -56,6 +56,15 @@ pub mod fuzzing {
         }
     }
 
+    /// Reads `bytes` as an Arrow IPC stream of a peer's answer to a PromQL
+    /// ticket of two queries; true if every batch is accepted.
+    pub fn partials_answer(bytes: &[u8]) -> bool {
+        let mut rows = Vec::new();
+        read_stream(bytes, |b| {
+            super::wire::decode_partials(b, 2, &mut rows).is_ok()
+        })
+    }
+
     /// Reads `bytes` as an Arrow IPC stream of a peer's health answer
     /// (events or GPU states), as the reader takes it; true if every batch
     /// reads as one or the other.
@@ -405,6 +414,46 @@ pub struct Selection {
 pub(crate) enum Source {
     Local(Arc<Storage>),
     Cluster(ClusterReader),
+    /// This node's storage, only the series of the shards `ShardFilter`
+    /// admits: where a PromQL aggregation pushed down to this node reads.
+    Shards(Arc<Storage>, ShardFilter),
+}
+
+/// The shards one node reads for a cluster query: those assigned to it, and,
+/// when `unknown_too` is set, every shard not in it (shards no node reported,
+/// which only a local read finds).
+#[derive(Debug, Clone)]
+pub(crate) struct ShardFilter {
+    pub(crate) assigned: Option<Arc<BTreeSet<ShardKey>>>,
+    pub(crate) unknown_too: Option<Arc<BTreeSet<ShardKey>>>,
+}
+
+impl ShardFilter {
+    pub(crate) fn admits(&self, shard: &ShardKey) -> bool {
+        self.assigned.as_ref().is_some_and(|a| a.contains(shard))
+            || self
+                .unknown_too
+                .as_ref()
+                .is_some_and(|k| !k.contains(shard))
+    }
+
+    fn select(
+        &self,
+        storage: &Storage,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Selection {
+        Selection {
+            series: storage
+                .select(matchers, min_ts, max_ts)
+                .into_iter()
+                .filter(|s| self.admits(&shard_of(&s.key)))
+                .map(ClusterSeries::from)
+                .collect(),
+            warnings: Vec::new(),
+        }
+    }
 }
 
 impl Source {
@@ -418,6 +467,7 @@ impl Source {
         match self {
             Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
             Source::Cluster(r) => r.select(matchers, min_ts, max_ts).await,
+            Source::Shards(storage, f) => Ok(f.select(storage, matchers, min_ts, max_ts)),
         }
     }
 
@@ -432,6 +482,7 @@ impl Source {
         match self {
             Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
             Source::Cluster(r) => r.select_blocking(matchers, min_ts, max_ts, false),
+            Source::Shards(storage, f) => Ok(f.select(storage, matchers, min_ts, max_ts)),
         }
     }
 
@@ -447,6 +498,11 @@ impl Source {
         match self {
             Source::Local(storage) => Some(storage.newest(matchers, min_ts, max_ts)),
             Source::Cluster(_) => None,
+            Source::Shards(storage, f) => {
+                let mut newest = storage.newest(matchers, min_ts, max_ts);
+                newest.retain(|(key, _)| f.admits(&shard_of(key)));
+                Some(newest)
+            }
         }
     }
 
@@ -461,6 +517,7 @@ impl Source {
         match self {
             Source::Local(storage) => Ok(local_selection(storage, matchers, min_ts, max_ts)),
             Source::Cluster(r) => r.select_blocking(matchers, min_ts, max_ts, true),
+            Source::Shards(storage, f) => Ok(f.select(storage, matchers, min_ts, max_ts)),
         }
     }
 }
@@ -564,12 +621,19 @@ pub struct ClusterMetrics {
     pub peer_bad_answers: AtomicU64,
     pub peer_series_received: AtomicU64,
     pub peer_samples_received: AtomicU64,
+    /// Bytes of Flight answers sent to peers (their Arrow IPC messages).
+    pub flight_bytes_sent: AtomicU64,
+    /// PromQL aggregations this node evaluated where the data is: partial
+    /// results from each owner, merged here.
+    pub promql_pushdowns: AtomicU64,
+    /// Points of partial PromQL results received from peers.
+    pub peer_partial_points_received: AtomicU64,
 }
 
 impl ClusterMetrics {
     /// Appends the counters in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, &AtomicU64); 13] = [
+        let counters: [(&str, &str, &AtomicU64); 16] = [
             (
                 "gpulse_flight_requests_total",
                 "Flight DoGet calls received from peers.",
@@ -634,6 +698,21 @@ impl ClusterMetrics {
                 "gpulse_cluster_peer_samples_received_total",
                 "Samples received from peers.",
                 &self.peer_samples_received,
+            ),
+            (
+                "gpulse_flight_bytes_sent_total",
+                "Bytes of Flight answers sent to peers (Arrow IPC messages).",
+                &self.flight_bytes_sent,
+            ),
+            (
+                "gpulse_cluster_promql_pushdowns_total",
+                "PromQL aggregations evaluated on the owners of the data and merged here.",
+                &self.promql_pushdowns,
+            ),
+            (
+                "gpulse_cluster_peer_partial_points_received_total",
+                "Points of partial PromQL aggregation results received from peers.",
+                &self.peer_partial_points_received,
             ),
         ];
         for (name, help, v) in counters {

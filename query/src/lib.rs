@@ -310,7 +310,7 @@ impl QueryEngine {
         let config = SessionConfig::new().with_information_schema(true);
         let ctx = SessionContext::new_with_config(config);
         let (clustered, reader) = match &source {
-            cluster::Source::Local(_) => (false, None),
+            cluster::Source::Local(_) | cluster::Source::Shards(..) => (false, None),
             cluster::Source::Cluster(r) => (true, Some(r.clone())),
         };
         ctx.register_table("samples", Arc::new(samples::SamplesTable::over(source)))

@@ -125,10 +125,11 @@ fn unimplemented(call: &str) -> Status {
 /// Reads the selected series of `req` into batches and sends them into
 /// `tx`; runs on a blocking thread. Stops when the receiver is gone.
 fn produce(
-    storage: &Storage,
+    storage: &Arc<Storage>,
     health: Option<&dyn HealthSource>,
     req: &wire::SelectRequest,
     metrics: &ClusterMetrics,
+    deadline: crate::limits::Deadline,
     tx: &mpsc::Sender<Result<RecordBatch, FlightError>>,
 ) {
     if let Some(part) = req.health {
@@ -146,6 +147,37 @@ fn produce(
             }
         };
         let _ = tx.blocking_send(batch);
+        return;
+    }
+    if let Some(p) = &req.promql {
+        let filter = super::ShardFilter {
+            assigned: Some(Arc::new(req.shards.clone())),
+            unknown_too: None,
+        };
+        let rows = match crate::promql::pushdown_partials(storage, filter, p, deadline) {
+            Ok(rows) => rows,
+            Err(e) => {
+                warn!(error = %e, "a pushed-down PromQL evaluation failed");
+                let _ = tx.blocking_send(Err(FlightError::Tonic(Box::new(
+                    Status::failed_precondition(format!("evaluating the PromQL ticket: {e}")),
+                ))));
+                return;
+            }
+        };
+        let mut b = BatchBuilder::new();
+        for r in &rows {
+            let labels = r.labels.iter().map(|(n, v)| (n.as_str(), v.as_str()));
+            let query = r.query.to_string();
+            for (t, v) in r.ts.chunks(ROW_SAMPLES).zip(r.values.chunks(ROW_SAMPLES)) {
+                b.push_labels(&query, labels.clone(), t, v);
+                if b.full() && tx.blocking_send(Ok(b.finish())).is_err() {
+                    return;
+                }
+            }
+        }
+        if b.rows() > 0 {
+            let _ = tx.blocking_send(Ok(b.finish()));
+        }
         return;
     }
     if let Some(r) = &req.rollups {
@@ -246,13 +278,13 @@ impl FlightService for FlightNode {
         let (tx, rx) = mpsc::channel(4);
         let (storage, metrics) = (self.storage.clone(), self.metrics.clone());
         let health = self.health.clone();
-        tokio::task::spawn_blocking(move || {
-            produce(&storage, health.as_deref(), &req, &metrics, &tx);
-        });
         // Past the deadline the stream ends with an error, never silently
         // (a peer must not take a cut answer for a whole one); the producer
-        // stops at its next send.
+        // stops at its next send, or a PromQL evaluation at its deadline.
         let deadline = crate::limits::Deadline::after(self.timeout);
+        tokio::task::spawn_blocking(move || {
+            produce(&storage, health.as_deref(), &req, &metrics, deadline, &tx);
+        });
         let batches =
             futures::stream::unfold(Some(ReceiverStream::new(rx)), move |rx| async move {
                 let mut rx = rx?;
@@ -275,9 +307,14 @@ impl FlightService for FlightNode {
                     Ok(Some(item)) => Some((item, Some(rx))),
                 }
             });
+        let sent = self.metrics.clone();
         let stream = FlightDataEncoderBuilder::new()
             .with_schema(schema)
             .build(batches)
+            .inspect_ok(move |d| {
+                let bytes = d.data_header.len() + d.data_body.len();
+                sent.flight_bytes_sent.fetch_add(bytes as u64, Relaxed);
+            })
             .map_err(Status::from);
         Ok(Response::new(stream.boxed()))
     }

@@ -133,6 +133,11 @@ fn cluster_event_id(node: usize, id: u64) -> u64 {
     ((node as u64) << 48) | (id & ((1 << 48) - 1))
 }
 
+/// The partial results of a pushed-down PromQL aggregation and the
+/// warnings of the shards missing, or `None` where it cannot be pushed down.
+type PartialsAnswer =
+    Result<Option<(Vec<wire::PartialRow>, Vec<String>)>, crate::promql::PromError>;
+
 /// The answer of one node for some shards.
 type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
 
@@ -859,6 +864,160 @@ impl ClusterReader {
             .into_iter()
             .map(|(k, s)| (Arc::new(k), Part::Fetched(Arc::new(s))))
             .collect())
+    }
+
+    /// A PromQL aggregation pushed down (`crate::promql`'s pushdown): each
+    /// node evaluates `plan`'s queries over the shards it is asked to read,
+    /// this node over its own, and their partial results come back with a
+    /// warning per shard that no replica could serve (a peer whose
+    /// evaluation fails counts as failed, and its shards go to another
+    /// replica). `None` when the samples the queries read span more than
+    /// one epoch of the shard map, where a series may be split between
+    /// owners: the caller reads raw samples then. Call it from a blocking
+    /// thread (as [`Self::select_blocking`]).
+    ///
+    /// # Errors
+    /// As [`Self::select`], and this node's own evaluation's errors.
+    pub(crate) fn promql_partials_blocking(
+        &self,
+        plan: &crate::promql::PushdownPlan,
+        deadline: crate::limits::Deadline,
+    ) -> PartialsAnswer {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        let this = self.clone();
+        let (request, matchers) = (plan.request.clone(), plan.matchers.clone());
+        let (data_min, data_max) = (plan.data_min, plan.data_max);
+        self.inner.runtime.spawn(async move {
+            let answer = this
+                .promql_partials(request, &matchers, data_min, data_max, deadline)
+                .await;
+            let _ = tx.send(answer);
+        });
+        rx.recv().unwrap_or_else(|_| {
+            Err(ClusterError::Internal(
+                "the cluster read task ended without an answer (is the runtime shutting down?)"
+                    .into(),
+            )
+            .into())
+        })
+    }
+
+    async fn promql_partials(
+        &self,
+        request: wire::PromqlRequest,
+        matchers: &[Matcher],
+        data_min: i64,
+        data_max: i64,
+        deadline: crate::limits::Deadline,
+    ) -> PartialsAnswer {
+        let inner = &self.inner;
+        let map = inner.state.map();
+        if map.epochs_overlapping(data_min, data_max).len() > 1 {
+            debug!("PromQL pushdown: the range spans an epoch change; reading raw samples");
+            return Ok(None);
+        }
+        let mut warnings = self.preflight().await?;
+        let me = self.self_index(&map)?;
+        let known = inner.state.known_keys();
+        let keys: BTreeSet<ShardKey> = known
+            .iter()
+            .filter(|k| shard_may_match(k, matchers))
+            .cloned()
+            .collect();
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        let round = Round {
+            map: &map,
+            me,
+            known: &known,
+            keys: &keys,
+            min_ts: data_min,
+            max_ts: data_max,
+        };
+        let queries = request.queries.len();
+        let mut rows = Vec::new();
+        let mut local_error = None;
+        self.fan_out(
+            round,
+            &mut failed,
+            &mut missing,
+            |local_keys, unknown_too| {
+                let storage = inner.storage.clone();
+                let request = request.clone();
+                async move {
+                    let filter = super::ShardFilter {
+                        assigned: local_keys.map(Arc::new),
+                        unknown_too: unknown_too.map(Arc::new),
+                    };
+                    tokio::task::spawn_blocking(move || {
+                        crate::promql::pushdown_partials(&storage, filter, &request, deadline)
+                    })
+                    .await
+                    .map_err(|e| {
+                        ClusterError::Internal(format!("evaluating on this node failed: {e}"))
+                    })
+                }
+            },
+            |node, shards| {
+                let addr = map.nodes()[node].flight;
+                let ticket = wire::encode_promql_ticket(&request, shards);
+                async move { self.fetch_partials(addr, ticket, queries).await.map(Ok) }
+            },
+            |answer| match answer {
+                Ok(r) => rows.extend(r),
+                Err(e) => local_error = Some(e),
+            },
+        )
+        .await?;
+        if let Some(e) = local_error {
+            return Err(e);
+        }
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        inner.metrics.promql_pushdowns.fetch_add(1, Relaxed);
+        Ok(Some((rows, warnings)))
+    }
+
+    /// Reads one peer's PromQL answer to a ticket of `queries` queries, all
+    /// of it or nothing.
+    async fn fetch_partials(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+        queries: usize,
+    ) -> Result<Vec<wire::PartialRow>, FetchError> {
+        let metrics = &self.inner.metrics;
+        let idle = self.inner.config.idle_timeout;
+        let mut stream = self.do_get(addr, ticket).await?;
+        let mut rows = Vec::new();
+        let mut points = 0usize;
+        loop {
+            let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
+            match tokio::time::timeout(idle, next).await {
+                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
+                Ok(Err(_panic)) => {
+                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                    return Err(format!(
+                        "{addr} sent a malformed answer (Arrow could not decode it)"
+                    )
+                    .into());
+                }
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(Err(e)))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
+                Ok(Ok(Some(Ok(batch)))) => {
+                    points += wire::decode_partials(&batch, queries, &mut rows).map_err(|e| {
+                        metrics.peer_bad_answers.fetch_add(1, Relaxed);
+                        format!("{addr} sent a malformed answer: {e}")
+                    })?;
+                    if points > self.inner.config.max_peer_samples {
+                        return Err(FetchError::TooLarge);
+                    }
+                }
+            }
+        }
+        metrics
+            .peer_partial_points_received
+            .fetch_add(points as u64, Relaxed);
+        Ok(rows)
     }
 }
 

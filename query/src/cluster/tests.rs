@@ -1517,3 +1517,222 @@ fn a_health_answer_that_arrow_cannot_decode_is_refused() {
         assert!(health_answer(&bytes), "{name}");
     }
 }
+
+/// Every sample of the fleet in one storage: a single node's answers, the
+/// reference of the pushdown tests.
+fn single_node(f: &Fixture) -> (tempfile::TempDir, PromEngine) {
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    for s in &f.fleet {
+        write(&storage, s, |_| true);
+    }
+    (dir, PromEngine::new(storage).without_rollup_tiers())
+}
+
+/// Label set -> points, values compared to a relative 1e-12 (a pushed-down
+/// `sum` adds the nodes' partial sums in another order).
+fn assert_same_matrix(q: &str, got: &PromValue, want: &PromValue) {
+    let (PromValue::Matrix(got), PromValue::Matrix(want)) = (got, want) else {
+        panic!("{q}: not matrices: {got:?} {want:?}");
+    };
+    let labels =
+        |m: &[crate::promql::Series]| -> Vec<_> { m.iter().map(|s| s.labels.clone()).collect() };
+    assert_eq!(labels(got), labels(want), "{q}: label sets");
+    assert!(!want.is_empty(), "{q}: the reference answer is empty");
+    for (g, w) in got.iter().zip(want) {
+        assert_eq!(g.points.len(), w.points.len(), "{q} {:?}: points", w.labels);
+        for (&(gt, gv), &(wt, wv)) in g.points.iter().zip(&w.points) {
+            assert_eq!(gt, wt, "{q} {:?}", w.labels);
+            let close =
+                (gv - wv).abs() <= 1e-12 * wv.abs().max(1.0) || (gv.is_nan() && wv.is_nan());
+            assert!(close, "{q} {:?} at {wt}: {gv} vs {wv}", w.labels);
+        }
+    }
+}
+
+const PUSHED: [&str; 11] = [
+    "sum by (rack) (rate(power[1m]))",
+    "min(power)",
+    "max(-temp)",
+    "count(temp)",
+    "avg(temp)",
+    "count by (Hostname) (temp > 2000)",
+    "min by (rack) (power)",
+    "max without (gpu) (temp)",
+    "group by (rack) (power)",
+    "sum(power) / 2",
+    "avg by (rack) (avg_over_time(temp[2m] offset 30s))",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregations_are_pushed_down_and_answer_as_one_node() {
+    let mut f = Fixture::three().await;
+    let (_dir, reference) = single_node(&f);
+    let m = f.nodes[0].metrics.clone();
+    for q in PUSHED {
+        let (pushdowns, samples) = (
+            m.promql_pushdowns.load(Relaxed),
+            m.peer_samples_received.load(Relaxed),
+        );
+        let a = prom_range(&f.prom_engine(), q).await;
+        assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
+        assert_same_matrix(q, &a.value, &prom_range(&reference, q).await.value);
+        assert_eq!(
+            m.promql_pushdowns.load(Relaxed),
+            pushdowns + 1,
+            "{q} was pushed down"
+        );
+        assert_eq!(
+            m.peer_samples_received.load(Relaxed),
+            samples,
+            "{q} read no raw samples from peers"
+        );
+    }
+    assert!(m.peer_partial_points_received.load(Relaxed) > 0);
+    let sent: u64 = f.nodes[1..]
+        .iter()
+        .map(|n| n.metrics.flight_bytes_sent.load(Relaxed))
+        .sum();
+    assert!(sent > 0, "peers count the bytes they send");
+
+    // By hand, at one instant: the hottest GPU per host and the mean power.
+    let k = 11;
+    let engine = f.prom_engine();
+    let got = tokio::task::spawn_blocking(move || {
+        [
+            engine.instant("max by (Hostname) (temp)", T0 + k * STEP),
+            engine.instant("avg(power)", T0 + k * STEP),
+        ]
+    })
+    .await
+    .unwrap();
+    let mut hottest: BTreeMap<String, f64> = BTreeMap::new();
+    let (mut sum, mut count) = (0.0, 0.0);
+    for s in &f.fleet {
+        let v = s.samples[k as usize].1;
+        if s.metric == "temp" {
+            let e = hottest.entry(s.host.clone()).or_insert(f64::MIN);
+            *e = e.max(v);
+        } else {
+            sum += v;
+            count += 1.0;
+        }
+    }
+    let [max, avg] = got;
+    let PromValue::Vector(max) = max.unwrap() else {
+        panic!("not a vector")
+    };
+    let max: BTreeMap<String, f64> = max.iter().map(|s| (s.labels[0].1.clone(), s.v)).collect();
+    assert_eq!(max, hottest);
+    let PromValue::Vector(avg) = avg.unwrap() else {
+        panic!("not a vector")
+    };
+    assert_eq!(avg.len(), 1);
+    assert!(
+        (avg[0].v - sum / count).abs() < 1e-9,
+        "{} vs {}",
+        avg[0].v,
+        sum / count
+    );
+
+    // A peer that stopped (not yet noticed): its shards go to their other
+    // owner, evaluated there; the answer is still whole.
+    f.down("b", false).await;
+    for q in PUSHED {
+        let a = prom_range(&f.prom_engine(), q).await;
+        assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
+        assert_same_matrix(q, &a.value, &prom_range(&reference, q).await.value);
+    }
+    assert!(m.peer_read_failures.load(Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aggregation_across_an_epoch_change_reads_raw_samples() {
+    let change = T0 + 10 * STEP;
+    let start = chrono::DateTime::from_timestamp_millis(change)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let epochs = format!(
+        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
+         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
+    );
+    let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
+    let (_dir, reference) = single_node(&f);
+    for q in PUSHED {
+        let a = prom_range(&f.prom_engine(), q).await;
+        assert_same_matrix(q, &a.value, &prom_range(&reference, q).await.value);
+    }
+    assert_eq!(f.nodes[0].metrics.promql_pushdowns.load(Relaxed), 0);
+}
+
+#[test]
+fn promql_tickets_round_trip_and_bad_ones_are_refused() {
+    let req = wire::PromqlRequest {
+        queries: vec!["sum by (rack) (x)".into(), "count by (rack) (x)".into()],
+        start: T0,
+        end: T0 + 60_000,
+        step: 15_000,
+        lookback_ms: 300_000,
+    };
+    let shards: BTreeSet<ShardKey> = [ShardKey::Rack("r1".into())].into();
+    let back = wire::decode_ticket(&wire::encode_promql_ticket(&req, &shards)).unwrap();
+    assert_eq!(back.promql.as_ref(), Some(&req));
+    assert_eq!(back.shards, shards);
+    let bad = |edit: &dyn Fn(&mut wire::PromqlRequest)| {
+        let mut r = req.clone();
+        edit(&mut r);
+        wire::decode_ticket(&wire::encode_promql_ticket(&r, &shards)).unwrap_err()
+    };
+    assert!(bad(&|r| r.queries.clear()).contains("1 to 4 queries"));
+    assert!(bad(&|r| r.step = -1).contains("bad PromQL evaluation times"));
+    assert!(bad(&|r| r.step = 0).contains("bad PromQL evaluation times"));
+    assert!(bad(&|r| r.end = r.start + 20_000 * r.step).contains("at most 11000 steps"));
+    assert!(bad(&|r| r.lookback_ms = 0).contains("lookback"));
+    let both = br#"{"v":1,"matchers":[],"min_ts":0,"max_ts":0,"shards":[],"health":"events","promql":{"queries":["sum(x)"],"start":0,"end":0,"step":0,"lookback_ms":1}}"#;
+    assert!(
+        wire::decode_ticket(both)
+            .unwrap_err()
+            .contains("not several")
+    );
+}
+
+#[test]
+fn malformed_partial_answers_are_refused() {
+    let batch = |query: &str, labels: &[(&str, &str)], ts: &[i64], vs: &[f64]| {
+        let mut b = BatchBuilder::new();
+        b.push_labels(query, labels.iter().copied(), ts, vs);
+        b.finish()
+    };
+    let mut rows = Vec::new();
+    let ok = batch(
+        "1",
+        &[("Hostname", "h"), ("rack", "r")],
+        &[1, 2],
+        &[0.5, f64::NAN],
+    );
+    assert_eq!(wire::decode_partials(&ok, 2, &mut rows), Ok(2));
+    assert_eq!(rows[0].query, 1);
+    assert_eq!(
+        rows[0].labels,
+        [
+            ("Hostname".to_owned(), "h".to_owned()),
+            ("rack".to_owned(), "r".to_owned())
+        ]
+    );
+    for (b, why) in [
+        (batch("2", &[], &[1], &[0.0]), "names none"),
+        (batch("x", &[], &[1], &[0.0]), "names none"),
+        (
+            batch("0", &[("rack", "r"), ("Hostname", "h")], &[1], &[0.0]),
+            "not sorted",
+        ),
+        (
+            batch("0", &[("rack", "r"), ("rack", "s")], &[1], &[0.0]),
+            "not sorted",
+        ),
+        (batch("0", &[], &[2, 1], &[0.0, 1.0]), "do not increase"),
+    ] {
+        let e = wire::decode_partials(&b, 2, &mut rows).unwrap_err();
+        assert!(e.contains(why), "{e}");
+    }
+}

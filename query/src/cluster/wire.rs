@@ -41,6 +41,16 @@
 //! | `count` | `UInt64` |
 //! | `sum`, `min`, `max`, `first`, `last` | `Float64` |
 //!
+//! A ticket with a `promql` object asks for aggregations evaluated by the
+//! node over the series of the listed shards:
+//! `"promql":{"queries":["sum by (rack) (rate(x[5m]))"],"start":…,"end":…,"step":15000,"lookback_ms":300000}`
+//! (`step` 0 for one evaluation at `start` = `end`; at most 4 queries and
+//! 11,000 steps). The answer has the series schema above, one row per result
+//! series (or piece of one), its `metric` the index of its query in
+//! `queries` (`"0"`, `"1"`, ...) and `labels` its label set (`__name__`
+//! included where the result keeps it); `ts` are evaluation times.
+//! The asking node merges the nodes' results ([`crate::promql`]'s pushdown).
+//!
 //! A ticket with `"health":"events"` asks for the node's health events of
 //! the listed shards (an event's shard is its GPU's rack, or its host), in
 //! the schema of the `health_events` table
@@ -142,6 +152,60 @@ struct WireTicket {
     rollups: Option<WireRollups>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     health: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    promql: Option<PromqlRequest>,
+}
+
+/// Most queries one PromQL ticket may carry.
+const MAX_PROMQL_QUERIES: usize = 4;
+
+/// The PromQL part of a ticket: aggregations for the node to evaluate over
+/// the series of the listed shards only (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PromqlRequest {
+    /// Each an aggregation, such as `sum by (rack) (rate(x[5m]))`.
+    pub queries: Vec<String>,
+    /// Evaluation times: `start`, `start + step`, ... up to `end`; one
+    /// (`start` = `end`) when `step` is 0.
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    /// The asking node's lookback delta.
+    pub lookback_ms: i64,
+}
+
+impl PromqlRequest {
+    /// What is wrong with the request, if anything.
+    fn check(&self) -> Result<(), String> {
+        if self.queries.is_empty() || self.queries.len() > MAX_PROMQL_QUERIES {
+            return Err(format!(
+                "a PromQL ticket carries 1 to {MAX_PROMQL_QUERIES} queries, not {}",
+                self.queries.len()
+            ));
+        }
+        if self.step < 0 || self.start > self.end || (self.step == 0 && self.start != self.end) {
+            return Err(format!(
+                "bad PromQL evaluation times: start {}, end {}, step {}",
+                self.start, self.end, self.step
+            ));
+        }
+        let steps = if self.step == 0 {
+            1
+        } else {
+            (self.end - self.start) / self.step + 1
+        };
+        if steps > crate::promql::MAX_POINTS_PER_SERIES {
+            return Err(format!(
+                "a PromQL ticket evaluates at most {} steps, not {steps}",
+                crate::promql::MAX_POINTS_PER_SERIES
+            ));
+        }
+        if self.lookback_ms <= 0 {
+            return Err(format!("bad lookback delta {} ms", self.lookback_ms));
+        }
+        Ok(())
+    }
 }
 
 /// What a health ticket asks for.
@@ -175,6 +239,8 @@ pub(crate) struct SelectRequest {
     pub rollups: Option<RollupRequest>,
     /// Health events or GPU states instead of series (`min_ts` is the clock).
     pub health: Option<HealthPart>,
+    /// Partial aggregations instead of series.
+    pub promql: Option<PromqlRequest>,
 }
 
 fn wire_matcher(m: &Matcher) -> WireMatcher {
@@ -224,6 +290,7 @@ pub(crate) fn encode_ticket(
         labels_only,
         rollups: None,
         health: None,
+        promql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -243,6 +310,7 @@ pub(crate) fn encode_health_ticket(
         labels_only: false,
         rollups: None,
         health: Some(part.name().to_owned()),
+        promql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -276,6 +344,7 @@ pub(crate) fn encode_rollup_ticket(
             },
         }),
         health: None,
+        promql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -365,8 +434,16 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
             ));
         }
     };
-    if health.is_some() && rollups.is_some() {
-        return Err("a ticket asks for rollups or health, not both".into());
+    if [health.is_some(), rollups.is_some(), t.promql.is_some()]
+        .into_iter()
+        .filter(|&b| b)
+        .count()
+        > 1
+    {
+        return Err("a ticket asks for one of rollups, health and PromQL, not several".into());
+    }
+    if let Some(p) = &t.promql {
+        p.check()?;
     }
     Ok(SelectRequest {
         matchers,
@@ -376,7 +453,24 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
         labels_only: t.labels_only,
         rollups,
         health,
+        promql: t.promql,
     })
+}
+
+/// The ticket bytes of a PromQL request over `shards`.
+pub(crate) fn encode_promql_ticket(req: &PromqlRequest, shards: &BTreeSet<ShardKey>) -> Vec<u8> {
+    let t = WireTicket {
+        v: TICKET_VERSION,
+        matchers: Vec::new(),
+        min_ts: req.start,
+        max_ts: req.end,
+        shards: wire_shards(shards),
+        labels_only: false,
+        rollups: None,
+        health: None,
+        promql: Some(req.clone()),
+    };
+    serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
 
 /// The schema of a `DoGet` answer.
@@ -444,11 +538,27 @@ impl BatchBuilder {
 
     /// Adds one row: `key` with up to [`ROW_SAMPLES`] samples.
     pub(crate) fn push(&mut self, key: &SeriesKey, ts: &[i64], values: &[f64]) {
+        let labels = key
+            .labels()
+            .iter()
+            .map(|l| (l.name.as_str(), l.value.as_str()));
+        self.push_labels(key.metric(), labels, ts, values);
+    }
+
+    /// Adds one row of `metric` (the query's index in a PromQL answer) and
+    /// `labels` (sorted by name) with up to [`ROW_SAMPLES`] samples.
+    pub(crate) fn push_labels<'a>(
+        &mut self,
+        metric: &str,
+        labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+        ts: &[i64],
+        values: &[f64],
+    ) {
         debug_assert_eq!(ts.len(), values.len());
-        self.metric.append_value(key.metric());
-        for l in key.labels() {
-            self.labels.keys().append_value(&l.name);
-            self.labels.values().append_value(&l.value);
+        self.metric.append_value(metric);
+        for (name, value) in labels {
+            self.labels.keys().append_value(name);
+            self.labels.values().append_value(value);
         }
         self.labels
             .append(true)
@@ -591,6 +701,103 @@ impl AnswerDecoder {
     pub(crate) fn finish(self) -> BTreeMap<SeriesKey, FetchedSeries> {
         self.series
     }
+}
+
+/// One row of a PromQL answer: part of a result series of query `query`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PartialRow {
+    pub query: usize,
+    pub labels: crate::promql::LabelSet,
+    pub ts: Vec<i64>,
+    pub values: Vec<f64>,
+}
+
+/// The rows of one batch of a PromQL answer to a ticket of `queries`
+/// queries, appended to `out`; returns how many points they hold.
+///
+/// # Errors
+/// The batch does not have the answer schema, holds nulls, a query index
+/// out of range, labels not sorted by name or repeated, rows whose time and
+/// value lists differ in length, or times that do not increase.
+pub(crate) fn decode_partials(
+    batch: &RecordBatch,
+    queries: usize,
+    out: &mut Vec<PartialRow>,
+) -> Result<usize, String> {
+    let want = schema();
+    if batch.schema().fields() != want.fields() {
+        return Err(format!(
+            "the answer's schema is {:?}, not the gpulse series schema",
+            batch.schema()
+        ));
+    }
+    let metric: &StringArray = batch.column(0).as_string();
+    let labels = batch.column(1).as_map();
+    let ts_list = batch.column(2).as_list::<i32>();
+    let value_list = batch.column(3).as_list::<i32>();
+    let ts = ts_list.values().as_primitive::<Int64Type>();
+    let values = value_list.values().as_primitive::<Float64Type>();
+    let (keys, vals) = (
+        labels.keys().as_string::<i32>(),
+        labels.values().as_string::<i32>(),
+    );
+    let nulls = [
+        metric.null_count(),
+        labels.null_count(),
+        ts_list.null_count(),
+        value_list.null_count(),
+        ts.null_count(),
+        values.null_count(),
+        keys.null_count(),
+        vals.null_count(),
+    ];
+    if nulls.iter().any(|&n| n > 0) {
+        return Err("the answer holds nulls".into());
+    }
+    let label_offsets = labels.value_offsets();
+    let (t_off, v_off) = (ts_list.value_offsets(), value_list.value_offsets());
+    let mut points = 0;
+    for row in 0..batch.num_rows() {
+        let query = metric
+            .value(row)
+            .parse::<usize>()
+            .ok()
+            .filter(|&q| q < queries)
+            .ok_or_else(|| {
+                format!(
+                    "row {row}: {:?} names none of the ticket's {queries} queries",
+                    metric.value(row)
+                )
+            })?;
+        let (a, z) = (label_offsets[row] as usize, label_offsets[row + 1] as usize);
+        let row_labels: crate::promql::LabelSet = (a..z)
+            .map(|i| (keys.value(i).to_owned(), vals.value(i).to_owned()))
+            .collect();
+        if row_labels.windows(2).any(|w| w[0].0 >= w[1].0) {
+            return Err(format!("row {row}: labels not sorted by name, or repeated"));
+        }
+        let (ta, tz) = (t_off[row] as usize, t_off[row + 1] as usize);
+        let (va, vz) = (v_off[row] as usize, v_off[row + 1] as usize);
+        if tz - ta != vz - va {
+            return Err(format!(
+                "row {row}: {} times but {} values",
+                tz - ta,
+                vz - va
+            ));
+        }
+        let row_ts = &ts.values()[ta..tz];
+        if row_ts.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(format!("row {row}: times do not increase"));
+        }
+        points += row_ts.len();
+        out.push(PartialRow {
+            query,
+            labels: row_labels,
+            ts: row_ts.to_vec(),
+            values: values.values()[va..vz].to_vec(),
+        });
+    }
+    Ok(points)
 }
 
 /// Rows per rollup answer batch.

@@ -17,6 +17,9 @@ type Result<T> = std::result::Result<T, PromError>;
 
 impl Evaluator<'_> {
     pub(super) fn eval_aggregate(&self, a: &AggregateExpr) -> Result<Val> {
+        if let Some(v) = self.pushdown(a)? {
+            return Ok(v);
+        }
         let op = a.op.to_string();
         let input = match self.eval(&a.expr)? {
             Val::Vector(v) => v,

@@ -29,18 +29,18 @@ const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
 const MAX_SUBQUERY_STEPS: i64 = 1_000_000;
 
 pub(super) struct Evaluator<'a> {
-    engine: &'a PromEngine,
+    pub(super) engine: &'a PromEngine,
     /// Start and end of the whole query, for `@ start()` and `@ end()`.
     query_start: i64,
     query_end: i64,
     pub(super) steps: Vec<i64>,
     samples: Rc<Cell<usize>>,
     /// Warnings of the cluster reads (shards missing), shared with subqueries.
-    warnings: Rc<RefCell<Vec<String>>>,
+    pub(super) warnings: Rc<RefCell<Vec<String>>>,
     /// Notes on how the answer was made (see [`super::Answer::notes`]).
     notes: Rc<RefCell<Vec<String>>>,
     /// When the query must stop (`--query-timeout`), checked at every node.
-    deadline: crate::limits::Deadline,
+    pub(super) deadline: crate::limits::Deadline,
 }
 
 pub(super) fn unsupported(what: &str) -> PromError {

@@ -14,7 +14,10 @@
 //!
 //! In cluster mode ([`PromEngine::with_cluster`]) every selector reads the
 //! whole cluster; an answer that lacks a shard carries warnings
-//! ([`Answer::warnings`], the `warnings` field of the HTTP answer).
+//! ([`Answer::warnings`], the `warnings` field of the HTTP answer). `sum`,
+//! `count`, `min`, `max`, `avg` and `group` over one series-wise expression
+//! are evaluated by the owners of the data, which send partial results
+//! (`pushdown.rs`).
 
 mod aggregate;
 pub mod api;
@@ -22,8 +25,11 @@ mod binary;
 mod eval;
 mod functions;
 mod parallel;
+mod pushdown;
 mod tiers;
 mod value;
+
+pub(crate) use pushdown::{Plan as PushdownPlan, partials as pushdown_partials};
 
 use std::sync::Arc;
 

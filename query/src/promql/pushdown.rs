@@ -1,0 +1,483 @@
+//! Aggregations evaluated where the data is (issue #19): in a cluster, an
+//! aggregation whose result merges from partial results is evaluated by
+//! every node over the shards it is asked to read, and only those partial
+//! results travel, not the raw samples.
+//!
+//! # What is pushed down
+//!
+//! `sum`, `count`, `min`, `max`, `avg` and `group`, with or without
+//! `by`/`without`, over an expression that maps each series on its own: one
+//! selector (instant, or a range inside a range function), optionally under
+//! functions of one series (`rate`, `*_over_time`, `abs`, `clamp`, ...),
+//! unary minus, and arithmetic or comparison with number literals. No `@`
+//! modifier and no subquery. `avg` travels as `sum` and `count` and is
+//! divided here. Every other expression reads raw samples, as before.
+//!
+//! The series of one shard (a rack, or a host without one) are all on each
+//! of the shard's owners, and the read plan asks exactly one owner per
+//! shard, so each series counts once. That holds only within one epoch of
+//! the shard map: when the samples the aggregation reads span an epoch
+//! change, a series may be split between two owners, and the query reads
+//! raw samples instead. Series that differ only in their metric name share
+//! a shard, so a function that drops the name finds the same duplicate
+//! label sets it would on one node.
+//!
+//! # Exactness
+//!
+//! `count`, `min`, `max` and `group` are exact. `sum` adds the nodes'
+//! partial sums, so its floating-point rounding can differ in the last bits
+//! from one node adding every series in turn; `avg` is that sum over the
+//! count, where Prometheus keeps a running mean (again the last bits).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use promql_parser::parser::{AggregateExpr, Expr, VectorSelector};
+
+use super::eval::{Evaluator, offset_ms};
+use super::value::{Elem, Val, Vector};
+use super::{LabelSet, PromEngine, PromError};
+use crate::cluster::Source;
+use crate::cluster::wire::{PartialRow, PromqlRequest};
+
+type Result<T> = std::result::Result<T, PromError>;
+
+/// Functions of one series whose value at a step depends on that series
+/// alone (and on number literals among their arguments).
+const SERIES_FUNCTIONS: &[&str] = &[
+    "abs",
+    "ceil",
+    "floor",
+    "exp",
+    "sqrt",
+    "ln",
+    "log2",
+    "log10",
+    "sgn",
+    "acos",
+    "acosh",
+    "asin",
+    "asinh",
+    "atan",
+    "atanh",
+    "cos",
+    "cosh",
+    "sin",
+    "sinh",
+    "tan",
+    "tanh",
+    "deg",
+    "rad",
+    "round",
+    "clamp",
+    "clamp_min",
+    "clamp_max",
+    "timestamp",
+    "rate",
+    "increase",
+    "delta",
+    "irate",
+    "idelta",
+    "deriv",
+    "changes",
+    "resets",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "last_over_time",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "present_over_time",
+    "predict_linear",
+    "quantile_over_time",
+];
+
+/// The one selector of `e` and the longest range before an evaluation time
+/// it reads (a range selector's range, else the lookback), if `e` maps each
+/// series on its own (see the module docs).
+fn series_wise(e: &Expr, lookback_ms: i64) -> Option<(&VectorSelector, i64)> {
+    match e {
+        Expr::Paren(p) => series_wise(&p.expr, lookback_ms),
+        Expr::Unary(u) => series_wise(&u.expr, lookback_ms),
+        Expr::VectorSelector(vs) if vs.at.is_none() => Some((vs, lookback_ms)),
+        Expr::MatrixSelector(ms) if ms.vs.at.is_none() => Some((&ms.vs, super::eval::ms(ms.range))),
+        Expr::Binary(b) => match (is_number(&b.lhs), is_number(&b.rhs)) {
+            (true, false) => series_wise(&b.rhs, lookback_ms),
+            (false, true) => series_wise(&b.lhs, lookback_ms),
+            _ => None,
+        },
+        Expr::Call(c) if SERIES_FUNCTIONS.contains(&c.func.name) => {
+            let mut data = None;
+            for a in &c.args.args {
+                if is_number(a) {
+                    continue;
+                }
+                if data.is_some() {
+                    return None;
+                }
+                data = Some(series_wise(a, lookback_ms)?);
+            }
+            data
+        }
+        _ => None,
+    }
+}
+
+fn is_number(e: &Expr) -> bool {
+    match e {
+        Expr::NumberLiteral(_) => true,
+        Expr::Paren(p) => is_number(&p.expr),
+        Expr::Unary(u) => is_number(&u.expr),
+        _ => false,
+    }
+}
+
+/// How the partial results of an operator merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    Sum,
+    Count,
+    Min,
+    Max,
+    Avg,
+    Group,
+}
+
+/// A pushdown of one aggregation: the queries the nodes evaluate and the
+/// time range of the samples they read.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    merge: Merge,
+    pub(crate) request: PromqlRequest,
+    pub(crate) matchers: Vec<storage::Matcher>,
+    pub(crate) data_min: i64,
+    pub(crate) data_max: i64,
+}
+
+/// The pushdown of `a` at `steps`, if it can be pushed down (see the
+/// module docs).
+fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Plan>> {
+    let merge = match a.op.to_string().as_str() {
+        "sum" => Merge::Sum,
+        "count" => Merge::Count,
+        "min" => Merge::Min,
+        "max" => Merge::Max,
+        "avg" => Merge::Avg,
+        "group" => Merge::Group,
+        _ => return Ok(None),
+    };
+    if a.param.is_some() {
+        return Ok(None);
+    }
+    let Some((vs, range_ms)) = series_wise(&a.expr, lookback_ms) else {
+        return Ok(None);
+    };
+    let (Some(&first), Some(&last)) = (steps.first(), steps.last()) else {
+        return Ok(None);
+    };
+    let off = offset_ms(&vs.offset);
+    // The text of the aggregation starts with its operator; `avg` travels
+    // as `sum` and `count` of the same expression.
+    let text = Expr::Aggregate(a.clone()).to_string();
+    let op = a.op.to_string();
+    let Some(rest) = text.strip_prefix(op.as_str()) else {
+        return Ok(None);
+    };
+    let queries: Vec<String> = match merge {
+        Merge::Avg => vec![format!("sum{rest}"), format!("count{rest}")],
+        _ => vec![text.clone()],
+    };
+    // The peers parse the text: it must say what `a` says.
+    for q in &queries {
+        match promql_parser::parser::parse(q) {
+            Ok(Expr::Aggregate(back)) if back.expr == a.expr && back.modifier == a.modifier => {}
+            _ => return Ok(None),
+        }
+    }
+    let step = if steps.len() > 1 {
+        steps[1] - steps[0]
+    } else {
+        0
+    };
+    Ok(Some(Plan {
+        merge,
+        request: PromqlRequest {
+            queries,
+            start: first,
+            end: last,
+            step,
+            lookback_ms,
+        },
+        matchers: Evaluator::matchers(vs)?,
+        data_min: first.saturating_sub(off).saturating_sub(range_ms),
+        data_max: last.saturating_sub(off),
+    }))
+}
+
+impl Evaluator<'_> {
+    /// `a` evaluated by pushdown, if this engine reads a cluster and `a`
+    /// can be pushed down there; `None` to evaluate it here from raw
+    /// samples.
+    pub(super) fn pushdown(&self, a: &AggregateExpr) -> Result<Option<Val>> {
+        let Source::Cluster(reader) = &self.engine.source else {
+            return Ok(None);
+        };
+        let Some(plan) = plan(a, &self.steps, self.engine.limits.lookback_ms)? else {
+            return Ok(None);
+        };
+        let Some((rows, warnings)) = reader.promql_partials_blocking(&plan, self.deadline)? else {
+            return Ok(None);
+        };
+        crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), warnings);
+        let points: usize = rows.iter().map(|r| r.ts.len()).sum();
+        self.account(points)?;
+        Ok(Some(Val::Vector(merge(plan.merge, &self.steps, rows)?)))
+    }
+}
+
+/// One group's merged partial results at one step.
+#[derive(Debug, Clone, Copy)]
+struct Acc {
+    /// The merged value of the first query (of `sum` for `avg`).
+    v: f64,
+    /// `count` for `avg`; NaN until a count arrives.
+    count: f64,
+    seen: bool,
+}
+
+/// Prometheus's `min`/`max`: a NaN gives way to any number.
+fn min_max(min: bool, a: f64, b: f64) -> f64 {
+    if a.is_nan() || (min && b < a) || (!min && b > a) {
+        b
+    } else {
+        a
+    }
+}
+
+/// Merges the nodes' partial results into the aggregation's value at each
+/// of `steps`, groups in label order at each step.
+fn merge(how: Merge, steps: &[i64], rows: Vec<PartialRow>) -> Result<Vec<Vector>> {
+    let index: HashMap<i64, usize> = steps.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+    let mut groups: HashMap<LabelSet, Vec<Option<Acc>>> = HashMap::new();
+    for row in rows {
+        let accs = groups
+            .entry(row.labels)
+            .or_insert_with(|| vec![None; steps.len()]);
+        for (t, v) in row.ts.into_iter().zip(row.values) {
+            let Some(&i) = index.get(&t) else {
+                return Err(PromError::Internal(format!(
+                    "a node's partial result has a point at {t}, which is no step of the query"
+                )));
+            };
+            let acc = accs[i].get_or_insert(Acc {
+                v: f64::NAN,
+                count: f64::NAN,
+                seen: false,
+            });
+            if how == Merge::Avg && row.query == 1 {
+                acc.count = if acc.count.is_nan() { v } else { acc.count + v };
+                continue;
+            }
+            acc.v = if how == Merge::Group {
+                1.0
+            } else if !acc.seen {
+                v
+            } else {
+                match how {
+                    Merge::Sum | Merge::Count | Merge::Avg => acc.v + v,
+                    Merge::Min => min_max(true, acc.v, v),
+                    Merge::Max => min_max(false, acc.v, v),
+                    Merge::Group => 1.0,
+                }
+            };
+            acc.seen = true;
+        }
+    }
+    let mut sorted: Vec<(LabelSet, Vec<Option<Acc>>)> = groups.into_iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut out: Vec<Vector> = vec![Vec::new(); steps.len()];
+    for (labels, accs) in sorted {
+        let labels = Arc::new(labels);
+        for (i, acc) in accs.into_iter().enumerate() {
+            let Some(acc) = acc.filter(|a| a.seen) else {
+                continue;
+            };
+            let v = match how {
+                Merge::Avg => acc.v / acc.count,
+                _ => acc.v,
+            };
+            out[i].push(Elem {
+                labels: labels.clone(),
+                v,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Evaluates the queries of `req` over the series of `storage` that `filter`
+/// admits: a node's part of a pushdown (for a peer's ticket, or for the
+/// asking node's own shards). One row per result series and query.
+///
+/// # Errors
+/// As the evaluation of the queries.
+pub(crate) fn partials(
+    storage: &Arc<storage::Storage>,
+    filter: crate::cluster::ShardFilter,
+    req: &PromqlRequest,
+    deadline: crate::limits::Deadline,
+) -> Result<Vec<PartialRow>> {
+    let limits = super::PromLimits {
+        lookback_ms: req.lookback_ms,
+        ..super::PromLimits::default()
+    };
+    let mut engine = PromEngine::with_limits(storage.clone(), limits);
+    engine.source = Source::Shards(storage.clone(), filter);
+    let mut out = Vec::new();
+    for (query, text) in req.queries.iter().enumerate() {
+        let expr = super::parse(text)?;
+        if !matches!(expr, Expr::Aggregate(_)) {
+            return Err(PromError::BadData(format!(
+                "a pushed-down query must be an aggregation, not {text:?}"
+            )));
+        }
+        let ev = Evaluator::new(&engine, req.start, req.end, req.step, deadline)?;
+        let Val::Vector(per_step) = ev.eval(&expr)? else {
+            return Err(PromError::BadData(format!(
+                "{text:?} is not an instant vector"
+            )));
+        };
+        for s in ev.to_matrix(per_step)? {
+            let (ts, values) = s.points.into_iter().unzip();
+            out.push(PartialRow {
+                query,
+                labels: Arc::unwrap_or_clone(s.labels),
+                ts,
+                values,
+            });
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn planned(q: &str) -> Option<Plan> {
+        let Expr::Aggregate(a) = promql_parser::parser::parse(q).unwrap() else {
+            panic!("{q} is no aggregation")
+        };
+        plan(&a, &[1_000_000, 1_060_000], 300_000).unwrap()
+    }
+
+    #[test]
+    fn which_aggregations_are_pushed_down() {
+        for q in [
+            "sum(DCGM_FI_DEV_POWER_USAGE)",
+            "sum by (rack) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m]))",
+            "avg without (gpu) (DCGM_FI_DEV_GPU_TEMP{rack=~\"r1.*\"} offset 1h)",
+            "max by (Hostname) (clamp_max(DCGM_FI_DEV_GPU_UTIL / 100, 1))",
+            "count(DCGM_FI_DEV_GPU_TEMP > 80)",
+            "min(quantile_over_time(0.9, DCGM_FI_DEV_GPU_TEMP[10m]))",
+            "group by (rack) (-DCGM_FI_DEV_GPU_TEMP)",
+        ] {
+            assert!(planned(q).is_some(), "{q} is pushed down");
+        }
+        for q in [
+            "topk(3, DCGM_FI_DEV_GPU_TEMP)",
+            "stddev(DCGM_FI_DEV_GPU_TEMP)",
+            "sum(DCGM_FI_DEV_GPU_TEMP @ 100)",
+            "sum(a + b)",
+            "sum(sum by (rack) (a))",
+            "sum(rate(a[5m:1m]))",
+            "sum(label_replace(a, \"x\", \"$1\", \"y\", \"(.*)\"))",
+            "sum(absent(a))",
+            "count(vector(1))",
+        ] {
+            assert!(planned(q).is_none(), "{q} is not pushed down");
+        }
+    }
+
+    #[test]
+    fn avg_travels_as_sum_and_count_and_the_data_range_covers_range_and_offset() {
+        let p = planned("avg by (rack) (rate(x[10m] offset 1h))").unwrap();
+        assert_eq!(
+            p.request.queries,
+            [
+                "sum by (rack) (rate(x[10m] offset 1h))",
+                "count by (rack) (rate(x[10m] offset 1h))"
+            ]
+        );
+        assert_eq!(
+            (p.request.start, p.request.end, p.request.step),
+            (1_000_000, 1_060_000, 60_000)
+        );
+        assert_eq!(p.data_min, 1_000_000 - 3_600_000 - 600_000);
+        assert_eq!(p.data_max, 1_060_000 - 3_600_000);
+        let p = planned("sum(x)").unwrap();
+        assert_eq!((p.data_min, p.data_max), (1_000_000 - 300_000, 1_060_000));
+    }
+
+    #[test]
+    fn partial_results_merge_as_the_operator_does() {
+        let steps = [10, 20];
+        let row = |query: usize, g: &str, ts: &[i64], values: &[f64]| PartialRow {
+            query,
+            labels: vec![("rack".to_owned(), g.to_owned())],
+            ts: ts.to_vec(),
+            values: values.to_vec(),
+        };
+        let rows = || {
+            vec![
+                row(0, "a", &[10, 20], &[1.0, f64::NAN]),
+                row(0, "a", &[20], &[5.0]),
+                row(0, "b", &[20], &[2.0]),
+                row(0, "a", &[10], &[3.0]),
+            ]
+        };
+        let values = |how: Merge, rows: Vec<PartialRow>| -> Vec<Vec<(String, f64)>> {
+            merge(how, &steps, rows)
+                .unwrap()
+                .into_iter()
+                .map(|v| {
+                    v.into_iter()
+                        .map(|e| (e.labels[0].1.clone(), e.v))
+                        .collect()
+                })
+                .collect()
+        };
+        let (a, b) = ("a".to_owned(), "b".to_owned());
+        assert_eq!(
+            values(Merge::Min, rows()),
+            [
+                vec![(a.clone(), 1.0)],
+                vec![(a.clone(), 5.0), (b.clone(), 2.0)]
+            ]
+        );
+        assert_eq!(
+            values(Merge::Max, rows()),
+            [
+                vec![(a.clone(), 3.0)],
+                vec![(a.clone(), 5.0), (b.clone(), 2.0)]
+            ]
+        );
+        let sum = values(Merge::Sum, rows());
+        assert_eq!(sum[0], [(a.clone(), 4.0)]);
+        assert!(sum[1][0].1.is_nan() && sum[1][1] == (b.clone(), 2.0));
+        assert_eq!(
+            values(Merge::Group, rows())[1],
+            [(a.clone(), 1.0), (b.clone(), 1.0)]
+        );
+        let avg = vec![
+            row(0, "a", &[10], &[6.0]),
+            row(1, "a", &[10], &[2.0]),
+            row(0, "a", &[10], &[3.0]),
+            row(1, "a", &[10], &[1.0]),
+        ];
+        assert_eq!(values(Merge::Avg, avg), [vec![(a, 3.0)], vec![]]);
+        assert!(merge(Merge::Sum, &steps, vec![row(0, "a", &[15], &[1.0])]).is_err());
+    }
+}
