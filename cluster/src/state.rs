@@ -54,6 +54,7 @@ pub fn peer_endpoint(
         None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .expect("BUG: a socket address makes a valid URI"),
     }
+    .tcp_nodelay(true)
 }
 
 /// What this node last learned of one peer.

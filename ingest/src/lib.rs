@@ -19,6 +19,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::TryStreamExt;
 use gpulse_proto::v1::ingest_server::IngestServer;
 use storage::admission::{LabelLimits, SampleWindow};
 use tokio::net::TcpListener;
@@ -151,7 +152,14 @@ pub async fn serve(
         }
         None => {
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .serve_with_incoming_shutdown(
+                    // As the TLS path does: no reply waits on a delayed ACK.
+                    TcpListenerStream::new(listener).map_ok(|s| {
+                        let _ = s.set_nodelay(true);
+                        s
+                    }),
+                    shutdown,
+                )
                 .await
         }
     }

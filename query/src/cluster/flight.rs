@@ -110,10 +110,22 @@ pub async fn serve_flight(
         }
         None => {
             router
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+                .serve_with_incoming_shutdown(nodelay(listener), shutdown)
                 .await
         }
     }
+}
+
+/// The listener's connections, each with `TCP_NODELAY` (as the TLS path
+/// sets it): an answer's last small segment must not wait for the peer's
+/// delayed ACK, 40 ms on Linux, which every cluster query paid.
+fn nodelay(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    TcpListenerStream::new(listener).map_ok(|s| {
+        let _ = s.set_nodelay(true);
+        s
+    })
 }
 
 fn unimplemented(call: &str) -> Status {
