@@ -1550,8 +1550,12 @@ fn assert_same_matrix(q: &str, got: &PromValue, want: &PromValue) {
     }
 }
 
-const PUSHED: [&str; 11] = [
+const PUSHED: [&str; 14] = [
     "sum by (rack) (rate(power[1m]))",
+    "topk(3, temp)",
+    "bottomk by (rack) (2, power)",
+    // Ties: the series first in key order wins, as on one node.
+    "topk(7, floor(temp / 100000))",
     "min(power)",
     "max(-temp)",
     "count(temp)",

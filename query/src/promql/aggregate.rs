@@ -245,7 +245,7 @@ fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> V
         .collect()
 }
 
-fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) -> Vector {
+pub(super) fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) -> Vector {
     let k = if k.is_nan() { 0 } else { k as i64 };
     if k < 1 {
         return Vec::new();

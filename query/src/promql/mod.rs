@@ -15,9 +15,9 @@
 //! In cluster mode ([`PromEngine::with_cluster`]) every selector reads the
 //! whole cluster; an answer that lacks a shard carries warnings
 //! ([`Answer::warnings`], the `warnings` field of the HTTP answer). `sum`,
-//! `count`, `min`, `max`, `avg` and `group` over one series-wise expression
-//! are evaluated by the owners of the data, which send partial results
-//! (`pushdown.rs`).
+//! `count`, `min`, `max`, `avg`, `group`, `topk` and `bottomk` over one
+//! series-wise expression are evaluated by the owners of the data, which
+//! send partial results (`pushdown.rs`).
 
 mod aggregate;
 pub mod api;

@@ -5,13 +5,15 @@
 //!
 //! # What is pushed down
 //!
-//! `sum`, `count`, `min`, `max`, `avg` and `group`, with or without
-//! `by`/`without`, over an expression that maps each series on its own: one
+//! `sum`, `count`, `min`, `max`, `avg`, `group`, and `topk`/`bottomk` with a
+//! number literal for `k`, with or without `by`/`without`, over an expression
+//! that maps each series on its own: one
 //! selector (instant, or a range inside a range function), optionally under
 //! functions of one series (`rate`, `*_over_time`, `abs`, `clamp`, ...),
 //! unary minus, and arithmetic or comparison with number literals. No `@`
 //! modifier and no subquery. `avg` travels as `sum` and `count` and is
-//! divided here. Every other expression reads raw samples, as before.
+//! divided here; `topk` is each node's `topk`, of which the same `topk` is
+//! taken here. Every other expression reads raw samples, as before.
 //!
 //! The series of one shard (a rack, or a host without one) are all on each
 //! of the shard's owners, and the read plan asks exactly one owner per
@@ -24,7 +26,9 @@
 //!
 //! # Exactness
 //!
-//! `count`, `min`, `max` and `group` are exact. `sum` adds the nodes'
+//! `count`, `min`, `max` and `group` are exact, and so is `topk`: ties
+//! between equal values go to the series first in series-key order, here as
+//! on one node, whose input is in that order. `sum` adds the nodes'
 //! partial sums, so its floating-point rounding can differ in the last bits
 //! from one node adding every series in turn; `avg` is that sum over the
 //! count, where Prometheus keeps a running mean (again the last bits).
@@ -126,16 +130,21 @@ fn series_wise(e: &Expr, lookback_ms: i64) -> Option<(&VectorSelector, i64)> {
 }
 
 fn is_number(e: &Expr) -> bool {
+    number(e).is_some()
+}
+
+/// The value of a number literal, in parentheses or negated.
+fn number(e: &Expr) -> Option<f64> {
     match e {
-        Expr::NumberLiteral(_) => true,
-        Expr::Paren(p) => is_number(&p.expr),
-        Expr::Unary(u) => is_number(&u.expr),
-        _ => false,
+        Expr::NumberLiteral(n) => Some(n.val),
+        Expr::Paren(p) => number(&p.expr),
+        Expr::Unary(u) => number(&u.expr).map(|v| -v),
+        _ => None,
     }
 }
 
 /// How the partial results of an operator merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Merge {
     Sum,
     Count,
@@ -143,6 +152,11 @@ enum Merge {
     Max,
     Avg,
     Group,
+    /// `topk` (`top`) or `bottomk` of `k`.
+    Top {
+        top: bool,
+        k: f64,
+    },
 }
 
 /// A pushdown of one aggregation: the queries the nodes evaluate and the
@@ -150,6 +164,8 @@ enum Merge {
 #[derive(Debug)]
 pub(crate) struct Plan {
     merge: Merge,
+    /// `by` (true) or `without`, and the labels.
+    grouping: (bool, Vec<String>),
     pub(crate) request: PromqlRequest,
     pub(crate) matchers: Vec<storage::Matcher>,
     pub(crate) data_min: i64,
@@ -159,16 +175,19 @@ pub(crate) struct Plan {
 /// The pushdown of `a` at `steps`, if it can be pushed down (see the
 /// module docs).
 fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Plan>> {
-    let merge = match a.op.to_string().as_str() {
-        "sum" => Merge::Sum,
-        "count" => Merge::Count,
-        "min" => Merge::Min,
-        "max" => Merge::Max,
-        "avg" => Merge::Avg,
-        "group" => Merge::Group,
+    let k = a.param.as_deref().and_then(number);
+    let merge = match (a.op.to_string().as_str(), k) {
+        ("sum", _) => Merge::Sum,
+        ("count", _) => Merge::Count,
+        ("min", _) => Merge::Min,
+        ("max", _) => Merge::Max,
+        ("avg", _) => Merge::Avg,
+        ("group", _) => Merge::Group,
+        ("topk", Some(k)) => Merge::Top { top: true, k },
+        ("bottomk", Some(k)) => Merge::Top { top: false, k },
         _ => return Ok(None),
     };
-    if a.param.is_some() {
+    if a.param.is_some() && !matches!(merge, Merge::Top { .. }) {
         return Ok(None);
     }
     let Some((vs, range_ms)) = series_wise(&a.expr, lookback_ms) else {
@@ -192,7 +211,8 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
     // The peers parse the text: it must say what `a` says.
     for q in &queries {
         match promql_parser::parser::parse(q) {
-            Ok(Expr::Aggregate(back)) if back.expr == a.expr && back.modifier == a.modifier => {}
+            Ok(Expr::Aggregate(back))
+                if back.expr == a.expr && back.modifier == a.modifier && back.param == a.param => {}
             _ => return Ok(None),
         }
     }
@@ -201,8 +221,14 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
     } else {
         0
     };
+    let grouping = match &a.modifier {
+        None => (true, Vec::new()),
+        Some(promql_parser::parser::LabelModifier::Include(l)) => (true, l.labels.clone()),
+        Some(promql_parser::parser::LabelModifier::Exclude(l)) => (false, l.labels.clone()),
+    };
     Ok(Some(Plan {
         merge,
+        grouping,
         request: PromqlRequest {
             queries,
             start: first,
@@ -233,7 +259,10 @@ impl Evaluator<'_> {
         crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), warnings);
         let points: usize = rows.iter().map(|r| r.ts.len()).sum();
         self.account(points)?;
-        Ok(Some(Val::Vector(merge(plan.merge, &self.steps, rows)?)))
+        Ok(Some(Val::Vector(match plan.merge {
+            Merge::Top { top, k } => merge_top(top, k, &plan.grouping, &self.steps, rows)?,
+            how => merge(how, &self.steps, rows)?,
+        })))
     }
 }
 
@@ -254,6 +283,59 @@ fn min_max(min: bool, a: f64, b: f64) -> f64 {
     } else {
         a
     }
+}
+
+/// The position of a label set in series-key order (metric name, then the
+/// other labels), the order of a selector's series on one node.
+fn key_order(labels: &LabelSet) -> (&str, impl Iterator<Item = &(String, String)>) {
+    let name = labels
+        .iter()
+        .find(|(n, _)| n == super::value::METRIC_NAME)
+        .map_or("", |(_, v)| v.as_str());
+    (
+        name,
+        labels
+            .iter()
+            .filter(|(n, _)| n != super::value::METRIC_NAME),
+    )
+}
+
+/// Merges the nodes' `topk`/`bottomk` results: at each of `steps`, the same
+/// operator over every node's elements, taken in series-key order.
+fn merge_top(
+    top: bool,
+    k: f64,
+    (by, names): &(bool, Vec<String>),
+    steps: &[i64],
+    rows: Vec<PartialRow>,
+) -> Result<Vec<Vector>> {
+    let index: HashMap<i64, usize> = steps.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+    let mut per_step: Vec<Vector> = vec![Vec::new(); steps.len()];
+    for row in rows {
+        let labels = Arc::new(row.labels);
+        for (t, v) in row.ts.into_iter().zip(row.values) {
+            let Some(&i) = index.get(&t) else {
+                return Err(PromError::Internal(format!(
+                    "a node's partial result has a point at {t}, which is no step of the query"
+                )));
+            };
+            per_step[i].push(Elem {
+                labels: labels.clone(),
+                v,
+            });
+        }
+    }
+    Ok(per_step
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(|a, b| {
+                let (an, al) = key_order(&a.labels);
+                let (bn, bl) = key_order(&b.labels);
+                an.cmp(bn).then_with(|| al.cmp(bl))
+            });
+            super::aggregate::top_k(top, v, k, *by, names)
+        })
+        .collect())
 }
 
 /// Merges the nodes' partial results into the aggregation's value at each
@@ -290,6 +372,7 @@ fn merge(how: Merge, steps: &[i64], rows: Vec<PartialRow>) -> Result<Vec<Vector>
                     Merge::Min => min_max(true, acc.v, v),
                     Merge::Max => min_max(false, acc.v, v),
                     Merge::Group => 1.0,
+                    Merge::Top { .. } => unreachable!("BUG: topk merges in merge_top"),
                 }
             };
             acc.seen = true;
@@ -383,11 +466,14 @@ mod tests {
             "count(DCGM_FI_DEV_GPU_TEMP > 80)",
             "min(quantile_over_time(0.9, DCGM_FI_DEV_GPU_TEMP[10m]))",
             "group by (rack) (-DCGM_FI_DEV_GPU_TEMP)",
+            "topk(3, DCGM_FI_DEV_GPU_TEMP)",
+            "bottomk by (rack) (2, rate(x[5m]))",
         ] {
             assert!(planned(q).is_some(), "{q} is pushed down");
         }
         for q in [
-            "topk(3, DCGM_FI_DEV_GPU_TEMP)",
+            "topk(scalar(k), DCGM_FI_DEV_GPU_TEMP)",
+            "quantile(0.9, DCGM_FI_DEV_GPU_TEMP)",
             "stddev(DCGM_FI_DEV_GPU_TEMP)",
             "sum(DCGM_FI_DEV_GPU_TEMP @ 100)",
             "sum(a + b)",
