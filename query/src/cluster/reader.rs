@@ -62,6 +62,15 @@ impl Default for ReaderConfig {
     }
 }
 
+/// Why a batch of a peer's answer was not taken.
+#[derive(Debug)]
+enum BatchError {
+    /// It is not what the ticket asks for.
+    Malformed(String),
+    /// It takes the answer past the select's limit.
+    TooLarge,
+}
+
 /// Why a peer's answer was not taken.
 #[derive(Debug)]
 enum FetchError {
@@ -69,6 +78,16 @@ enum FetchError {
     Failed(String),
     /// The select received more samples than it may: stop it.
     TooLarge,
+}
+
+impl FetchError {
+    /// The error as the reads without a sample limit report it.
+    fn into_message(self) -> String {
+        match self {
+            FetchError::Failed(e) => e,
+            FetchError::TooLarge => "the answer passed the select's sample limit".into(),
+        }
+    }
 }
 
 impl From<String> for FetchError {
@@ -689,21 +708,13 @@ impl ClusterReader {
         addr: SocketAddr,
         ticket: Vec<u8>,
     ) -> Result<wire::RollupMap, String> {
-        let metrics = &self.inner.metrics;
-        let idle = self.inner.config.idle_timeout;
-        let mut stream = self.do_get(addr, ticket).await?;
         let mut out = wire::RollupMap::new();
-        loop {
-            match tokio::time::timeout(idle, stream.next()).await {
-                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
-                Ok(None) => return Ok(out),
-                Ok(Some(Err(e))) => return Err(format!("Flight DoGet at {addr}: {e}")),
-                Ok(Some(Ok(batch))) => wire::merge_rollup_batch(&mut out, &batch).map_err(|e| {
-                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                    format!("{addr} sent a malformed answer: {e}")
-                })?,
-            }
-        }
+        self.read_answer(addr, ticket, |b| {
+            wire::merge_rollup_batch(&mut out, b).map_err(BatchError::Malformed)
+        })
+        .await
+        .map_err(FetchError::into_message)?;
+        Ok(out)
     }
 
     /// Starts a `DoGet` of `ticket` at the peer `addr` (counted in
@@ -736,33 +747,21 @@ impl ClusterReader {
         ticket: Vec<u8>,
         part: wire::HealthPart,
     ) -> Result<HealthAnswer, String> {
-        let metrics = &self.inner.metrics;
-        let idle = self.inner.config.idle_timeout;
-        let mut stream = self.do_get(addr, ticket).await?;
         let mut out = HealthAnswer::default();
-        loop {
-            // As in `fetch`: a panic in Arrow's decoder is a malformed answer.
-            let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
-            let batch = match tokio::time::timeout(idle, next).await {
-                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}")),
-                Ok(Err(_panic)) => Err("Arrow could not decode it".to_owned()),
-                Ok(Ok(None)) => return Ok(out),
-                Ok(Ok(Some(Err(e)))) => return Err(format!("Flight DoGet at {addr}: {e}")),
-                Ok(Ok(Some(Ok(batch)))) => Ok(batch),
-            };
-            let decoded = batch.and_then(|b| match part {
+        self.read_answer(addr, ticket, |b| {
+            match part {
                 wire::HealthPart::Events => {
-                    crate::health_events::events_from_batch(&b).map(|e| out.events.extend(e))
+                    crate::health_events::events_from_batch(b).map(|e| out.events.extend(e))
                 }
                 wire::HealthPart::States => {
-                    crate::health_events::states_from_batch(&b).map(|s| out.states.extend(s))
+                    crate::health_events::states_from_batch(b).map(|s| out.states.extend(s))
                 }
-            });
-            decoded.map_err(|e| {
-                metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                format!("{addr} sent a malformed answer: {e}")
-            })?;
-        }
+            }
+            .map_err(|e| BatchError::Malformed(e.to_string()))
+        })
+        .await
+        .map_err(FetchError::into_message)?;
+        Ok(out)
     }
 
     /// This node's index in `map`.
@@ -813,46 +812,57 @@ impl ClusterReader {
             .clone()
     }
 
-    /// Reads one peer's answer for a ticket, all of it or nothing, adding
-    /// its samples to `received` (the select's, against the limit).
-    async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>, received: &AtomicUsize) -> NodeAnswer {
+    /// Streams one peer's answer to `ticket` into `take`, batch by batch,
+    /// each within the idle timeout. A batch `take` finds malformed, or one
+    /// Arrow cannot decode, is a malformed answer (`peer_bad_answers`).
+    async fn read_answer(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+        mut take: impl FnMut(&arrow::array::RecordBatch) -> Result<(), BatchError>,
+    ) -> Result<(), FetchError> {
         let metrics = &self.inner.metrics;
         let idle = self.inner.config.idle_timeout;
         let mut stream = self.do_get(addr, ticket).await?;
-        let mut decoder = AnswerDecoder::default();
         loop {
             // Arrow's IPC decoder panics on some malformed schemas (arrow-ipc
             // 59.3.2 unwraps a schema's field list): a peer's answer is input,
             // so a panic there is a malformed answer, not a failed query task.
             let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
-            match tokio::time::timeout(idle, next).await {
+            let batch = match tokio::time::timeout(idle, next).await {
                 Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
-                Ok(Err(_panic)) => {
+                Ok(Err(_panic)) => Err(BatchError::Malformed("Arrow could not decode it".into())),
+                Ok(Ok(None)) => return Ok(()),
+                Ok(Ok(Some(Err(e)))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
+                Ok(Ok(Some(Ok(batch)))) => take(&batch),
+            };
+            match batch {
+                Ok(()) => {}
+                Err(BatchError::TooLarge) => return Err(FetchError::TooLarge),
+                Err(BatchError::Malformed(e)) => {
                     metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                    return Err(format!(
-                        "{addr} sent a malformed answer (Arrow could not decode it)"
-                    )
-                    .into());
+                    return Err(format!("{addr} sent a malformed answer: {e}").into());
                 }
-                Ok(Ok(next)) => match next {
-                    None => break,
-                    Some(Err(e)) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
-                    Some(Ok(batch)) => {
-                        let before = decoder.samples();
-                        decoder.push(&batch).map_err(|e| {
-                            metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                            format!("{addr} sent a malformed answer: {e}")
-                        })?;
-                        let added = decoder.samples() - before;
-                        if received.fetch_add(added, Relaxed) + added
-                            > self.inner.config.max_peer_samples
-                        {
-                            return Err(FetchError::TooLarge);
-                        }
-                    }
-                },
             }
         }
+    }
+
+    /// Reads one peer's answer for a ticket, all of it or nothing, adding
+    /// its samples to `received` (the select's, against the limit).
+    async fn fetch(&self, addr: SocketAddr, ticket: Vec<u8>, received: &AtomicUsize) -> NodeAnswer {
+        let metrics = &self.inner.metrics;
+        let limit = self.inner.config.max_peer_samples;
+        let mut decoder = AnswerDecoder::default();
+        self.read_answer(addr, ticket, |batch| {
+            let before = decoder.samples();
+            decoder.push(batch).map_err(BatchError::Malformed)?;
+            let added = decoder.samples() - before;
+            if received.fetch_add(added, Relaxed) + added > limit {
+                return Err(BatchError::TooLarge);
+            }
+            Ok(())
+        })
+        .await?;
         metrics
             .peer_samples_received
             .fetch_add(decoder.samples() as u64, Relaxed);
@@ -986,34 +996,18 @@ impl ClusterReader {
         queries: usize,
     ) -> Result<Vec<wire::PartialRow>, FetchError> {
         let metrics = &self.inner.metrics;
-        let idle = self.inner.config.idle_timeout;
-        let mut stream = self.do_get(addr, ticket).await?;
+        let limit = self.inner.config.max_peer_samples;
         let mut rows = Vec::new();
         let mut points = 0usize;
-        loop {
-            let next = std::panic::AssertUnwindSafe(stream.next()).catch_unwind();
-            match tokio::time::timeout(idle, next).await {
-                Err(_) => return Err(format!("{addr} sent nothing for {idle:?}").into()),
-                Ok(Err(_panic)) => {
-                    metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                    return Err(format!(
-                        "{addr} sent a malformed answer (Arrow could not decode it)"
-                    )
-                    .into());
-                }
-                Ok(Ok(None)) => break,
-                Ok(Ok(Some(Err(e)))) => return Err(format!("Flight DoGet at {addr}: {e}").into()),
-                Ok(Ok(Some(Ok(batch)))) => {
-                    points += wire::decode_partials(&batch, queries, &mut rows).map_err(|e| {
-                        metrics.peer_bad_answers.fetch_add(1, Relaxed);
-                        format!("{addr} sent a malformed answer: {e}")
-                    })?;
-                    if points > self.inner.config.max_peer_samples {
-                        return Err(FetchError::TooLarge);
-                    }
-                }
+        self.read_answer(addr, ticket, |batch| {
+            points +=
+                wire::decode_partials(batch, queries, &mut rows).map_err(BatchError::Malformed)?;
+            if points > limit {
+                return Err(BatchError::TooLarge);
             }
-        }
+            Ok(())
+        })
+        .await?;
         metrics
             .peer_partial_points_received
             .fetch_add(points as u64, Relaxed);

@@ -622,61 +622,15 @@ impl AnswerDecoder {
     /// time and value lists differ in length, an invalid series key, or
     /// times that do not increase within a series.
     pub(crate) fn push(&mut self, batch: &RecordBatch) -> Result<(), String> {
-        let want = schema();
-        if batch.schema().fields() != want.fields() {
-            return Err(format!(
-                "the answer's schema is {:?}, not the gpulse series schema",
-                batch.schema()
-            ));
-        }
-        let metric: &StringArray = batch.column(0).as_string();
-        let labels = batch.column(1).as_map();
-        let ts_list = batch.column(2).as_list::<i32>();
-        let value_list = batch.column(3).as_list::<i32>();
-        let ts = ts_list.values().as_primitive::<Int64Type>();
-        let values = value_list.values().as_primitive::<Float64Type>();
-        if [
-            metric.null_count(),
-            labels.null_count(),
-            ts_list.null_count(),
-        ]
-        .into_iter()
-        .chain([
-            value_list.null_count(),
-            ts.null_count(),
-            values.null_count(),
-        ])
-        .any(|n| n > 0)
-        {
-            return Err("the answer holds nulls".into());
-        }
-        let (keys, vals) = (
-            labels.keys().as_string::<i32>(),
-            labels.values().as_string::<i32>(),
-        );
-        if keys.null_count() > 0 || vals.null_count() > 0 {
-            return Err("the answer holds null labels".into());
-        }
-        let label_offsets = labels.value_offsets();
-        let (t_off, v_off) = (ts_list.value_offsets(), value_list.value_offsets());
+        let c = SeriesColumns::of(batch)?;
         for row in 0..batch.num_rows() {
-            let (a, z) = (label_offsets[row] as usize, label_offsets[row + 1] as usize);
-            let row_labels: Vec<Label> = (a..z)
-                .map(|i| Label::new(keys.value(i), vals.value(i)))
+            let row_labels: Vec<Label> = c
+                .labels(row)
+                .map(|(name, value)| Label::new(name, value))
                 .collect();
-            let key = SeriesKey::new(metric.value(row), row_labels)
+            let key = SeriesKey::new(c.metric.value(row), row_labels)
                 .map_err(|e| format!("row {row}: invalid series: {e}"))?;
-            let (ta, tz) = (t_off[row] as usize, t_off[row + 1] as usize);
-            let (va, vz) = (v_off[row] as usize, v_off[row + 1] as usize);
-            if tz - ta != vz - va {
-                return Err(format!(
-                    "row {row} ({key}): {} times but {} values",
-                    tz - ta,
-                    vz - va
-                ));
-            }
-            let row_ts = &ts.values()[ta..tz];
-            let row_values = &values.values()[va..vz];
+            let (row_ts, row_values) = c.points(row).map_err(|e| format!("{e} ({key})"))?;
             let s = self.series.entry(key).or_insert_with(|| FetchedSeries {
                 ts: Vec::new(),
                 values: Vec::new(),
@@ -703,6 +657,96 @@ impl AnswerDecoder {
     }
 }
 
+/// The columns of a batch of the series schema ([`schema`]), checked for
+/// the schema and for nulls, by row.
+struct SeriesColumns<'a> {
+    metric: &'a StringArray,
+    keys: &'a StringArray,
+    values: &'a StringArray,
+    label_offsets: &'a [i32],
+    ts: &'a [i64],
+    ts_offsets: &'a [i32],
+    samples: &'a [f64],
+    sample_offsets: &'a [i32],
+}
+
+impl<'a> SeriesColumns<'a> {
+    fn of(batch: &'a RecordBatch) -> Result<Self, String> {
+        if batch.schema().fields() != schema().fields() {
+            return Err(format!(
+                "the answer's schema is {:?}, not the gpulse series schema",
+                batch.schema()
+            ));
+        }
+        let metric: &StringArray = batch.column(0).as_string();
+        let labels = batch.column(1).as_map();
+        let ts_list = batch.column(2).as_list::<i32>();
+        let value_list = batch.column(3).as_list::<i32>();
+        let ts = ts_list.values().as_primitive::<Int64Type>();
+        let samples = value_list.values().as_primitive::<Float64Type>();
+        let (keys, values) = (
+            labels.keys().as_string::<i32>(),
+            labels.values().as_string::<i32>(),
+        );
+        let nulls = [
+            metric.null_count(),
+            labels.null_count(),
+            ts_list.null_count(),
+            value_list.null_count(),
+            ts.null_count(),
+            samples.null_count(),
+            keys.null_count(),
+            values.null_count(),
+        ];
+        if nulls.iter().any(|&n| n > 0) {
+            return Err("the answer holds nulls".into());
+        }
+        Ok(Self {
+            metric,
+            keys,
+            values,
+            label_offsets: labels.value_offsets(),
+            ts: ts.values(),
+            ts_offsets: ts_list.value_offsets(),
+            samples: samples.values(),
+            sample_offsets: value_list.value_offsets(),
+        })
+    }
+
+    /// Row `row`'s labels, as sent.
+    fn labels(&self, row: usize) -> impl Iterator<Item = (&'a str, &'a str)> + use<'a> {
+        let (keys, values) = (self.keys, self.values);
+        let (a, z) = (
+            self.label_offsets[row] as usize,
+            self.label_offsets[row + 1] as usize,
+        );
+        (a..z).map(move |i| (keys.value(i), values.value(i)))
+    }
+
+    /// Row `row`'s times and values.
+    ///
+    /// # Errors
+    /// The two lists differ in length.
+    fn points(&self, row: usize) -> Result<(&'a [i64], &'a [f64]), String> {
+        let (ta, tz) = (
+            self.ts_offsets[row] as usize,
+            self.ts_offsets[row + 1] as usize,
+        );
+        let (va, vz) = (
+            self.sample_offsets[row] as usize,
+            self.sample_offsets[row + 1] as usize,
+        );
+        if tz - ta != vz - va {
+            return Err(format!(
+                "row {row}: {} times but {} values",
+                tz - ta,
+                vz - va
+            ));
+        }
+        Ok((&self.ts[ta..tz], &self.samples[va..vz]))
+    }
+}
+
 /// One row of a PromQL answer: part of a result series of query `query`.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct PartialRow {
@@ -724,40 +768,10 @@ pub(crate) fn decode_partials(
     queries: usize,
     out: &mut Vec<PartialRow>,
 ) -> Result<usize, String> {
-    let want = schema();
-    if batch.schema().fields() != want.fields() {
-        return Err(format!(
-            "the answer's schema is {:?}, not the gpulse series schema",
-            batch.schema()
-        ));
-    }
-    let metric: &StringArray = batch.column(0).as_string();
-    let labels = batch.column(1).as_map();
-    let ts_list = batch.column(2).as_list::<i32>();
-    let value_list = batch.column(3).as_list::<i32>();
-    let ts = ts_list.values().as_primitive::<Int64Type>();
-    let values = value_list.values().as_primitive::<Float64Type>();
-    let (keys, vals) = (
-        labels.keys().as_string::<i32>(),
-        labels.values().as_string::<i32>(),
-    );
-    let nulls = [
-        metric.null_count(),
-        labels.null_count(),
-        ts_list.null_count(),
-        value_list.null_count(),
-        ts.null_count(),
-        values.null_count(),
-        keys.null_count(),
-        vals.null_count(),
-    ];
-    if nulls.iter().any(|&n| n > 0) {
-        return Err("the answer holds nulls".into());
-    }
-    let label_offsets = labels.value_offsets();
-    let (t_off, v_off) = (ts_list.value_offsets(), value_list.value_offsets());
+    let c = SeriesColumns::of(batch)?;
     let mut points = 0;
     for row in 0..batch.num_rows() {
+        let metric = c.metric;
         let query = metric
             .value(row)
             .parse::<usize>()
@@ -769,23 +783,14 @@ pub(crate) fn decode_partials(
                     metric.value(row)
                 )
             })?;
-        let (a, z) = (label_offsets[row] as usize, label_offsets[row + 1] as usize);
-        let row_labels: crate::promql::LabelSet = (a..z)
-            .map(|i| (keys.value(i).to_owned(), vals.value(i).to_owned()))
+        let row_labels: crate::promql::LabelSet = c
+            .labels(row)
+            .map(|(n, v)| (n.to_owned(), v.to_owned()))
             .collect();
         if row_labels.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(format!("row {row}: labels not sorted by name, or repeated"));
         }
-        let (ta, tz) = (t_off[row] as usize, t_off[row + 1] as usize);
-        let (va, vz) = (v_off[row] as usize, v_off[row + 1] as usize);
-        if tz - ta != vz - va {
-            return Err(format!(
-                "row {row}: {} times but {} values",
-                tz - ta,
-                vz - va
-            ));
-        }
-        let row_ts = &ts.values()[ta..tz];
+        let (row_ts, row_values) = c.points(row)?;
         if row_ts.windows(2).any(|w| w[0] >= w[1]) {
             return Err(format!("row {row}: times do not increase"));
         }
@@ -794,7 +799,7 @@ pub(crate) fn decode_partials(
             query,
             labels: row_labels,
             ts: row_ts.to_vec(),
-            values: values.values()[va..vz].to_vec(),
+            values: row_values.to_vec(),
         });
     }
     Ok(points)
