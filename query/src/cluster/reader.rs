@@ -296,12 +296,7 @@ impl ClusterReader {
         let mut warnings = self.preflight().await?;
         let map = inner.state.map();
         let me = self.self_index(&map)?;
-        let known = inner.state.known_keys();
-        let keys: BTreeSet<ShardKey> = known
-            .iter()
-            .filter(|k| shard_may_match(k, matchers))
-            .cloned()
-            .collect();
+        let (known, keys) = self.shards_to_read(matchers);
 
         // Node -> why it was not read (failed reads; peers marked down are
         // described from the state when a warning needs it).
@@ -764,6 +759,18 @@ impl ClusterReader {
         Ok(out)
     }
 
+    /// The shards any node reported, and those of them that may hold a
+    /// series all of `matchers` match.
+    fn shards_to_read(&self, matchers: &[Matcher]) -> (BTreeSet<ShardKey>, BTreeSet<ShardKey>) {
+        let known = self.inner.state.known_keys();
+        let keys = known
+            .iter()
+            .filter(|k| shard_may_match(k, matchers))
+            .cloned()
+            .collect();
+        (known, keys)
+    }
+
     /// This node's index in `map`.
     fn self_index(&self, map: &ShardMap) -> Result<usize, ClusterError> {
         map.node_index(self.inner.state.self_id())
@@ -928,12 +935,7 @@ impl ClusterReader {
         }
         let mut warnings = self.preflight().await?;
         let me = self.self_index(&map)?;
-        let known = inner.state.known_keys();
-        let keys: BTreeSet<ShardKey> = known
-            .iter()
-            .filter(|k| shard_may_match(k, matchers))
-            .cloned()
-            .collect();
+        let (known, keys) = self.shards_to_read(matchers);
         let mut failed: BTreeMap<usize, String> = BTreeMap::new();
         let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
         let round = Round {

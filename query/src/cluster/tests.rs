@@ -656,18 +656,23 @@ async fn a_garbage_peer_is_failed_over_and_counted() {
     assert!(f.nodes[0].metrics.peer_read_failures.load(Relaxed) >= 1);
 }
 
+/// Epochs of the map: a and b, then from `change` on a, b and c.
+fn c_joins_at(change: i64) -> String {
+    let start = chrono::DateTime::from_timestamp_millis(change)
+        .unwrap()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    format!(
+        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
+         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_epochs_owners_are_merged_each_sample_once() {
     // Node c joins at T0 + 10 steps; samples 8..12 are on both epochs'
     // owners (a replica that caught up), so the merge sees them twice.
     let change = T0 + 10 * STEP;
-    let start = chrono::DateTime::from_timestamp_millis(change)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let epochs = format!(
-        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
-         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
-    );
+    let epochs = c_joins_at(change);
     let f = Fixture::start(NodeC::Flight, &epochs, |k| (8..12).contains(&k)).await;
     assert_eq!(f.map.epoch_at(change), 1);
     let moved: Vec<ShardKey> = shards()
@@ -1411,13 +1416,7 @@ async fn rollups_are_cluster_wide_at_every_level() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rollups_across_an_epoch_change_warn_about_the_split_window() {
     let change = T0 + 10 * STEP; // 2.5 minutes in: inside a 1-minute window
-    let start = chrono::DateTime::from_timestamp_millis(change)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let epochs = format!(
-        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
-         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
-    );
+    let epochs = c_joins_at(change);
     let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
     let r = f
         .sql_engine()
@@ -1653,13 +1652,7 @@ async fn aggregations_are_pushed_down_and_answer_as_one_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregation_across_an_epoch_change_reads_raw_samples() {
     let change = T0 + 10 * STEP;
-    let start = chrono::DateTime::from_timestamp_millis(change)
-        .unwrap()
-        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let epochs = format!(
-        "[[epoch]]\nstart = \"2020-01-01T00:00:00Z\"\nnodes = [\"a\", \"b\"]\n\
-         [[epoch]]\nstart = \"{start}\"\nnodes = [\"a\", \"b\", \"c\"]\n"
-    );
+    let epochs = c_joins_at(change);
     let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
     let (_dir, reference) = single_node(&f);
     for q in PUSHED {

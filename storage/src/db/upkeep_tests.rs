@@ -10,7 +10,7 @@ use super::*;
 use crate::error::Error;
 use crate::files::{QUARANTINE_DIR, ROLLUPS_DIR};
 use crate::head::Appended;
-use crate::rollup::tests::{Model, check, config, key_of, slot_ts};
+use crate::rollup::tests::{Model, append, check, config, key_of, slot_ts};
 use crate::rollup::{RollupFilter, RollupLevel};
 use crate::series::Label;
 use crate::wal;
@@ -128,13 +128,6 @@ fn a_poison_sample_is_set_aside_and_the_next_flush_succeeds() {
     let cfg = config(dir.path());
     let st = Storage::open(cfg.clone()).unwrap();
     let mut stored = Model::new();
-    let append = |st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]| {
-        for &(i, slot, v) in rows {
-            let r = st.series_ref(key_of(i)).unwrap();
-            st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
-            stored.entry((i, slot_ts(slot))).or_insert(v);
-        }
-    };
     append(&st, &mut stored, &[(0, 1, 1.0), (1, 2, 2.0), (0, 3, 3.0)]);
     st.flush().unwrap();
     append(&st, &mut stored, &[(0, 4, 4.0), (2, 5, 5.0), (1, 6, 6.0)]);
@@ -248,13 +241,6 @@ fn rollup_file_failing_to_open_after_rename_counts_once() {
     cfg.compaction_window = std::time::Duration::from_secs(3600);
     let st = Storage::open(cfg.clone()).unwrap();
     let mut stored = Model::new();
-    let append = |st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]| {
-        for &(i, slot, v) in rows {
-            let r = st.series_ref(key_of(i)).unwrap();
-            st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
-            stored.entry((i, slot_ts(slot))).or_insert(v);
-        }
-    };
     append(&st, &mut stored, &[(0, 1, 1.0), (1, 1, 2.0), (0, 2, 3.0)]);
     st.faults.rollup_open.store(1, Relaxed);
     assert!(st.flush().is_err(), "the injected fault fails the flush");

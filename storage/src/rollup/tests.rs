@@ -202,6 +202,28 @@ pub(crate) fn slot_ts(slot: i64) -> i64 {
     slot * 997_000 + (slot % 7) * 13_000
 }
 
+/// Appends `(series, slot, value)` rows one by one and records in `stored`
+/// what they store (the first write of each).
+pub(crate) fn append(st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]) {
+    for &(i, slot, v) in rows {
+        let r = st.series_ref(key_of(i)).unwrap();
+        st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
+        stored.entry((i, slot_ts(slot))).or_insert(v);
+    }
+}
+
+/// Makes the next segment writes fail: a directory sits where segments 1 to
+/// 3 write their tmp files. Remove the returned paths to let them through.
+pub(crate) fn block_segment_writes(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let blockers: Vec<_> = (1..4)
+        .map(|id| crate::files::segment_tmp_path(dir, crate::SegmentId(id)))
+        .collect();
+    for b in &blockers {
+        let _ = std::fs::create_dir(b);
+    }
+    blockers
+}
+
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path());
@@ -319,23 +341,11 @@ fn retention_past_samples_replayed_after_a_failed_flush_writes_their_minutes() {
     let cfg = config(dir.path());
     let st = Storage::open(cfg.clone()).unwrap();
     let mut stored = Model::new();
-    let append = |st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]| {
-        for &(i, slot, v) in rows {
-            let r = st.series_ref(key_of(i)).unwrap();
-            st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
-            stored.entry((i, slot_ts(slot))).or_insert(v);
-        }
-    };
     append(&st, &mut stored, &[(0, 1, 1.0), (0, 3, 3.0), (0, 5, 5.0)]);
     st.flush().unwrap();
     // Series 1's sample is older than series 0's newest flushed one.
     append(&st, &mut stored, &[(1, 2, 2.0)]);
-    let blockers: Vec<_> = (1..4)
-        .map(|id| crate::files::segment_tmp_path(dir.path(), crate::SegmentId(id)))
-        .collect();
-    for b in &blockers {
-        let _ = std::fs::create_dir(b);
-    }
+    let blockers = block_segment_writes(dir.path());
     assert!(st.flush().is_err(), "the segment write fails");
     assert_eq!(st.rollup_files(), 2, "the rollup file was written first");
     drop(st);
@@ -364,22 +374,10 @@ fn crash_between_rollup_file_and_segment() {
         let cfg = config(dir.path());
         let st = Storage::open(cfg.clone()).unwrap();
         let mut stored = Model::new();
-        fn append(st: &Storage, stored: &mut Model, rows: &[(usize, i64, f64)]) {
-            for &(i, slot, v) in rows {
-                let r = st.series_ref(key_of(i)).unwrap();
-                st.append(&[r], &[slot_ts(slot)], &[v]).unwrap();
-                stored.entry((i, slot_ts(slot))).or_insert(v);
-            }
-        }
         append(&st, &mut stored, &[(0, 1, 1.0), (1, 2, 2.0), (0, 3, 3.0)]);
         st.flush().unwrap();
         append(&st, &mut stored, &[(0, 4, 4.0), (2, 5, 5.0), (0, 2, 6.0)]);
-        let blockers: Vec<_> = (1..4)
-            .map(|id| crate::files::segment_tmp_path(dir.path(), crate::SegmentId(id)))
-            .collect();
-        for b in &blockers {
-            let _ = std::fs::create_dir(b);
-        }
+        let blockers = block_segment_writes(dir.path());
         assert!(st.flush().is_err(), "the segment write fails");
         assert_eq!(st.rollup_files(), 2, "the rollup file was written first");
         check(&st, &stored).unwrap();
