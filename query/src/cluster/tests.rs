@@ -1733,3 +1733,18 @@ fn malformed_partial_answers_are_refused() {
         assert!(e.contains(why), "{e}");
     }
 }
+
+/// The fuzz target's seeds (`fuzz/seeds/flight_ticket/`) are tickets this
+/// node accepts, so that the fuzzer starts from the format as it is.
+#[test]
+fn the_flight_ticket_fuzz_seeds_decode() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/flight_ticket");
+    let mut promql = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let req = wire::decode_ticket(&std::fs::read(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        promql += usize::from(req.promql.is_some());
+    }
+    assert_eq!(promql, 1, "one seed is a PromQL ticket");
+}
