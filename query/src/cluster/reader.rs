@@ -1054,14 +1054,14 @@ fn read_local(
     assigned: Option<BTreeSet<ShardKey>>,
     unknown_too: Option<BTreeSet<ShardKey>>,
 ) -> Vec<(Arc<SeriesKey>, Part)> {
+    let filter = super::ShardFilter {
+        assigned: assigned.map(Arc::new),
+        unknown_too: unknown_too.map(Arc::new),
+    };
     storage
         .select(matchers, min_ts, max_ts)
         .into_iter()
-        .filter(|s| {
-            let shard = shard_of(&s.key);
-            assigned.as_ref().is_some_and(|a| a.contains(&shard))
-                || unknown_too.as_ref().is_some_and(|k| !k.contains(&shard))
-        })
+        .filter(|s| filter.admits(&shard_of(&s.key)))
         .map(|s| (s.key.clone(), Part::Local(s)))
         .collect()
 }
