@@ -332,7 +332,8 @@ fn produced(agents: &[Agent]) -> (Samples, BTreeMap<String, String>) {
     let mut racks = BTreeMap::new();
     for a in agents {
         racks.insert(a.host.clone(), a.rack.clone());
-        for line in std::fs::read_to_string(&a.record).unwrap().lines() {
+        // The first line is the header `labels,timestamp_ms,value`.
+        for line in std::fs::read_to_string(&a.record).unwrap().lines().skip(1) {
             let mut f = line.rsplitn(3, ',');
             let value: f64 = f.next().unwrap().parse().unwrap();
             let ts: i64 = f.next().unwrap().parse().unwrap();

@@ -202,7 +202,9 @@ impl Drop for Agent {
 /// (metric, gpu, ts) -> value bits, from the agent's record file.
 fn produced(path: &Path) -> Vec<((String, String, i64), u64)> {
     let text = std::fs::read_to_string(path).unwrap();
+    // The first line is the header `labels,timestamp_ms,value`.
     text.lines()
+        .skip(1)
         .map(|line| {
             let mut f = line.rsplitn(3, ',');
             let value: f64 = f.next().unwrap().parse().unwrap();

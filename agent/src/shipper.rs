@@ -17,6 +17,7 @@
 //!   what is left to the spool, where the next run picks it up.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::sync::Arc;
@@ -583,18 +584,26 @@ impl Shipper {
     }
 }
 
-/// Appends rows in the long CSV format of `gpulse import`
-/// (`metric=NAME;label=value;...,timestamp_ms,value`).
-/// Opens the `--record` file for appending.
+/// Opens the `--record` file for appending, in the long CSV format of
+/// `gpulse import` and `--replay` (`labels,timestamp_ms,value`, labels
+/// `metric=NAME;label=value;...`). A new or empty file gets the header, so
+/// the record is itself a file `--replay` and `gpulse import` take.
 pub(crate) fn open_record(path: &std::path::Path) -> Result<BufWriter<File>, AgentError> {
-    OpenOptions::new()
+    let err = |e| AgentError::Record(path.to_owned(), e);
+    let file = OpenOptions::new()
         .create(true)
         .append(true)
         .open(path)
-        .map(BufWriter::new)
-        .map_err(|e| AgentError::Record(path.to_owned(), e))
+        .map_err(err)?;
+    let mut w = BufWriter::new(file);
+    if w.get_ref().metadata().map_err(err)?.len() == 0 {
+        writeln!(w, "{}", crate::replay::long_csv::HEADER.join(",")).map_err(err)?;
+        w.flush().map_err(err)?;
+    }
+    Ok(w)
 }
 
+/// Appends rows to a record opened by [`open_record`].
 pub(crate) fn record_rows(
     w: &mut BufWriter<File>,
     defs: &[SeriesDef],
@@ -602,13 +611,22 @@ pub(crate) fn record_rows(
     ts: &[i64],
     values: &[f64],
 ) -> std::io::Result<()> {
+    let mut labels = String::new();
     for ((&id, &t), &v) in ids.iter().zip(ts).zip(values) {
         let d = &defs[id as usize];
-        write!(w, "metric={}", d.metric)?;
+        labels.clear();
+        labels.push_str("metric=");
+        labels.push_str(&d.metric);
         for l in &d.labels {
-            write!(w, ";{}={}", l.name, l.value)?;
+            let _ = write!(labels, ";{}={}", l.name, l.value);
         }
-        writeln!(w, ",{t},{v}")?;
+        // A label value with a comma, quote or line break (a host or model
+        // name, say) is quoted as CSV quotes it.
+        if labels.contains([',', '"', '\n', '\r']) {
+            writeln!(w, "\"{}\",{t},{v}", labels.replace('"', "\"\""))?;
+        } else {
+            writeln!(w, "{labels},{t},{v}")?;
+        }
     }
     // A batch is recorded whole or not at all as far as a reader after a
     // crash can tell (the last line may be cut, never a middle one).

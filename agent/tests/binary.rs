@@ -9,6 +9,8 @@ use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 
+use agent::replay::{ReplayConfig, ReplaySource};
+use agent::source::GpuSource;
 use ingest::{IngestConfig, IngestService};
 use storage::{Matcher, Storage, StorageConfig};
 use tokio::net::TcpListener;
@@ -30,15 +32,21 @@ fn name(metric: &str, mut labels: Vec<(String, String)>) -> String {
         .fold(metric.to_owned(), |s, (k, v)| format!("{s};{k}={v}"))
 }
 
-/// The record: `metric=NAME;label=value;...,timestamp_ms,value` per line.
+/// The record: a CSV with the header `labels,timestamp_ms,value`, then
+/// `metric=NAME;label=value;...,timestamp_ms,value` per sample.
 fn recorded(path: &Path) -> Samples {
     let mut out = Samples::new();
-    for line in std::fs::read_to_string(path).unwrap().lines() {
-        let mut f = line.rsplitn(3, ',');
-        let value: f64 = f.next().unwrap().parse().unwrap();
-        let ts: i64 = f.next().unwrap().parse().unwrap();
+    let mut csv = csv::Reader::from_path(path).unwrap();
+    assert_eq!(
+        csv.headers().unwrap(),
+        vec!["labels", "timestamp_ms", "value"]
+    );
+    for row in csv.records() {
+        let row = row.unwrap();
+        let value: f64 = row[2].parse().unwrap();
+        let ts: i64 = row[1].parse().unwrap();
         let (mut metric, mut labels) = (String::new(), Vec::new());
-        for kv in f.next().unwrap().split(';') {
+        for kv in row[0].split(';') {
             let (k, v) = kv.split_once('=').unwrap();
             if k == "metric" {
                 metric = v.to_owned();
@@ -175,6 +183,17 @@ async fn streams_every_sample_to_ingest() {
         .filter_map(|(n, _)| n.split(';').find_map(|kv| kv.strip_prefix("gpu=")))
         .collect();
     assert_eq!(gpus, ["0", "1"].into());
+    // The record is a file --replay takes: the same GPUs and polls.
+    let mut replay = ReplaySource::open(&ReplayConfig::new(&record)).unwrap();
+    assert_eq!(replay.inventory().len(), 2);
+    let mut polls = 0;
+    while replay.next_timestamp_ms().is_some() {
+        let mut r = Vec::new();
+        replay.sample(&mut r).unwrap();
+        assert!(!r.is_empty());
+        polls += 1;
+    }
+    assert_eq!(polls, 3);
 
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
