@@ -316,7 +316,10 @@ fn sample_loop(
         last_ts_ms = ts_ms;
         let mut readings =
             Vec::with_capacity(source.inventory().len() * catalog::Metric::ALL.len());
+        let began = Instant::now();
         let sampled = source.sample(&mut readings);
+        let took = u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        counters.poll_nanos.fetch_add(took, Relaxed);
         counters.nvml_errors.store(source.errors(), Relaxed);
         if let Err(e) = sampled {
             counters.poll_errors.fetch_add(1, Relaxed);

@@ -50,6 +50,8 @@ pub struct AgentMetrics {
     pub spool_damaged_records: AtomicU64,
     /// NVML calls that failed, as the source counts them.
     pub nvml_errors: AtomicU64,
+    /// Time spent in the source's `sample` calls, ns: the cost of a poll.
+    pub poll_nanos: AtomicU64,
     /// Cluster mode: `Owners` calls that failed (a node down or not in
     /// cluster mode, or an answer the agent refused).
     pub owner_lookup_errors: AtomicU64,
@@ -253,6 +255,14 @@ impl AgentMetrics {
                 let _ = writeln!(out, "{name} {}", field(self).load(Relaxed));
             }
         }
+        let name = "gpulse_agent_poll_duration_seconds_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Time spent reading the GPU source (NVML calls), over all polls."
+        );
+        let _ = writeln!(out, "# TYPE {name} {COUNTER}");
+        let secs = self.poll_nanos.load(Relaxed) as f64 / 1e9;
+        let _ = writeln!(out, "{name} {secs}");
         if sharded {
             let mut per_owner =
                 |name: &str, kind: &str, help: &str, v: &dyn Fn(&OwnerMetrics) -> u64| {
@@ -357,14 +367,19 @@ mod tests {
         let m = AgentMetrics::default();
         m.polls.store(7, Relaxed);
         m.batches_acked.store(3, Relaxed);
+        m.poll_nanos.store(2_500_000_000, Relaxed);
         let text = m.render();
         assert!(text.contains("\ngpulse_agent_polls_total 7\n"), "{text}");
+        assert!(
+            text.contains("\ngpulse_agent_poll_duration_seconds_total 2.5\n"),
+            "{text}"
+        );
         assert!(
             text.contains("\ngpulse_agent_batches_acked_total 3\n"),
             "{text}"
         );
         assert!(!text.contains("owner"), "{text}");
-        assert_eq!(text.matches("# TYPE ").count(), METRICS.len());
+        assert_eq!(text.matches("# TYPE ").count(), METRICS.len() + 1);
 
         m.set_sharded();
         let b = m.owner("b");

@@ -125,3 +125,45 @@ fn a_late_poll_skips_the_ticks_already_due() {
         u32::MAX
     );
 }
+
+/// A source that takes 5 ms a poll.
+#[derive(Debug)]
+struct Slow(Vec<GpuInfo>);
+
+impl GpuSource for Slow {
+    fn name(&self) -> &'static str {
+        "slow"
+    }
+
+    fn inventory(&self) -> &[GpuInfo] {
+        &self.0
+    }
+
+    fn sample(&mut self, out: &mut Vec<Reading>) -> Result<(), SourceError> {
+        std::thread::sleep(Duration::from_millis(5));
+        out.push(Reading::new(0, Metric::PowerUsage, 1.0));
+        Ok(())
+    }
+}
+
+/// `gpulse_agent_poll_duration_seconds_total` counts the time in the source.
+#[test]
+fn the_time_spent_reading_the_source_is_counted() {
+    let (tx, _rx) = mpsc::channel(8);
+    let counters = AgentMetrics::default();
+    let stop = AtomicBool::new(false);
+    let source = Box::new(Slow(vec![GpuInfo::default()]));
+    sample_loop(
+        source,
+        tx,
+        Duration::from_millis(1),
+        Some(4),
+        &stop,
+        &counters,
+        std::thread::sleep,
+    );
+    assert_eq!(counters.polls.load(Relaxed), 4);
+    let nanos = counters.poll_nanos.load(Relaxed);
+    // Four sleeps of at least 5 ms; the loop's own work is far under a second.
+    assert!((20_000_000..1_000_000_000).contains(&nanos), "{nanos} ns");
+}
