@@ -77,3 +77,37 @@ pub(crate) fn skip(name: &str) -> bool {
     }
     true
 }
+
+/// The trace `gpulse-agent --record` wrote on a real H200 under load
+/// (`tests/data/h200`, in the repository: idle, bf16 matmul at the 700 W
+/// power cap, HBM copy, 100 GiB held, idle), as one GPU's polls at 1 Hz.
+/// Rows are `metric=NAME;labels,timestamp_ms,value` after a header; fields
+/// the detectors do not read are left out.
+pub(crate) fn load_h200() -> Vec<Poll> {
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/data/h200/trace.csv.zst"
+    );
+    let packed = std::fs::read(path).unwrap();
+    let text = String::from_utf8(zstd::decode_all(&packed[..]).unwrap()).unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("labels,timestamp_ms,value"));
+    let mut polls: Vec<Poll> = Vec::new();
+    for line in lines {
+        let mut f = line.rsplitn(3, ',');
+        let value: f64 = f.next().unwrap().parse().unwrap();
+        let ts_ms: i64 = f.next().unwrap().parse().unwrap();
+        let labels = f.next().unwrap();
+        let metric = labels
+            .split(';')
+            .next()
+            .unwrap()
+            .strip_prefix("metric=")
+            .unwrap();
+        if polls.last().is_none_or(|p| p.ts_ms != ts_ms) {
+            polls.push(Poll::new(ts_ms));
+        }
+        polls.last_mut().unwrap().set_by_name(metric, value);
+    }
+    polls
+}

@@ -347,3 +347,148 @@ fn shifted_polls_wait_for_the_window() {
     assert!(took >= Duration::from_millis(550), "waited only {took:?}");
     assert_eq!(source.stats().too_far_in_future, 0);
 }
+
+/// `tests/data/h200` (see its README): what `gpulse-agent --record` wrote on
+/// a real H200 under a known load, with `nvidia-smi` read beside it.
+fn h200_dir() -> PathBuf {
+    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/data/h200"))
+}
+
+/// The H200 trace's rows of `file` (a CSV with a header) as maps of column
+/// name to cell, read with the `csv` crate alone.
+fn h200_table(file: &str) -> Vec<HashMap<String, String>> {
+    let mut r = csv::Reader::from_path(h200_dir().join(file)).unwrap();
+    let header = r.headers().unwrap().clone();
+    r.records()
+        .map(|row| {
+            let row = row.unwrap();
+            header
+                .iter()
+                .map(str::to_owned)
+                .zip(row.iter().map(str::to_owned))
+                .collect()
+        })
+        .collect()
+}
+
+/// The agent's record of a real H200 replays whole, and what it read agrees
+/// with `nvidia-smi`'s readings of the same seconds and with the load that
+/// ran (the phases file): the record's units are dcgm-exporter's.
+#[test]
+fn the_h200_record_replays_and_agrees_with_nvidia_smi_and_the_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tmp.path().join("trace.csv");
+    let packed = std::fs::read(h200_dir().join("trace.csv.zst")).unwrap();
+    std::fs::write(&path, zstd::decode_all(&packed[..]).unwrap()).unwrap();
+    let mut s = ReplaySource::open(&ReplayConfig::new(&path)).unwrap();
+    let inv = s.inventory().to_vec();
+    assert_eq!(inv.len(), 1);
+    assert_eq!(inv[0].model_name, "NVIDIA H200");
+    assert_eq!(inv[0].uuid, "GPU-96f83dad-fa89-397a-6766-ab4796b05e39");
+    assert_eq!(inv[0].driver_version, "580.159.04");
+    let polls = drain(&mut s);
+    assert_eq!(polls.len(), 108);
+    let get = |p: &(i64, Vec<Reading>), m: Metric| {
+        p.1.iter()
+            .find(|r| r.metric == m && r.label.is_none())
+            .map(|r| r.value)
+    };
+    // 45 fields a poll; GPM (DCGM_FI_PROF_*, 10 of them) from the second on.
+    assert_eq!(polls[0].1.len(), 35);
+    assert!(polls[1..].iter().all(|p| p.1.len() == 45));
+
+    // nvidia-smi, read within 10 ms of each poll.
+    let smi = h200_table("nvidia-smi.csv");
+    assert!(smi.len() >= 100);
+    let mut compared = 0;
+    for row in &smi {
+        let t: i64 = row["timestamp_ms"].parse().unwrap();
+        let Some(p) = polls.iter().find(|p| (p.0 - t).abs() <= 10) else {
+            continue;
+        };
+        let smi_v = |c: &str| row[c].parse::<f64>().unwrap();
+        let agent_v = |m| get(p, m).unwrap();
+        // Both read NVML's one-second power average; nvidia-smi prints 10 mW.
+        let dp = agent_v(Metric::PowerUsage) - smi_v("power.draw");
+        assert!(dp.abs() <= 0.05, "power at {t}: {dp} W");
+        for (m, c) in [
+            (Metric::GpuTemp, "temperature.gpu"),
+            (Metric::SmClock, "clocks.sm"),
+            (Metric::MemClock, "clocks.mem"),
+            (Metric::GpuUtil, "utilization.gpu"),
+            (Metric::MemCopyUtil, "utilization.memory"),
+        ] {
+            assert_eq!(agent_v(m), smi_v(c), "{c} at {t}");
+        }
+        // MiB: DCGM floors, nvidia-smi rounds.
+        for (m, c) in [
+            (Metric::FbUsed, "memory.used"),
+            (Metric::FbFree, "memory.free"),
+            (Metric::FbReserved, "memory.reserved"),
+        ] {
+            assert!((agent_v(m) - smi_v(c)).abs() <= 1.0, "{c} at {t}");
+        }
+        compared += 1;
+    }
+    assert!(compared >= 100, "{compared} polls compared");
+
+    // The energy counter (mJ) advances by the integral of power (W).
+    let (first, last) = (&polls[0], &polls[polls.len() - 1]);
+    let energy_j = (get(last, Metric::TotalEnergyConsumption).unwrap()
+        - get(first, Metric::TotalEnergyConsumption).unwrap())
+        / 1000.0;
+    let integral_j: f64 = polls
+        .windows(2)
+        .map(|w| {
+            let dt = (w[1].0 - w[0].0) as f64 / 1000.0;
+            dt * (get(&w[0], Metric::PowerUsage).unwrap() + get(&w[1], Metric::PowerUsage).unwrap())
+                / 2.0
+        })
+        .sum();
+    assert!(
+        (energy_j / integral_j - 1.0).abs() < 0.01,
+        "{energy_j} J vs {integral_j} J"
+    );
+
+    // The load: from 3 s into each phase (GPM reports the last second).
+    let phases = h200_table("phases.csv");
+    assert_eq!(phases.len(), 5);
+    for ph in &phases {
+        let start: i64 = ph["start_ms"].parse().unwrap();
+        let end: i64 = ph["end_ms"].parse().unwrap();
+        let inside: Vec<_> = polls
+            .iter()
+            .filter(|p| p.0 >= start + 3000 && p.0 <= end)
+            .collect();
+        assert!(
+            inside.len() >= 10,
+            "{}: {} polls",
+            ph["phase"],
+            inside.len()
+        );
+        for p in inside {
+            let v = |m| get(p, m).unwrap();
+            let (gr, tensor, dram) = (
+                v(Metric::GrEngineActive),
+                v(Metric::PipeTensorActive),
+                v(Metric::DramActive),
+            );
+            let gib = v(Metric::FbUsed) / 1024.0;
+            let what = format!(
+                "{} at {}: gr {gr} tensor {tensor} dram {dram} fb {gib} GiB",
+                ph["phase"], p.0
+            );
+            match ph["phase"].as_str() {
+                "matmul_bf16" => {
+                    assert!(gr > 0.9 && tensor > 0.5, "{what}");
+                    // 700 W board: the SW power cap holds clocks down.
+                    assert_eq!(v(Metric::ClockThrottleReasons), 4.0, "{what}");
+                }
+                "hbm_copy" => assert!(gr > 0.9 && tensor == 0.0 && dram > 0.5, "{what}"),
+                "hold_100gib" => assert!(gr < 0.01 && gib >= 100.0, "{what}"),
+                "idle" | "idle_after" => assert!(gr < 0.01 && gib < 10.0, "{what}"),
+                other => panic!("unknown phase {other}"),
+            }
+        }
+    }
+}
