@@ -43,14 +43,17 @@ fn series_name(metric: &str, mut labels: Vec<(String, String)>) -> String {
     s
 }
 
-/// The agent's record: `metric=NAME;label=value;...,timestamp_ms,value`.
+/// The agent's record: the header `labels,timestamp_ms,value`, then
+/// `metric=NAME;label=value;...,timestamp_ms,value`.
 /// Two polls may carry the same millisecond (the sampler catching up after
 /// a stall); storage keeps the first sample of a series at a timestamp, and
 /// so does this.
 fn recorded(path: &Path) -> Samples {
     let text = std::fs::read_to_string(path).unwrap();
     let mut out = Samples::new();
-    for line in text.lines() {
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("labels,timestamp_ms,value"));
+    for line in lines {
         let mut f = line.rsplitn(3, ',');
         let value: f64 = f.next().unwrap().parse().unwrap();
         let ts: i64 = f.next().unwrap().parse().unwrap();
