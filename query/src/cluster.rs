@@ -626,14 +626,17 @@ pub struct ClusterMetrics {
     /// PromQL aggregations this node evaluated where the data is: partial
     /// results from each owner, merged here.
     pub promql_pushdowns: AtomicU64,
-    /// Points of partial PromQL results received from peers.
+    /// SQL aggregates evaluated where the data is, likewise.
+    pub sql_pushdowns: AtomicU64,
+    /// Points of partial PromQL results, and rows of partial SQL results,
+    /// received from peers.
     pub peer_partial_points_received: AtomicU64,
 }
 
 impl ClusterMetrics {
     /// Appends the counters in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, &AtomicU64); 16] = [
+        let counters: [(&str, &str, &AtomicU64); 17] = [
             (
                 "gpulse_flight_requests_total",
                 "Flight DoGet calls received from peers.",
@@ -710,8 +713,13 @@ impl ClusterMetrics {
                 &self.promql_pushdowns,
             ),
             (
+                "gpulse_cluster_sql_pushdowns_total",
+                "SQL aggregates evaluated on the owners of the data and merged here.",
+                &self.sql_pushdowns,
+            ),
+            (
                 "gpulse_cluster_peer_partial_points_received_total",
-                "Points of partial PromQL aggregation results received from peers.",
+                "Points of partial PromQL results and rows of partial SQL results received from peers.",
                 &self.peer_partial_points_received,
             ),
         ];

@@ -26,6 +26,7 @@ pub mod readonly;
 pub mod remote_read;
 pub mod rollups;
 pub mod samples;
+mod sql_pushdown;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -33,6 +34,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::error::DataFusionError;
+use datafusion::execution::SessionStateBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use storage::Storage;
@@ -308,11 +310,24 @@ impl QueryEngine {
 
     fn build(storage: Arc<Storage>, source: cluster::Source, limits: ResultLimits) -> Self {
         let config = SessionConfig::new().with_information_schema(true);
-        let ctx = SessionContext::new_with_config(config);
         let (clustered, reader) = match &source {
             cluster::Source::Local(_) | cluster::Source::Shards(..) => (false, None),
             cluster::Source::Cluster(r) => (true, Some(r.clone())),
         };
+        let mut state = SessionStateBuilder::new()
+            .with_config(config)
+            .with_default_features()
+            .build();
+        if let Some(r) = &reader {
+            // Aggregates over `samples` run where the data is: first, on the
+            // plan as written, for every surface ([`sql_pushdown`]).
+            let mut rules = state.optimizers().to_vec();
+            rules.insert(0, Arc::new(sql_pushdown::SqlPushdown::new(r.clone())));
+            state = SessionStateBuilder::new_from_existing(state)
+                .with_optimizer_rules(rules)
+                .build();
+        }
+        let ctx = SessionContext::new_with_state(state);
         ctx.register_table("samples", Arc::new(samples::SamplesTable::over(source)))
             .expect("BUG: registering a table in a fresh context");
         ctx.register_table(

@@ -156,6 +156,13 @@ struct Pushdown {
     equal: Vec<(Col, String)>,
 }
 
+/// The matchers and inclusive time bounds a scan of `samples` under
+/// `filters` would select series with (for planning which shards to read).
+pub(crate) fn scan_bounds(filters: &[Expr]) -> (Vec<Matcher>, i64, i64) {
+    let p = Pushdown::from_filters(filters);
+    (p.matchers(), p.time.min_ts, p.time.max_ts)
+}
+
 impl Pushdown {
     fn from_filters(filters: &[Expr]) -> Self {
         let mut p = Self::default();

@@ -8,6 +8,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use arrow::array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
 use cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
@@ -987,6 +988,114 @@ impl ClusterReader {
         self.missing_warnings(&map, missing, &failed, &mut warnings);
         inner.metrics.promql_pushdowns.fetch_add(1, Relaxed);
         Ok(Some((rows, warnings)))
+    }
+
+    /// Whether the data `[min_ts, max_ts]` spans an epoch change of the
+    /// shard map (a series may then be split between owners).
+    pub(crate) fn spans_epochs(&self, min_ts: i64, max_ts: i64) -> bool {
+        self.inner
+            .state
+            .map()
+            .epochs_overlapping(min_ts, max_ts)
+            .len()
+            > 1
+    }
+
+    /// Runs the partial statement `sql` of an aggregate on the owners of
+    /// the shards `matchers` may select (each shard on one owner, this node
+    /// included) and returns their results, with the warnings of the read.
+    /// `None` when the data `[data_min, data_max]` spans an epoch change:
+    /// the caller reads raw samples then ([`crate::sql_pushdown`]).
+    ///
+    /// # Errors
+    /// As [`Self::select`], and this node's own run of the statement.
+    pub(crate) async fn sql_partials(
+        &self,
+        sql: &str,
+        matchers: &[Matcher],
+        data_min: i64,
+        data_max: i64,
+    ) -> Result<Option<(Vec<RecordBatch>, Vec<String>)>, ClusterError> {
+        let inner = &self.inner;
+        let map = inner.state.map();
+        if map.epochs_overlapping(data_min, data_max).len() > 1 {
+            return Ok(None);
+        }
+        let mut warnings = self.preflight().await?;
+        let me = self.self_index(&map)?;
+        let (known, keys) = self.shards_to_read(matchers);
+        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+        let round = Round {
+            map: &map,
+            me,
+            known: &known,
+            keys: &keys,
+            min_ts: data_min,
+            max_ts: data_max,
+        };
+        let mut batches: Vec<RecordBatch> = Vec::new();
+        let mut local_error = None;
+        self.fan_out(
+            round,
+            &mut failed,
+            &mut missing,
+            |local_keys, unknown_too| {
+                let storage = inner.storage.clone();
+                async move {
+                    let filter = super::ShardFilter {
+                        assigned: local_keys.map(Arc::new),
+                        unknown_too: unknown_too.map(Arc::new),
+                    };
+                    Ok(crate::sql_pushdown::run_partial(storage, filter, sql)
+                        .await
+                        .map(|(_, b)| b))
+                }
+            },
+            |node, shards| {
+                let addr = map.nodes()[node].flight;
+                let ticket = wire::encode_sql_ticket(sql, shards);
+                async move { self.fetch_sql_partials(addr, ticket).await.map(Ok) }
+            },
+            |answer| match answer {
+                Ok(b) => batches.extend(b),
+                Err(e) => local_error = Some(e),
+            },
+        )
+        .await?;
+        if let Some(e) = local_error {
+            return Err(ClusterError::Internal(format!(
+                "running the pushed-down SQL on this node: {e}"
+            )));
+        }
+        self.missing_warnings(&map, missing, &failed, &mut warnings);
+        inner.metrics.sql_pushdowns.fetch_add(1, Relaxed);
+        Ok(Some((batches, warnings)))
+    }
+
+    /// Reads one peer's answer to a SQL ticket, all of it or nothing.
+    async fn fetch_sql_partials(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+    ) -> Result<Vec<RecordBatch>, FetchError> {
+        let limit = self.inner.config.max_peer_samples;
+        let mut batches = Vec::new();
+        let mut rows = 0usize;
+        self.read_answer(addr, ticket, |batch| {
+            rows += batch.num_rows();
+            if rows > limit {
+                return Err(BatchError::TooLarge);
+            }
+            batches.push(batch.clone());
+            Ok(())
+        })
+        .await?;
+        self.inner
+            .metrics
+            .peer_partial_points_received
+            .fetch_add(rows as u64, Relaxed);
+        Ok(batches)
     }
 
     /// Reads one peer's PromQL answer to a ticket of `queries` queries, all

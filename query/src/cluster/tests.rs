@@ -1218,6 +1218,9 @@ async fn postgres_clients_get_partial_results_as_notices() {
     let first_notice = messages.iter().position(|(k, _)| *k == b'N').unwrap();
     let description = messages.iter().position(|(k, _)| *k == b'T').unwrap();
     assert!(first_notice < description);
+    // The count ran where the data is, for PostgreSQL clients too.
+    assert_eq!(f.nodes[0].metrics.sql_pushdowns.load(Relaxed), 1);
+    assert_eq!(f.nodes[0].metrics.peer_samples_received.load(Relaxed), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1739,12 +1742,223 @@ fn malformed_partial_answers_are_refused() {
 #[test]
 fn the_flight_ticket_fuzz_seeds_decode() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/flight_ticket");
-    let mut promql = 0;
+    let (mut promql, mut sql) = (0, 0);
     for entry in std::fs::read_dir(&dir).unwrap() {
         let path = entry.unwrap().path();
         let req = wire::decode_ticket(&std::fs::read(&path).unwrap())
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         promql += usize::from(req.promql.is_some());
+        sql += usize::from(req.sql.is_some());
     }
     assert_eq!(promql, 1, "one seed is a PromQL ticket");
+    assert_eq!(sql, 1, "one seed is a SQL ticket");
+}
+
+/// SQL aggregates over `samples` that run on each owner (`sql_pushdown`).
+/// The fleet's values are multiples of 0.25 under 2^20, so every sum is
+/// exact in any order and the answers must be equal to the last bit.
+const SQL_PUSHED: [&str; 8] = [
+    "SELECT count(*) FROM samples",
+    "SELECT rack, metric, count(*), sum(value), min(value), max(value), avg(value) \
+     FROM samples GROUP BY rack, metric ORDER BY rack, metric",
+    "SELECT host, avg(value) AS mean FROM samples WHERE metric = 'temp' AND ts >= \
+     to_timestamp_millis(1796032875000) GROUP BY host HAVING avg(value) > 1000 ORDER BY mean DESC, host",
+    "SELECT date_bin(INTERVAL '1 minute', ts) AS minute, max(value), min(ts) FROM samples \
+     WHERE metric = 'power' GROUP BY minute ORDER BY minute",
+    "SELECT count(value), sum(value), avg(value) FROM samples WHERE metric = 'none'",
+    "SELECT gpu, count(*) AS n FROM samples WHERE ts > now() - INTERVAL '3650 days' \
+     GROUP BY gpu ORDER BY gpu",
+    "SELECT upper(host) AS h, sum(value * 2) FROM samples WHERE rack <> '' OR gpu = '1' \
+     GROUP BY upper(host) ORDER BY h LIMIT 5",
+    // DataFusion turns it into a count over a GROUP BY host, which is pushed.
+    "SELECT count(DISTINCT host) FROM samples",
+];
+
+fn table_text(q: &str, r: &QueryResult) -> String {
+    let names: Vec<&str> = r
+        .schema
+        .fields()
+        .iter()
+        .map(|f| f.name().as_str())
+        .collect();
+    let text = arrow::util::pretty::pretty_format_batches(&r.batches).unwrap();
+    format!("{q}\n{names:?}\n{text}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_aggregates_are_pushed_down_and_answer_as_one_node() {
+    let mut f = Fixture::three().await;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    for s in &f.fleet {
+        write(&storage, s, |_| true);
+    }
+    let reference = QueryEngine::new(storage);
+    let m = f.nodes[0].metrics.clone();
+    for q in SQL_PUSHED {
+        let (pushdowns, samples) = (
+            m.sql_pushdowns.load(Relaxed),
+            m.peer_samples_received.load(Relaxed),
+        );
+        let got = f.sql_engine().sql(q).await.unwrap();
+        assert!(got.warnings.is_empty(), "{q}: {:?}", got.warnings);
+        let want = reference.sql(q).await.unwrap();
+        assert!(
+            want.batches.iter().any(|b| b.num_rows() > 0),
+            "{q}: empty reference"
+        );
+        assert_eq!(table_text(q, &got), table_text(q, &want));
+        assert_eq!(
+            m.sql_pushdowns.load(Relaxed),
+            pushdowns + 1,
+            "{q} was pushed down"
+        );
+        assert_eq!(
+            m.peer_samples_received.load(Relaxed),
+            samples,
+            "{q} read no raw samples from peers"
+        );
+    }
+
+    // By hand: the count of every sample, and the hottest temperature.
+    let got = f
+        .sql_engine()
+        .sql("SELECT count(*), max(value) FROM samples WHERE metric = 'temp'")
+        .await
+        .unwrap();
+    let b = &got.batches[0];
+    let temps: Vec<f64> = f
+        .fleet
+        .iter()
+        .filter(|s| s.metric == "temp")
+        .flat_map(|s| s.samples.iter().map(|&(_, v)| v))
+        .collect();
+    assert_eq!(
+        b.column(0)
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .value(0),
+        temps.len() as i64
+    );
+    let hottest = temps.iter().copied().fold(f64::MIN, f64::max);
+    assert_eq!(b.column(1).as_primitive::<Float64Type>().value(0), hottest);
+
+    // Not pushed down, and still right: a join, an aggregate DISTINCT with
+    // another one, a median.
+    for q in [
+        "SELECT count(DISTINCT host), count(DISTINCT gpu) FROM samples",
+        "SELECT median(value) FROM samples",
+        "SELECT count(*) FROM samples a JOIN samples b ON a.host = b.host AND a.ts = b.ts \
+         AND a.metric = b.metric AND a.gpu = b.gpu",
+    ] {
+        let before = m.sql_pushdowns.load(Relaxed);
+        let got = f.sql_engine().sql(q).await.unwrap();
+        assert_eq!(
+            table_text(q, &got),
+            table_text(q, &reference.sql(q).await.unwrap())
+        );
+        assert_eq!(
+            m.sql_pushdowns.load(Relaxed),
+            before,
+            "{q} read raw samples"
+        );
+    }
+
+    // A peer that stopped (not yet noticed): its shards are run on their
+    // other owner; the answer is still whole.
+    f.down("b", false).await;
+    for q in SQL_PUSHED {
+        let got = f.sql_engine().sql(q).await.unwrap();
+        assert!(got.warnings.is_empty(), "{q}: {:?}", got.warnings);
+        assert_eq!(
+            table_text(q, &got),
+            table_text(q, &reference.sql(q).await.unwrap())
+        );
+    }
+    assert!(m.peer_read_failures.load(Relaxed) >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_aggregate_across_an_epoch_change_reads_raw_samples() {
+    let change = T0 + 10 * STEP;
+    let epochs = c_joins_at(change);
+    let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let storage = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    for s in &f.fleet {
+        write(&storage, s, |_| true);
+    }
+    let reference = QueryEngine::new(storage);
+    for q in SQL_PUSHED {
+        let got = f.sql_engine().sql(q).await.unwrap();
+        assert_eq!(
+            table_text(q, &got),
+            table_text(q, &reference.sql(q).await.unwrap())
+        );
+    }
+    assert_eq!(f.nodes[0].metrics.sql_pushdowns.load(Relaxed), 0);
+    // Within one epoch (before the change) it is pushed down again.
+    let q = "SELECT count(*) FROM samples WHERE ts < to_timestamp_millis(1796032900000)";
+    let got = f.sql_engine().sql(q).await.unwrap();
+    assert_eq!(
+        table_text(q, &got),
+        table_text(q, &reference.sql(q).await.unwrap())
+    );
+    assert_eq!(f.nodes[0].metrics.sql_pushdowns.load(Relaxed), 1);
+}
+
+#[test]
+fn sql_tickets_round_trip_and_bad_ones_are_refused() {
+    let shards: BTreeSet<ShardKey> = [ShardKey::Host("h1".into())].into();
+    let sql = "SELECT count(value) AS \"a0_c\" FROM samples";
+    let back = wire::decode_ticket(&wire::encode_sql_ticket(sql, &shards)).unwrap();
+    assert_eq!(back.sql.as_deref(), Some(sql));
+    assert_eq!(back.shards, shards);
+    assert!(back.promql.is_none() && back.rollups.is_none() && back.health.is_none());
+    let long = "x".repeat(64 * 1024 + 1);
+    let err = wire::decode_ticket(&wire::encode_sql_ticket(&long, &shards)).unwrap_err();
+    assert!(err.contains("over the limit"), "{err}");
+    let both = br#"{"v":1,"matchers":[],"min_ts":0,"max_ts":0,"shards":[],"sql":"SELECT 1","health":"events"}"#;
+    assert!(
+        wire::decode_ticket(both)
+            .unwrap_err()
+            .contains("not several")
+    );
+}
+
+/// A peer runs a SQL ticket read-only, over the listed shards alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sql_ticket_reads_its_shards_alone_and_writes_nothing() {
+    let f = Fixture::three().await;
+    let b = &f.nodes[f.idx("b")];
+    let shard = local_shard_keys(&b.storage).into_iter().next().unwrap();
+    let want = f.fleet.iter().filter(|s| s.shard == shard).count() * N as usize;
+    let mut client = FlightClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{}", b.flight))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let shards: BTreeSet<ShardKey> = [shard].into();
+    let ticket = wire::encode_sql_ticket("SELECT count(*) AS n FROM samples", &shards);
+    let batches: Vec<RecordBatch> = client
+        .do_get(Ticket::new(ticket))
+        .await
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect()
+        .await;
+    let n = batches[0]
+        .column(0)
+        .as_primitive::<arrow::datatypes::Int64Type>()
+        .value(0);
+    assert_eq!(n as usize, want);
+    for sql in [
+        "DROP TABLE samples",
+        "INSERT INTO samples SELECT * FROM samples",
+    ] {
+        let ticket = wire::encode_sql_ticket(sql, &shards);
+        let err = client.do_get(Ticket::new(ticket)).await.err();
+        assert!(err.is_some(), "{sql} was run");
+    }
 }

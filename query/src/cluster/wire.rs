@@ -51,6 +51,12 @@
 //! included where the result keeps it); `ts` are evaluation times.
 //! The asking node merges the nodes' results ([`crate::promql`]'s pushdown).
 //!
+//! A ticket with a `sql` string asks the node to run that statement (a
+//! read-only `SELECT`, at most 64 KiB) over a `samples` table of the listed
+//! shards alone, and answers its result in the statement's own schema: the
+//! partial results of an aggregate the asking node merges
+//! ([`crate::sql_pushdown`]). `matchers` is empty then.
+//!
 //! A ticket with `"health":"events"` asks for the node's health events of
 //! the listed shards (an event's shard is its GPU's rack, or its host), in
 //! the schema of the `health_events` table
@@ -154,7 +160,12 @@ struct WireTicket {
     health: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     promql: Option<PromqlRequest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    sql: Option<String>,
 }
+
+/// Longest SQL text a ticket may carry.
+const MAX_SQL_BYTES: usize = 64 * 1024;
 
 /// Most queries one PromQL ticket may carry.
 const MAX_PROMQL_QUERIES: usize = 4;
@@ -241,6 +252,9 @@ pub(crate) struct SelectRequest {
     pub health: Option<HealthPart>,
     /// Partial aggregations instead of series.
     pub promql: Option<PromqlRequest>,
+    /// A SQL statement over `samples` of the listed shards, its result
+    /// instead of series (an aggregate's partial results).
+    pub sql: Option<String>,
 }
 
 fn wire_matcher(m: &Matcher) -> WireMatcher {
@@ -291,6 +305,7 @@ pub(crate) fn encode_ticket(
         rollups: None,
         health: None,
         promql: None,
+        sql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -311,6 +326,7 @@ pub(crate) fn encode_health_ticket(
         rollups: None,
         health: Some(part.name().to_owned()),
         promql: None,
+        sql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -345,6 +361,7 @@ pub(crate) fn encode_rollup_ticket(
         }),
         health: None,
         promql: None,
+        sql: None,
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
@@ -434,13 +451,26 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
             ));
         }
     };
-    if [health.is_some(), rollups.is_some(), t.promql.is_some()]
-        .into_iter()
-        .filter(|&b| b)
-        .count()
+    if [
+        health.is_some(),
+        rollups.is_some(),
+        t.promql.is_some(),
+        t.sql.is_some(),
+    ]
+    .into_iter()
+    .filter(|&b| b)
+    .count()
         > 1
     {
-        return Err("a ticket asks for one of rollups, health and PromQL, not several".into());
+        return Err("a ticket asks for one of rollups, health, PromQL and SQL, not several".into());
+    }
+    if let Some(sql) = &t.sql
+        && sql.len() > MAX_SQL_BYTES
+    {
+        return Err(format!(
+            "the ticket's SQL is {} bytes, over the limit of {MAX_SQL_BYTES}",
+            sql.len()
+        ));
     }
     if let Some(p) = &t.promql {
         p.check()?;
@@ -454,6 +484,7 @@ pub(crate) fn decode_ticket(bytes: &[u8]) -> Result<SelectRequest, String> {
         rollups,
         health,
         promql: t.promql,
+        sql: t.sql,
     })
 }
 
@@ -469,6 +500,25 @@ pub(crate) fn encode_promql_ticket(req: &PromqlRequest, shards: &BTreeSet<ShardK
         rollups: None,
         health: None,
         promql: Some(req.clone()),
+        sql: None,
+    };
+    serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
+}
+
+/// The ticket bytes of a SQL statement to run over the `samples` of
+/// `shards` (see the module docs).
+pub(crate) fn encode_sql_ticket(sql: &str, shards: &BTreeSet<ShardKey>) -> Vec<u8> {
+    let t = WireTicket {
+        v: TICKET_VERSION,
+        matchers: Vec::new(),
+        min_ts: i64::MIN,
+        max_ts: i64::MAX,
+        shards: wire_shards(shards),
+        labels_only: false,
+        rollups: None,
+        health: None,
+        promql: None,
+        sql: Some(sql.to_owned()),
     };
     serde_json::to_vec(&t).expect("BUG: a ticket of strings and integers serializes")
 }
