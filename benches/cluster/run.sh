@@ -122,5 +122,26 @@ print(f"  = {100 * pushed / (covered * 16):.3f} % of the raw samples' bytes (goa
 print(f"  the same selector read raw (not pushed down): {raw:,} bytes from peers")
 PY
 
+say "bytes between nodes: a SQL aggregate pushed down, and the same rows read raw"
+sql() { curl -fsS "http://127.0.0.1:37401/api/v1/sql" --data-binary "$1"; }
+SQL_WHERE="FROM samples WHERE metric = 'DCGM_FI_DEV_POWER_USAGE'"
+SQL_AGG="SELECT rack, count(*), avg(value) $SQL_WHERE GROUP BY rack"
+b3=$(flight_bytes)
+sql "$SQL_AGG" > "$WORK/sql_agg.json"
+b4=$(flight_bytes)
+# median() is not pushed down: the same rows travel raw.
+sql "SELECT rack, median(value) $SQL_WHERE GROUP BY rack" > /dev/null
+b5=$(flight_bytes)
+SQL_COVERED=$(sql "SELECT count(*) AS n $SQL_WHERE" \
+  | python3 -c 'import json, sys; d = json.load(sys.stdin); r = d["rows"][0] if "rows" in d else d[0]; print(int(r["n"] if isinstance(r, dict) else r[0]))')
+python3 - "$((b4 - b3))" "$((b5 - b4))" "$SQL_COVERED" "$SQL_AGG" <<'PY' | tee -a "$OUT/bytes.txt"
+import sys
+pushed, raw, covered, q = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+print(f"{q}:")
+print(f"  pushed down: {pushed:,} bytes from peers; raw samples covered: {covered:,} ({covered * 16:,} bytes at 16 B/sample)")
+print(f"  = {100 * pushed / (covered * 16):.4f} % of the raw samples' bytes (goal <= 1 %)")
+print(f"  median(value) instead (not pushed down): {raw:,} bytes from peers")
+PY
+
 say "cluster status"
 "$BIN" cluster status --cluster "$FILE"

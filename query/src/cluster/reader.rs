@@ -929,9 +929,75 @@ impl ClusterReader {
         deadline: crate::limits::Deadline,
     ) -> PartialsAnswer {
         let inner = &self.inner;
-        let map = inner.state.map();
-        if map.epochs_overlapping(data_min, data_max).len() > 1 {
+        let queries = request.queries.len();
+        let mut rows = Vec::new();
+        let mut local_error = None;
+        let warnings = self
+            .partial_read(
+                matchers,
+                data_min,
+                data_max,
+                |local_keys, unknown_too| {
+                    let storage = inner.storage.clone();
+                    let request = request.clone();
+                    async move {
+                        let filter = super::ShardFilter {
+                            assigned: local_keys.map(Arc::new),
+                            unknown_too: unknown_too.map(Arc::new),
+                        };
+                        tokio::task::spawn_blocking(move || {
+                            crate::promql::pushdown_partials(&storage, filter, &request, deadline)
+                        })
+                        .await
+                        .map_err(|e| {
+                            ClusterError::Internal(format!("evaluating on this node failed: {e}"))
+                        })
+                    }
+                },
+                |addr, shards| {
+                    let ticket = wire::encode_promql_ticket(&request, shards);
+                    async move { self.fetch_partials(addr, ticket, queries).await.map(Ok) }
+                },
+                |answer| match answer {
+                    Ok(r) => rows.extend(r),
+                    Err(e) => local_error = Some(e),
+                },
+            )
+            .await?;
+        let Some(warnings) = warnings else {
             debug!("PromQL pushdown: the range spans an epoch change; reading raw samples");
+            return Ok(None);
+        };
+        if let Some(e) = local_error {
+            return Err(e);
+        }
+        inner.metrics.promql_pushdowns.fetch_add(1, Relaxed);
+        Ok(Some((rows, warnings)))
+    }
+
+    /// A read that each planned owner answers with a partial result of its
+    /// shards (`local` for this node's, `remote` for a peer's at its Flight
+    /// address), passed to `merge`: the PromQL and SQL pushdowns. Returns
+    /// the read's warnings, or `None` when the data `[data_min, data_max]`
+    /// spans an epoch change (a series may be split between owners) and
+    /// nothing was read.
+    async fn partial_read<A, L, LFut, R, RFut>(
+        &self,
+        matchers: &[Matcher],
+        data_min: i64,
+        data_max: i64,
+        local: L,
+        remote: R,
+        merge: impl FnMut(A),
+    ) -> Result<Option<Vec<String>>, ClusterError>
+    where
+        L: FnMut(Option<BTreeSet<ShardKey>>, Option<BTreeSet<ShardKey>>) -> LFut,
+        LFut: Future<Output = Result<A, ClusterError>>,
+        R: Fn(SocketAddr, &BTreeSet<ShardKey>) -> RFut,
+        RFut: Future<Output = Result<A, FetchError>>,
+    {
+        let map = self.inner.state.map();
+        if map.epochs_overlapping(data_min, data_max).len() > 1 {
             return Ok(None);
         }
         let mut warnings = self.preflight().await?;
@@ -947,47 +1013,44 @@ impl ClusterReader {
             min_ts: data_min,
             max_ts: data_max,
         };
-        let queries = request.queries.len();
-        let mut rows = Vec::new();
-        let mut local_error = None;
         self.fan_out(
             round,
             &mut failed,
             &mut missing,
-            |local_keys, unknown_too| {
-                let storage = inner.storage.clone();
-                let request = request.clone();
-                async move {
-                    let filter = super::ShardFilter {
-                        assigned: local_keys.map(Arc::new),
-                        unknown_too: unknown_too.map(Arc::new),
-                    };
-                    tokio::task::spawn_blocking(move || {
-                        crate::promql::pushdown_partials(&storage, filter, &request, deadline)
-                    })
-                    .await
-                    .map_err(|e| {
-                        ClusterError::Internal(format!("evaluating on this node failed: {e}"))
-                    })
-                }
-            },
-            |node, shards| {
-                let addr = map.nodes()[node].flight;
-                let ticket = wire::encode_promql_ticket(&request, shards);
-                async move { self.fetch_partials(addr, ticket, queries).await.map(Ok) }
-            },
-            |answer| match answer {
-                Ok(r) => rows.extend(r),
-                Err(e) => local_error = Some(e),
-            },
+            local,
+            |node, shards| remote(map.nodes()[node].flight, shards),
+            merge,
         )
         .await?;
-        if let Some(e) = local_error {
-            return Err(e);
-        }
         self.missing_warnings(&map, missing, &failed, &mut warnings);
-        inner.metrics.promql_pushdowns.fetch_add(1, Relaxed);
-        Ok(Some((rows, warnings)))
+        Ok(Some(warnings))
+    }
+
+    /// Reads one peer's PromQL answer to a ticket of `queries` queries, all
+    /// of it or nothing.
+    async fn fetch_partials(
+        &self,
+        addr: SocketAddr,
+        ticket: Vec<u8>,
+        queries: usize,
+    ) -> Result<Vec<wire::PartialRow>, FetchError> {
+        let metrics = &self.inner.metrics;
+        let limit = self.inner.config.max_peer_samples;
+        let mut rows = Vec::new();
+        let mut points = 0usize;
+        self.read_answer(addr, ticket, |batch| {
+            points +=
+                wire::decode_partials(batch, queries, &mut rows).map_err(BatchError::Malformed)?;
+            if points > limit {
+                return Err(BatchError::TooLarge);
+            }
+            Ok(())
+        })
+        .await?;
+        metrics
+            .peer_partial_points_received
+            .fetch_add(points as u64, Relaxed);
+        Ok(rows)
     }
 
     /// Whether the data `[min_ts, max_ts]` spans an epoch change of the
@@ -1017,58 +1080,43 @@ impl ClusterReader {
         data_max: i64,
     ) -> Result<Option<(Vec<RecordBatch>, Vec<String>)>, ClusterError> {
         let inner = &self.inner;
-        let map = inner.state.map();
-        if map.epochs_overlapping(data_min, data_max).len() > 1 {
-            return Ok(None);
-        }
-        let mut warnings = self.preflight().await?;
-        let me = self.self_index(&map)?;
-        let (known, keys) = self.shards_to_read(matchers);
-        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
-        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        let round = Round {
-            map: &map,
-            me,
-            known: &known,
-            keys: &keys,
-            min_ts: data_min,
-            max_ts: data_max,
-        };
         let mut batches: Vec<RecordBatch> = Vec::new();
         let mut local_error = None;
-        self.fan_out(
-            round,
-            &mut failed,
-            &mut missing,
-            |local_keys, unknown_too| {
-                let storage = inner.storage.clone();
-                async move {
-                    let filter = super::ShardFilter {
-                        assigned: local_keys.map(Arc::new),
-                        unknown_too: unknown_too.map(Arc::new),
-                    };
-                    Ok(crate::sql_pushdown::run_partial(storage, filter, sql)
-                        .await
-                        .map(|(_, b)| b))
-                }
-            },
-            |node, shards| {
-                let addr = map.nodes()[node].flight;
-                let ticket = wire::encode_sql_ticket(sql, shards);
-                async move { self.fetch_sql_partials(addr, ticket).await.map(Ok) }
-            },
-            |answer| match answer {
-                Ok(b) => batches.extend(b),
-                Err(e) => local_error = Some(e),
-            },
-        )
-        .await?;
+        let warnings = self
+            .partial_read(
+                matchers,
+                data_min,
+                data_max,
+                |local_keys, unknown_too| {
+                    let storage = inner.storage.clone();
+                    async move {
+                        let filter = super::ShardFilter {
+                            assigned: local_keys.map(Arc::new),
+                            unknown_too: unknown_too.map(Arc::new),
+                        };
+                        Ok(crate::sql_pushdown::run_partial(storage, filter, sql)
+                            .await
+                            .map(|(_, b)| b))
+                    }
+                },
+                |addr, shards| {
+                    let ticket = wire::encode_sql_ticket(sql, shards);
+                    async move { self.fetch_sql_partials(addr, ticket).await.map(Ok) }
+                },
+                |answer| match answer {
+                    Ok(b) => batches.extend(b),
+                    Err(e) => local_error = Some(e),
+                },
+            )
+            .await?;
+        let Some(warnings) = warnings else {
+            return Ok(None);
+        };
         if let Some(e) = local_error {
             return Err(ClusterError::Internal(format!(
                 "running the pushed-down SQL on this node: {e}"
             )));
         }
-        self.missing_warnings(&map, missing, &failed, &mut warnings);
         inner.metrics.sql_pushdowns.fetch_add(1, Relaxed);
         Ok(Some((batches, warnings)))
     }
@@ -1096,33 +1144,6 @@ impl ClusterReader {
             .peer_partial_points_received
             .fetch_add(rows as u64, Relaxed);
         Ok(batches)
-    }
-
-    /// Reads one peer's PromQL answer to a ticket of `queries` queries, all
-    /// of it or nothing.
-    async fn fetch_partials(
-        &self,
-        addr: SocketAddr,
-        ticket: Vec<u8>,
-        queries: usize,
-    ) -> Result<Vec<wire::PartialRow>, FetchError> {
-        let metrics = &self.inner.metrics;
-        let limit = self.inner.config.max_peer_samples;
-        let mut rows = Vec::new();
-        let mut points = 0usize;
-        self.read_answer(addr, ticket, |batch| {
-            points +=
-                wire::decode_partials(batch, queries, &mut rows).map_err(BatchError::Malformed)?;
-            if points > limit {
-                return Err(BatchError::TooLarge);
-            }
-            Ok(())
-        })
-        .await?;
-        metrics
-            .peer_partial_points_received
-            .fetch_add(points as u64, Relaxed);
-        Ok(rows)
     }
 }
 
