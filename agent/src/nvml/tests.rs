@@ -656,3 +656,102 @@ fn live_readings_agree_with_nvidia_smi() {
     }
     assert_eq!(seen, src.inventory().len());
 }
+
+/// What each NVML call of a poll costs on this host (wall time, mean of 20),
+/// and the CPU the XID thread takes while the source only waits: where a
+/// poll's time goes (docs/BENCHMARKS.md, "On a real GPU"). Prints a table;
+/// asserts only that the calls answer.
+#[cfg(feature = "nvml-live")]
+#[test]
+#[ignore = "needs a GPU and libnvidia-ml: cargo test -p agent --features nvml-live -- --ignored"]
+#[allow(clippy::print_stdout)] // the table is the result
+fn live_cost_of_each_call() {
+    /// utime + stime of this process, in clock ticks (/proc/self/stat).
+    fn cpu_ticks() -> u64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let f: Vec<&str> = after.split(' ').collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    }
+    let mut src = NvmlSource::open().expect("NVML on this host");
+    let idle0 = cpu_ticks();
+    std::thread::sleep(Duration::from_secs(5));
+    println!(
+        "process CPU while idle for 5 s (XID thread waiting): {} ticks",
+        cpu_ticks() - idle0
+    );
+    const N: u32 = 20;
+    macro_rules! cost {
+        ($name:expr, $call:expr) => {{
+            let t = Instant::now();
+            let mut ok = 0;
+            for _ in 0..N {
+                ok += u32::from($call.is_ok());
+            }
+            println!(
+                "{:<28} {:>9.3} ms  ({ok}/{N} answered)",
+                $name,
+                t.elapsed().as_secs_f64() * 1e3 / f64::from(N)
+            );
+        }};
+    }
+    let ids: Vec<u32> = FIELDS.iter().map(|(id, _)| *id).collect();
+    let gpm: Vec<GpmMetric> = GPM.iter().map(|(g, _, _)| *g).collect();
+    let d = src.devices[0].as_mut();
+    cost!("clock_mhz(Sm)", d.clock_mhz(ClockDomain::Sm));
+    cost!("clock_mhz(Memory)", d.clock_mhz(ClockDomain::Memory));
+    cost!("gpu_temp_c", d.gpu_temp_c());
+    cost!("power_mw", d.power_mw());
+    cost!("energy_mj", d.energy_mj());
+    cost!("pcie_replays", d.pcie_replays());
+    cost!("utilization", d.utilization());
+    cost!("encoder_util_pct", d.encoder_util_pct());
+    cost!("decoder_util_pct", d.decoder_util_pct());
+    cost!("memory", d.memory());
+    cost!("nvlink_throughput", d.nvlink_throughput());
+    cost!("clocks_event_reasons", d.clocks_event_reasons());
+    cost!(
+        format!("field_values({} ids)", ids.len()),
+        d.field_values(&ids)
+    );
+    for id in &ids {
+        cost!(format!("  field {id}"), d.field_values(&[*id]));
+    }
+    // Energy as a field value instead of nvmlDeviceGetTotalEnergyConsumption.
+    let energy = fi::NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION;
+    cost!("  field 83 (energy)", d.field_values(&[energy]));
+    let mut with_energy = ids.clone();
+    with_energy.push(energy);
+    cost!(
+        format!("field_values({} ids)", with_energy.len()),
+        d.field_values(&with_energy)
+    );
+    let by_call = d.energy_mj().unwrap();
+    let by_field = d.field_values(&[energy]).unwrap().remove(0);
+    println!("energy: {by_call} mJ by call, {by_field:?} by field");
+    // GPM reports over the time between two samples: 10 ms apart, not timed.
+    let (mut took, mut ok) = (Duration::ZERO, 0);
+    for _ in 0..N {
+        std::thread::sleep(Duration::from_millis(10));
+        let t = Instant::now();
+        ok += u32::from(d.gpm(None, &gpm).is_ok());
+        took += t.elapsed();
+    }
+    println!(
+        "{:<28} {:>9.3} ms  ({ok}/{N} answered)",
+        format!("gpm({} metrics)", gpm.len()),
+        took.as_secs_f64() * 1e3 / f64::from(N)
+    );
+    let t = Instant::now();
+    let c0 = cpu_ticks();
+    for _ in 0..N {
+        poll(&mut src);
+    }
+    println!(
+        "{:<28} {:>9.3} ms wall, {} CPU ticks for {N}",
+        "whole poll (sample)",
+        t.elapsed().as_secs_f64() * 1e3 / f64::from(N),
+        cpu_ticks() - c0
+    );
+    assert_eq!(src.stats().errors(), 0);
+}
