@@ -8,6 +8,9 @@
 #   benches/cluster/run.sh            # GPUS=1000 SPAN=10m
 #   GPUS=200 SPAN=2m benches/cluster/run.sh
 #
+# Then, unless SINGLE=0, the same fleet and query set in one node, and the
+# cluster-vs-one-node p50 ratios.
+#
 # Settings (environment): GPUS, SPAN, REPS (query repetitions, default 10),
 # GPULSE_BIN (default: build `--release`; gpulse-bench is the one beside
 # it, or BENCH_BIN), OUT (default target/cluster-bench).
@@ -145,3 +148,38 @@ PY
 
 say "cluster status"
 "$BIN" cluster status --cluster "$FILE"
+
+if [ "${SINGLE:-1}" = 1 ]; then
+  # The same fleet in one node, for the cluster-vs-one-node ratio (goal
+  # within 1.5x). The cluster is stopped first: the single node gets the VM.
+  for p in "${NODE_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${NODE_PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+  say "one node with the same fleet, the same query set"
+  "$BIN" serve --data-dir "$WORK/single" --grpc-listen 127.0.0.1:27400 \
+    --http-listen 127.0.0.1:27401 --pg-listen off --flush-interval 2m > "$WORK/single.log" 2>&1 &
+  PIDS+=("$!")
+  for _ in $(seq 600); do
+    curl -fsS -o /dev/null http://127.0.0.1:27401/api/v1/status/buildinfo 2>/dev/null && break
+    sleep 0.1
+  done
+  "$BENCH" ingest --url http://127.0.0.1:27400 --gpus "$GPUS" --interval 1s --span "$SPAN" \
+    --end-ms "$END_MS" --json "$OUT/single-ingest.jsonl" > /dev/null
+  "$BENCH" query --url http://127.0.0.1:27401 --sql --at-ms "$END_MS" --reps "$REPS" \
+    --system gpulse-single --json "$OUT/single-query.jsonl"
+  python3 - "$OUT/query.jsonl" "$OUT/single-query.jsonl" <<'PY' | tee "$OUT/ratio.txt"
+import json, sys
+def p50(path):
+    out = {}
+    for line in open(path):
+        r = json.loads(line)
+        if r.get("p50_ms") is not None:
+            out[(r["query"], r["language"])] = r["p50_ms"]
+    return out
+cluster, single = p50(sys.argv[1]), p50(sys.argv[2])
+print("| query | language | one node p50 (ms) | cluster p50 (ms) | ratio |")
+print("| --- | --- | --- | --- | --- |")
+for k in sorted(single):
+    if k in cluster:
+        print(f"| `{k[0]}` | {k[1]} | {single[k]:.2f} | {cluster[k]:.2f} | {cluster[k] / single[k]:.2f}x |")
+PY
+fi
