@@ -398,3 +398,60 @@ fn a_healthy_h200_under_load_at_its_power_cap_raises_nothing() {
     }
     assert!(out.is_empty(), "{out:?}");
 }
+
+/// The same H200 trace with a hardware thermal slowdown spliced into its
+/// matmul phase (reason bit 0x40 beside the power cap, and the HW thermal
+/// counter growing by half of each interval) for 20 s: one critical
+/// thermal-throttle event opens within the hold (10 s, 3 polls) of the first
+/// throttled poll, names that poll as onset, and clears 30 s after the last.
+#[test]
+fn a_thermal_slowdown_spliced_into_the_h200_trace_opens_once_and_clears() {
+    let mut polls = crate::real_data::load_h200();
+    let capped: Vec<usize> = (0..polls.len())
+        .filter(|&i| polls[i].get(Field::ClockThrottleReasons) == Some(4.0))
+        .collect();
+    let (first, last) = (capped[5], capped[5] + 20);
+    assert!(
+        last < *capped.last().unwrap(),
+        "the splice stays in the matmul"
+    );
+    let mut counter = polls[first - 1]
+        .get(Field::ClocksEventHwThermSlowdownNs)
+        .unwrap();
+    assert_eq!(counter, 0.0, "the recording has no HW thermal slowdown");
+    for i in first..=last {
+        let dt_ns = (polls[i].ts_ms - polls[i - 1].ts_ms) as f64 * 1e6;
+        counter += dt_ns / 2.0;
+        polls[i].set(Field::ClockThrottleReasons, 4.0 + 64.0);
+        polls[i].set(Field::ClocksEventHwThermSlowdownNs, counter);
+    }
+    // The counter keeps its value after the slowdown ends.
+    for p in &mut polls[last + 1..] {
+        p.set(Field::ClocksEventHwThermSlowdownNs, counter);
+    }
+    let mut gpu = GpuHealth::new(&HealthConfig::default());
+    let mut out = Vec::new();
+    for p in &polls {
+        gpu.observe(p, &mut out);
+    }
+    assert_eq!(out.len(), 2, "{out:?}");
+    let Transition::Opened(f) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(f.kind, Kind::ThermalThrottle);
+    assert_eq!(f.severity, Severity::Critical);
+    assert_eq!(f.onset_ts_ms, polls[first].ts_ms);
+    let held = f.detected_ts_ms - polls[first].ts_ms;
+    assert!(
+        (10_000..=12_000).contains(&held),
+        "detected {held} ms after onset"
+    );
+    let Transition::Cleared(c) = &out[1] else {
+        panic!("{out:?}")
+    };
+    let quiet = c.cleared_ts_ms - polls[last].ts_ms;
+    assert!(
+        (30_000..=32_000).contains(&quiet),
+        "cleared {quiet} ms after the last"
+    );
+}
