@@ -4,8 +4,9 @@
 //!
 //! # What is pushed down
 //!
-//! An `Aggregate` of the statement's plan whose input is `samples` under
-//! `WHERE` filters alone (no join, subquery or projection between), whose
+//! An `Aggregate` of the statement's plan whose input is `samples` (or
+//! `samples` under an alias) with `WHERE` filters alone (no join, subquery or
+//! projection between), whose
 //! groups are plain `GROUP BY` expressions (no `GROUPING SETS`, `ROLLUP`,
 //! `CUBE`), and whose aggregates are `count`, `sum`, `min`, `max` and `avg`
 //! without `DISTINCT`, `FILTER` or `ORDER BY` (`sum` and `avg` of `Int64` or
@@ -158,14 +159,20 @@ fn candidate(
     a: &Aggregate,
     now: Option<chrono::DateTime<chrono::Utc>>,
 ) -> Result<Option<Candidate>, DataFusionError> {
-    // The input: filters over a scan of `samples`.
+    // The input: filters over a scan of `samples`, perhaps under an alias
+    // (`FROM samples s`).
     let mut filters = Vec::new();
+    let mut alias = None;
     let mut input = a.input.as_ref();
     loop {
         match input {
-            LogicalPlan::Filter(f) => {
+            LogicalPlan::Filter(f) if alias.is_none() => {
                 filters.push(f.predicate.clone());
                 input = f.input.as_ref();
+            }
+            LogicalPlan::SubqueryAlias(sa) if alias.is_none() => {
+                alias = Some(sa.alias.table().to_owned());
+                input = sa.input.as_ref();
             }
             LogicalPlan::TableScan(t)
                 if t.table_name.table() == "samples"
@@ -244,7 +251,11 @@ fn candidate(
         }
         merges.push(merge);
     }
-    let mut sql = format!("SELECT {} FROM samples", select.join(", "));
+    let from = match &alias {
+        None => "samples".to_owned(),
+        Some(a) => format!("samples AS \"{}\"", a.replace('"', "\"\"")),
+    };
+    let mut sql = format!("SELECT {} FROM {from}", select.join(", "));
     if !filters.is_empty() {
         let mut parts = Vec::new();
         for f in &filters {

@@ -1757,7 +1757,7 @@ fn the_flight_ticket_fuzz_seeds_decode() {
 /// SQL aggregates over `samples` that run on each owner (`sql_pushdown`).
 /// The fleet's values are multiples of 0.25 under 2^20, so every sum is
 /// exact in any order and the answers must be equal to the last bit.
-const SQL_PUSHED: [&str; 8] = [
+const SQL_PUSHED: [&str; 9] = [
     "SELECT count(*) FROM samples",
     "SELECT rack, metric, count(*), sum(value), min(value), max(value), avg(value) \
      FROM samples GROUP BY rack, metric ORDER BY rack, metric",
@@ -1772,6 +1772,8 @@ const SQL_PUSHED: [&str; 8] = [
      GROUP BY upper(host) ORDER BY h LIMIT 5",
     // DataFusion turns it into a count over a GROUP BY host, which is pushed.
     "SELECT count(DISTINCT host) FROM samples",
+    "SELECT s.metric, min(s.value) AS low FROM samples s WHERE s.gpu = '0' GROUP BY s.metric \
+     ORDER BY s.metric",
 ];
 
 fn table_text(q: &str, r: &QueryResult) -> String {
