@@ -41,6 +41,7 @@
 //! own `avg` also merges partial sums and counts, across its partitions).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -124,7 +125,6 @@ impl OptimizerRule for SqlPushdown {
         config: &dyn OptimizerConfig,
     ) -> Result<Transformed<LogicalPlan>, DataFusionError> {
         let now = config.query_execution_start_time();
-        let mut n = 0;
         plan.transform_up(|node| {
             let LogicalPlan::Aggregate(a) = &node else {
                 return node.recompute_schema().map(Transformed::no);
@@ -137,7 +137,10 @@ impl OptimizerRule for SqlPushdown {
                 debug!("SQL pushdown: the range spans an epoch change; reading raw samples");
                 return Ok(Transformed::no(node));
             }
-            n += 1;
+            // A name of its own for each scan of partial results, across the
+            // optimizer's passes too.
+            static NEXT: AtomicU64 = AtomicU64::new(1);
+            let n = NEXT.fetch_add(1, Relaxed);
             let table = PartialsTable {
                 schema: c.schema.clone(),
                 sql: c.sql.clone(),
@@ -324,7 +327,7 @@ fn merge_plan(
     c: &Candidate,
     table: PartialsTable,
     out: &DFSchemaRef,
-    n: usize,
+    n: u64,
 ) -> Result<Option<LogicalPlan>, DataFusionError> {
     let name = format!("{PARTIALS}_{n}");
     let scan = LogicalPlanBuilder::scan(&name, provider_as_source(Arc::new(table)), None)?;

@@ -1844,6 +1844,18 @@ async fn sql_aggregates_are_pushed_down_and_answer_as_one_node() {
     let hottest = temps.iter().copied().fold(f64::MIN, f64::max);
     assert_eq!(b.column(1).as_primitive::<Float64Type>().value(0), hottest);
 
+    // Two aggregates in one statement, the second pushed down only after
+    // DataFusion rewrote its DISTINCT: both run on the owners.
+    let q = "SELECT * FROM (SELECT count(*) AS a FROM samples) x \
+             CROSS JOIN (SELECT count(DISTINCT host) AS b FROM samples) y";
+    let before = m.sql_pushdowns.load(Relaxed);
+    let got = f.sql_engine().sql(q).await.unwrap();
+    assert_eq!(
+        table_text(q, &got),
+        table_text(q, &reference.sql(q).await.unwrap())
+    );
+    assert_eq!(m.sql_pushdowns.load(Relaxed), before + 2, "{q}");
+
     // Not pushed down, and still right: a join, an aggregate DISTINCT with
     // another one, a median.
     for q in [
