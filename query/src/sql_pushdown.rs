@@ -33,6 +33,11 @@
 //! bounds and the cluster has had more than one epoch), the statement reads
 //! raw samples.
 //!
+//! A node runs the partial statement in a context of its own with only
+//! `samples` (of the listed shards) and DataFusion's built-in functions: a
+//! statement that groups or filters by one of the PostgreSQL catalog
+//! functions (`format_type`, ...) fails there, and so fails the query.
+//!
 //! # Exactness
 //!
 //! `count`, `min` and `max` are exact. `sum` adds the nodes' partial sums, so
