@@ -429,6 +429,22 @@ pub(crate) struct ShardFilter {
 }
 
 impl ShardFilter {
+    /// The shards `assigned` and, with `unknown_too`, every shard not in it.
+    pub(crate) fn new(
+        assigned: Option<BTreeSet<ShardKey>>,
+        unknown_too: Option<BTreeSet<ShardKey>>,
+    ) -> Self {
+        Self {
+            assigned: assigned.map(Arc::new),
+            unknown_too: unknown_too.map(Arc::new),
+        }
+    }
+
+    /// Exactly the shards `assigned`: what a peer reads for a ticket.
+    pub(crate) fn only(assigned: BTreeSet<ShardKey>) -> Self {
+        Self::new(Some(assigned), None)
+    }
+
     pub(crate) fn admits(&self, shard: &ShardKey) -> bool {
         self.assigned.as_ref().is_some_and(|a| a.contains(shard))
             || self

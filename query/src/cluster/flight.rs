@@ -66,10 +66,7 @@ impl FlightNode {
         sql: &str,
         shards: std::collections::BTreeSet<cluster::ShardKey>,
     ) -> Result<Response<BoxStream<'static, Result<FlightData, Status>>>, Status> {
-        let filter = super::ShardFilter {
-            assigned: Some(Arc::new(shards)),
-            unknown_too: None,
-        };
+        let filter = super::ShardFilter::only(shards);
         let run = crate::sql_pushdown::run_partial(self.storage.clone(), filter, sql);
         let (schema, batches) = match tokio::time::timeout(self.timeout, run).await {
             Err(_) => {
@@ -86,16 +83,26 @@ impl FlightNode {
             }
             Ok(Ok(answer)) => answer,
         };
+        let batches = futures::stream::iter(batches.into_iter().map(Ok));
+        Ok(Response::new(self.encode(schema, batches)))
+    }
+
+    /// `batches` as Flight data in `schema`, their bytes counted as sent.
+    fn encode(
+        &self,
+        schema: arrow::datatypes::SchemaRef,
+        batches: impl futures::Stream<Item = Result<RecordBatch, FlightError>> + Send + 'static,
+    ) -> BoxStream<'static, Result<FlightData, Status>> {
         let sent = self.metrics.clone();
-        let stream = FlightDataEncoderBuilder::new()
+        FlightDataEncoderBuilder::new()
             .with_schema(schema)
-            .build(futures::stream::iter(batches.into_iter().map(Ok)))
+            .build(batches)
             .inspect_ok(move |d| {
                 let bytes = d.data_header.len() + d.data_body.len();
                 sent.flight_bytes_sent.fetch_add(bytes as u64, Relaxed);
             })
-            .map_err(Status::from);
-        Ok(Response::new(stream.boxed()))
+            .map_err(Status::from)
+            .boxed()
     }
 
     /// Ends each DoGet with `DEADLINE_EXCEEDED` after `timeout`. A DoGet
@@ -201,10 +208,7 @@ fn produce(
         return;
     }
     if let Some(p) = &req.promql {
-        let filter = super::ShardFilter {
-            assigned: Some(Arc::new(req.shards.clone())),
-            unknown_too: None,
-        };
+        let filter = super::ShardFilter::only(req.shards.clone());
         let rows = match crate::promql::pushdown_partials(storage, filter, p, deadline) {
             Ok(rows) => rows,
             Err(e) => {
@@ -361,16 +365,7 @@ impl FlightService for FlightNode {
                     Ok(Some(item)) => Some((item, Some(rx))),
                 }
             });
-        let sent = self.metrics.clone();
-        let stream = FlightDataEncoderBuilder::new()
-            .with_schema(schema)
-            .build(batches)
-            .inspect_ok(move |d| {
-                let bytes = d.data_header.len() + d.data_body.len();
-                sent.flight_bytes_sent.fetch_add(bytes as u64, Relaxed);
-            })
-            .map_err(Status::from);
-        Ok(Response::new(stream.boxed()))
+        Ok(Response::new(self.encode(schema, batches)))
     }
 
     async fn handshake(

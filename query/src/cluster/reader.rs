@@ -941,10 +941,7 @@ impl ClusterReader {
                     let storage = inner.storage.clone();
                     let request = request.clone();
                     async move {
-                        let filter = super::ShardFilter {
-                            assigned: local_keys.map(Arc::new),
-                            unknown_too: unknown_too.map(Arc::new),
-                        };
+                        let filter = super::ShardFilter::new(local_keys, unknown_too);
                         tokio::task::spawn_blocking(move || {
                             crate::promql::pushdown_partials(&storage, filter, &request, deadline)
                         })
@@ -1090,10 +1087,7 @@ impl ClusterReader {
                 |local_keys, unknown_too| {
                     let storage = inner.storage.clone();
                     async move {
-                        let filter = super::ShardFilter {
-                            assigned: local_keys.map(Arc::new),
-                            unknown_too: unknown_too.map(Arc::new),
-                        };
+                        let filter = super::ShardFilter::new(local_keys, unknown_too);
                         Ok(crate::sql_pushdown::run_partial(storage, filter, sql)
                             .await
                             .map(|(_, b)| b))
@@ -1184,10 +1178,7 @@ fn read_local(
     assigned: Option<BTreeSet<ShardKey>>,
     unknown_too: Option<BTreeSet<ShardKey>>,
 ) -> Vec<(Arc<SeriesKey>, Part)> {
-    let filter = super::ShardFilter {
-        assigned: assigned.map(Arc::new),
-        unknown_too: unknown_too.map(Arc::new),
-    };
+    let filter = super::ShardFilter::new(assigned, unknown_too);
     storage
         .select(matchers, min_ts, max_ts)
         .into_iter()
