@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use promql_parser::parser::{AggregateExpr, LabelModifier};
 
-use super::eval::{Evaluator, unsupported};
+use super::eval::{Evaluator, Operand, SelectedPoints, unsupported};
 use super::value::{
     Elem, METRIC_NAME, Val, Vector, format_value, key_of, set_label, valid_label_name,
 };
@@ -21,18 +21,30 @@ impl Evaluator<'_> {
             return Ok(v);
         }
         let op = a.op.to_string();
-        let input = match self.eval(&a.expr)? {
-            Val::Vector(v) => v,
-            _ => {
-                return Err(PromError::BadData(format!(
-                    "expected an instant vector in aggregation {op}"
-                )));
-            }
-        };
         let (by, names) = match &a.modifier {
             None => (true, Vec::new()),
             Some(LabelModifier::Include(l)) => (true, l.labels.clone()),
             Some(LabelModifier::Exclude(l)) => (false, l.labels.clone()),
+        };
+        let simple = Op::parse(&op).filter(|o| *o != Op::Quantile);
+        let input = match simple.map(|_| self.operand(&a.expr)).transpose()?.flatten() {
+            Some(Operand::Series(series)) => {
+                let (op, mut grouping) =
+                    (simple.unwrap_or(Op::Sum), Grouping::new(by, names.clone()));
+                if let Some(out) = aggregate_series(op, &series, self.steps.len(), &mut grouping) {
+                    return Ok(Val::Vector(out));
+                }
+                super::functions::into_steps(self, series)?
+            }
+            Some(Operand::Steps(v)) => v,
+            None => match self.eval(&a.expr)? {
+                Val::Vector(v) => v,
+                _ => {
+                    return Err(PromError::BadData(format!(
+                        "expected an instant vector in aggregation {op}"
+                    )));
+                }
+            },
         };
         let scalar_param = |name: &str| -> Result<Vec<f64>> {
             match a.param.as_deref().map(|p| self.eval(p)).transpose()? {
@@ -44,11 +56,12 @@ impl Evaluator<'_> {
         };
         match op.as_str() {
             "sum" | "avg" | "min" | "max" | "count" | "group" | "stddev" | "stdvar" => {
+                let op = simple.unwrap_or(Op::Sum);
                 let mut grouping = Grouping::new(by, names);
                 Ok(Val::Vector(
                     input
                         .iter()
-                        .map(|v| aggregate(&op, v, &mut grouping, None))
+                        .map(|v| aggregate(op, v, &mut grouping, None))
                         .collect(),
                 ))
             }
@@ -59,7 +72,7 @@ impl Evaluator<'_> {
                     input
                         .iter()
                         .zip(q)
-                        .map(|(v, q)| aggregate(&op, v, &mut grouping, Some(q)))
+                        .map(|(v, q)| aggregate(Op::Quantile, v, &mut grouping, Some(q)))
                         .collect(),
                 ))
             }
@@ -158,16 +171,115 @@ impl Grouping {
     }
 }
 
+/// The aggregations that fold each group's values one at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Sum,
+    Avg,
+    Min,
+    Max,
+    Count,
+    Group,
+    Stddev,
+    Stdvar,
+    Quantile,
+}
+
+impl Op {
+    fn parse(op: &str) -> Option<Self> {
+        Some(match op {
+            "sum" => Self::Sum,
+            "avg" => Self::Avg,
+            "min" => Self::Min,
+            "max" => Self::Max,
+            "count" => Self::Count,
+            "group" => Self::Group,
+            "stddev" => Self::Stddev,
+            "stdvar" => Self::Stdvar,
+            "quantile" => Self::Quantile,
+            _ => return None,
+        })
+    }
+}
+
+/// One group's running value at one step, as Prometheus 2.42's
+/// `aggregation` keeps it (the values of `quantile` are kept apart).
+#[derive(Debug, Clone, Copy)]
+struct Acc {
+    value: f64,
+    mean: f64,
+    /// 0 for a group without a value yet.
+    count: f64,
+}
+
+impl Acc {
+    const EMPTY: Self = Self {
+        value: 0.0,
+        mean: 0.0,
+        count: 0.0,
+    };
+
+    fn new(op: Op, s: f64) -> Self {
+        Self {
+            value: if matches!(op, Op::Stddev | Op::Stdvar) {
+                0.0
+            } else {
+                s
+            },
+            mean: s,
+            count: 1.0,
+        }
+    }
+
+    fn add(&mut self, op: Op, s: f64) {
+        match op {
+            Op::Sum => self.value += s,
+            Op::Avg => {
+                self.count += 1.0;
+                if self.mean.is_infinite() {
+                    if s.is_infinite() && (self.mean > 0.0) == (s > 0.0) {
+                        return;
+                    }
+                    if !s.is_infinite() && !s.is_nan() {
+                        return;
+                    }
+                }
+                self.mean += s / self.count - self.mean / self.count;
+            }
+            Op::Max if self.value < s || self.value.is_nan() => self.value = s,
+            Op::Min if self.value > s || self.value.is_nan() => self.value = s,
+            Op::Count | Op::Group => self.count += 1.0,
+            Op::Stddev | Op::Stdvar => {
+                self.count += 1.0;
+                let delta = s - self.mean;
+                self.mean += delta / self.count;
+                self.value += delta * (s - self.mean);
+            }
+            _ => {}
+        }
+    }
+
+    /// The group's value (`quantile`'s is made from its values apart).
+    fn finish(&self, op: Op) -> f64 {
+        match op {
+            Op::Avg => self.mean,
+            Op::Count => self.count,
+            Op::Group => 1.0,
+            Op::Stdvar => self.value / self.count,
+            Op::Stddev => (self.value / self.count).sqrt(),
+            _ => self.value,
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Group {
     id: usize,
-    value: f64,
-    mean: f64,
-    count: f64,
+    acc: Acc,
     values: Vec<f64>,
 }
 
-fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> Vector {
+fn aggregate(op: Op, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> Vector {
     let mut groups: Vec<Group> = Vec::new();
     for e in v {
         let id = grouping.id(&e.labels);
@@ -177,14 +289,8 @@ fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> V
                 grouping.slots[id] = groups.len();
                 groups.push(Group {
                     id,
-                    value: if matches!(op, "stddev" | "stdvar") {
-                        0.0
-                    } else {
-                        s
-                    },
-                    mean: s,
-                    count: 1.0,
-                    values: if op == "quantile" {
+                    acc: Acc::new(op, s),
+                    values: if op == Op::Quantile {
                         vec![s]
                     } else {
                         Vec::new()
@@ -193,31 +299,10 @@ fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> V
             }
             i => {
                 let g = &mut groups[i];
-                match op {
-                    "sum" => g.value += s,
-                    "avg" => {
-                        g.count += 1.0;
-                        if g.mean.is_infinite() {
-                            if s.is_infinite() && (g.mean > 0.0) == (s > 0.0) {
-                                continue;
-                            }
-                            if !s.is_infinite() && !s.is_nan() {
-                                continue;
-                            }
-                        }
-                        g.mean += s / g.count - g.mean / g.count;
-                    }
-                    "max" if g.value < s || g.value.is_nan() => g.value = s,
-                    "min" if g.value > s || g.value.is_nan() => g.value = s,
-                    "count" | "group" => g.count += 1.0,
-                    "stddev" | "stdvar" => {
-                        g.count += 1.0;
-                        let delta = s - g.mean;
-                        g.mean += delta / g.count;
-                        g.value += delta * (s - g.mean);
-                    }
-                    "quantile" => g.values.push(s),
-                    _ => {}
+                if op == Op::Quantile {
+                    g.values.push(s);
+                } else {
+                    g.acc.add(op, s);
                 }
             }
         }
@@ -229,13 +314,8 @@ fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> V
         .into_iter()
         .map(|mut g| {
             let v = match op {
-                "avg" => g.mean,
-                "count" => g.count,
-                "group" => 1.0,
-                "stdvar" => g.value / g.count,
-                "stddev" => (g.value / g.count).sqrt(),
-                "quantile" => quantile(q.unwrap_or(f64::NAN), &mut g.values),
-                _ => g.value,
+                Op::Quantile => quantile(q.unwrap_or(f64::NAN), &mut g.values),
+                _ => g.acc.finish(op),
             };
             Elem {
                 labels: grouping.labels[g.id].clone(),
@@ -243,6 +323,57 @@ fn aggregate(op: &str, v: &Vector, grouping: &mut Grouping, q: Option<f64>) -> V
             }
         })
         .collect()
+}
+
+/// Most running values (steps × groups) [`aggregate_series`] holds at once.
+const MAX_SERIES_MAJOR_CELLS: usize = 1 << 22;
+
+/// [`aggregate`] at every step, from the input series by series: each
+/// series' group is found once, and its points fold into the running value
+/// of their step and group. Every step's groups and the order in which
+/// their values fold are those of [`aggregate`] over that step's vector
+/// (the series' order), so the answer is the same to the bit. `None` where
+/// the running values would pass [`MAX_SERIES_MAJOR_CELLS`].
+fn aggregate_series(
+    op: Op,
+    series: &[SelectedPoints],
+    steps: usize,
+    grouping: &mut Grouping,
+) -> Option<Vec<Vector>> {
+    let ids: Vec<usize> = series.iter().map(|(l, _)| grouping.id(l)).collect();
+    let n = grouping.labels.len();
+    if n.saturating_mul(steps) > MAX_SERIES_MAJOR_CELLS {
+        return None;
+    }
+    let mut cells = vec![Acc::EMPTY; n * steps];
+    // Each step's groups in the order their first value came.
+    let mut order: Vec<Vec<u32>> = vec![Vec::new(); steps];
+    for ((_, points), &g) in series.iter().zip(&ids) {
+        for &(i, v) in points {
+            let cell = &mut cells[i as usize * n + g];
+            if cell.count == 0.0 {
+                *cell = Acc::new(op, v);
+                order[i as usize].push(g as u32);
+            } else {
+                cell.add(op, v);
+            }
+        }
+    }
+    Some(
+        order
+            .into_iter()
+            .enumerate()
+            .map(|(i, groups)| {
+                groups
+                    .into_iter()
+                    .map(|g| Elem {
+                        labels: grouping.labels[g as usize].clone(),
+                        v: cells[i * n + g as usize].finish(op),
+                    })
+                    .collect()
+            })
+            .collect(),
+    )
 }
 
 pub(super) fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) -> Vector {

@@ -26,7 +26,7 @@ use axum::routing::get;
 use promql_parser::parser::Expr;
 
 use super::eval::Evaluator;
-use super::{Answer, LabelSet, PromEngine, PromError, PromValue, labels_of, parse};
+use super::{Answer, LabelSet, PromEngine, PromError, PromValue, Series, labels_of, parse};
 
 /// The Prometheus version reported by `/api/v1/status/buildinfo`. Grafana
 /// enables features by it; this is the release the evaluator follows.
@@ -149,15 +149,22 @@ fn success(data: &str) -> Response {
 
 /// A success answer with Prometheus's `warnings` when there are any.
 fn success_with(data: &str, warnings: &[String]) -> Response {
-    let body = if warnings.is_empty() {
-        format!(r#"{{"status":"success","data":{data}}}"#)
-    } else {
+    let mut body = String::with_capacity(data.len() + 64);
+    body.push_str(r#"{"status":"success","data":"#);
+    body.push_str(data);
+    json_body(body, warnings)
+}
+
+/// A success body started with `{"status":"success","data":` and its data,
+/// ended with the warnings.
+fn json_body(mut body: String, warnings: &[String]) -> Response {
+    if !warnings.is_empty() {
         let list: Vec<String> = warnings.iter().map(|w| json_str(w)).collect();
-        format!(
-            r#"{{"status":"success","data":{data},"warnings":[{}]}}"#,
-            list.join(",")
-        )
-    };
+        body.push_str(r#","warnings":["#);
+        body.push_str(&list.join(","));
+        body.push(']');
+    }
+    body.push('}');
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "application/json")],
@@ -166,11 +173,15 @@ fn success_with(data: &str, warnings: &[String]) -> Response {
         .into_response()
 }
 
-/// Renders an answer: its `data`, and its warnings and notes as warnings.
+/// Renders an answer into a whole success body but for its warnings and
+/// notes (returned, for [`json_body`]): the data is written once, where it
+/// stays (an answer can be megabytes).
 fn render_answer(a: &Answer) -> (String, Vec<String>) {
     let mut warnings = a.warnings.clone();
     crate::cluster::add_warnings(&mut warnings, a.notes.iter().cloned());
-    (render(&a.value), warnings)
+    let mut body = String::from(r#"{"status":"success","data":"#);
+    render_into(&mut body, &a.value);
+    (body, warnings)
 }
 
 fn bad(msg: impl Into<String>) -> PromError {
@@ -218,17 +229,46 @@ fn write_labels(out: &mut String, labels: &LabelSet) {
     out.push('}');
 }
 
+/// How many pieces a matrix is written in (see [`render`]).
+const RENDER_PIECES: usize = 16;
+
+/// About what one point of a matrix takes in JSON (`[1733312345,"243.57"]`).
+const POINT_BYTES: usize = 24;
+
+/// One series of a matrix; series after the first in a piece get a comma.
+fn write_series(out: &mut String, s: &Series) {
+    if !out.is_empty() {
+        out.push(',');
+    }
+    out.push_str(r#"{"metric":"#);
+    write_labels(out, &s.labels);
+    out.push_str(r#","values":["#);
+    for (j, (t, v)) in s.points.iter().enumerate() {
+        if j > 0 {
+            out.push(',');
+        }
+        write_point(out, *t, *v);
+    }
+    out.push_str("]}");
+}
+
 /// The `data` object of a query answer.
 pub fn render(value: &PromValue) -> String {
     let mut out = String::new();
+    render_into(&mut out, value);
+    out
+}
+
+/// [`render`] onto `out`.
+fn render_into(out: &mut String, value: &PromValue) {
     match value {
         PromValue::Scalar { t_ms, v } => {
             out.push_str(r#"{"resultType":"scalar","result":"#);
-            write_point(&mut out, *t_ms, *v);
+            write_point(out, *t_ms, *v);
         }
         PromValue::String { t_ms, v } => {
             out.push_str(r#"{"resultType":"string","result":["#);
-            write_ts(&mut out, *t_ms);
+            write_ts(out, *t_ms);
             out.push(',');
             out.push_str(&json_str(v));
             out.push(']');
@@ -240,35 +280,41 @@ pub fn render(value: &PromValue) -> String {
                     out.push(',');
                 }
                 out.push_str(r#"{"metric":"#);
-                write_labels(&mut out, &s.labels);
+                write_labels(out, &s.labels);
                 out.push_str(r#","value":"#);
-                write_point(&mut out, s.t_ms, s.v);
+                write_point(out, s.t_ms, s.v);
                 out.push('}');
             }
             out.push(']');
         }
         PromValue::Matrix(series) => {
             out.push_str(r#"{"resultType":"matrix","result":["#);
-            for (i, s) in series.iter().enumerate() {
+            // A large matrix (a dashboard panel of every GPU: hundreds of
+            // thousands of points) is written in pieces across the scan
+            // pool's threads, then joined in order.
+            let points: usize = series.iter().map(|s| s.points.len()).sum();
+            let pieces: Vec<&[Series]> = series
+                .chunks(series.len().div_ceil(RENDER_PIECES).max(1))
+                .collect();
+            let written = super::parallel::map(&pieces, points, |piece| {
+                let n: usize = piece.iter().map(|s| s.points.len()).sum();
+                let mut text = String::with_capacity(n * POINT_BYTES + piece.len() * 256);
+                for s in piece.iter() {
+                    write_series(&mut text, s);
+                }
+                text
+            });
+            out.reserve(written.iter().map(String::len).sum::<usize>() + written.len() + 2);
+            for (i, text) in written.iter().enumerate() {
                 if i > 0 {
                     out.push(',');
                 }
-                out.push_str(r#"{"metric":"#);
-                write_labels(&mut out, &s.labels);
-                out.push_str(r#","values":["#);
-                for (j, (t, v)) in s.points.iter().enumerate() {
-                    if j > 0 {
-                        out.push(',');
-                    }
-                    write_point(&mut out, *t, *v);
-                }
-                out.push_str("]}");
+                out.push_str(text);
             }
             out.push(']');
         }
     }
     out.push('}');
-    out
 }
 
 /// Runs blocking engine work on a query thread, within a query slot and
@@ -316,7 +362,7 @@ async fn query(
     })
     .await
     {
-        Ok((data, warnings)) => success_with(&data, &warnings),
+        Ok((body, warnings)) => json_body(body, &warnings),
         Err(e) => error(&e),
     }
 }
@@ -357,7 +403,7 @@ async fn query_range(
     })
     .await
     {
-        Ok((data, warnings)) => success_with(&data, &warnings),
+        Ok((body, warnings)) => json_body(body, &warnings),
         Err(e) => error(&e),
     }
 }

@@ -10,6 +10,7 @@ use promql_parser::parser::value::ValueType;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use storage::Matcher;
 
+use super::functions::RangeValue;
 use super::value::{
     Elem, LabelSetIds, METRIC_NAME, NameDropper, RangeInput, RawSeries, Val, Vector, check_unique,
     check_unique_steps,
@@ -19,7 +20,7 @@ use super::{LabelSet, PromEngine, PromError, PromValue, Sample, Series, is_stale
 type Result<T> = std::result::Result<T, PromError>;
 
 /// A series' label set and its (step index, value) points.
-type SelectedPoints = (Arc<LabelSet>, Vec<(u32, f64)>);
+pub(super) type SelectedPoints = (Arc<LabelSet>, Vec<(u32, f64)>);
 
 /// Prometheus's default `evaluation_interval`, the step of a subquery
 /// written without one (`x[1h:]`).
@@ -27,6 +28,22 @@ const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
 
 /// Most steps of one subquery's inner evaluation.
 const MAX_SUBQUERY_STEPS: i64 = 1_000_000;
+
+/// An instant vector as [`Evaluator::operand`] made it.
+pub(super) enum Operand {
+    /// Series by series, in the order a vector of each step holds them.
+    /// Two series have one label set only where a selector's source gave
+    /// them (a vector of a step would hold both too).
+    Series(Vec<SelectedPoints>),
+    /// A vector per step.
+    Steps(Vec<Vector>),
+}
+
+/// Whether no two of `series` have one label set.
+fn distinct_labels(series: &[SelectedPoints]) -> bool {
+    let mut seen = std::collections::HashSet::with_capacity(series.len());
+    series.iter().all(|(labels, _)| seen.insert(&**labels))
+}
 
 pub(super) struct Evaluator<'a> {
     pub(super) engine: &'a PromEngine,
@@ -486,6 +503,32 @@ impl<'a> Evaluator<'a> {
                 })
                 .collect(),
         ))
+    }
+
+    /// An instant-vector operand series by series, where it can be made
+    /// that way: a vector selector, or a range function over raw samples.
+    /// `None` for every other expression (evaluate it with [`Self::eval`]).
+    pub(super) fn operand(&self, expr: &Expr) -> Result<Option<Operand>> {
+        self.deadline.check().map_err(PromError::Refused)?;
+        match expr {
+            Expr::Paren(p) => self.operand(&p.expr),
+            Expr::VectorSelector(vs) => Ok(Some(Operand::Series(self.selector_points(vs, false)?))),
+            Expr::Call(c) if super::functions::is_range_function(c.func.name) => {
+                Ok(Some(
+                    match super::functions::range_series(self, c.func.name, &c.args.args)? {
+                        RangeValue::Steps(v) => Operand::Steps(v),
+                        // A label set met twice (two metrics, once their names
+                        // are dropped) is refused where the two meet at a step,
+                        // as the vector of that step would be.
+                        RangeValue::Series(series) if !distinct_labels(&series) => {
+                            Operand::Steps(super::functions::into_steps(self, series)?)
+                        }
+                        RangeValue::Series(series) => Operand::Series(series),
+                    },
+                ))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// A range vector argument: a matrix selector or a subquery.

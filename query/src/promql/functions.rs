@@ -5,7 +5,7 @@ use std::sync::Arc;
 use promql_parser::parser::{Call, Expr};
 
 use super::aggregate::quantile;
-use super::eval::{Evaluator, unsupported};
+use super::eval::{Evaluator, SelectedPoints, unsupported};
 use super::value::{
     Elem, LabelSetIds, METRIC_NAME, NameDropper, Val, Vector, check_unique_steps, drop_name, get,
     set_label, valid_label_name,
@@ -160,13 +160,10 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call) -> Result<Val> {
         let v = vector_arg(ev, &arg(args, 0, name)?)?;
         return checked(map_values(v, |x, _| f(x)));
     }
+    if is_range_function(name) {
+        return range_function(ev, name, args);
+    }
     match name {
-        "rate" | "increase" | "delta" | "irate" | "idelta" | "deriv" | "changes" | "resets"
-        | "avg_over_time" | "min_over_time" | "max_over_time" | "sum_over_time"
-        | "count_over_time" | "last_over_time" | "stddev_over_time" | "stdvar_over_time"
-        | "present_over_time" | "predict_linear" | "quantile_over_time" => {
-            range_function(ev, name, args)
-        }
         "time" => Ok(Val::Scalar(
             ev.steps.iter().map(|&t| t as f64 / 1000.0).collect(),
         )),
@@ -566,21 +563,23 @@ fn linear_regression(ts: &[i64], vs: &[f64], intercept_ms: i64) -> (f64, f64) {
 }
 
 /// `extrapolatedRate` of Prometheus 2.42 (`rate`, `increase`, `delta`).
-pub(super) fn extrapolated_rate(
-    ts: &[i64],
-    vs: &[f64],
+/// `w.may_fall` false says that no value of the window is below the one
+/// before it, so that a counter's resets need not be looked for.
+fn extrapolated_rate(
+    w: &RawWindow<'_>,
     range_start: i64,
     range_end: i64,
     range_ms: i64,
     is_counter: bool,
     is_rate: bool,
 ) -> Option<f64> {
+    let (ts, vs) = (w.ts, w.vs);
     if ts.len() < 2 {
         return None;
     }
     let last = vs.len() - 1;
     let mut result = vs[last] - vs[0];
-    if is_counter {
+    if is_counter && w.may_fall {
         let mut prev = vs[0];
         for &cur in &vs[1..] {
             if cur < prev {
@@ -636,7 +635,73 @@ pub(super) fn instant_value(ts: &[i64], vs: &[f64], is_rate: bool) -> Option<f64
     Some(result)
 }
 
+/// Whether `name` is a function of a range vector ([`range_series`]).
+pub(super) fn is_range_function(name: &str) -> bool {
+    matches!(
+        name,
+        "rate"
+            | "increase"
+            | "delta"
+            | "irate"
+            | "idelta"
+            | "deriv"
+            | "changes"
+            | "resets"
+            | "avg_over_time"
+            | "min_over_time"
+            | "max_over_time"
+            | "sum_over_time"
+            | "count_over_time"
+            | "last_over_time"
+            | "stddev_over_time"
+            | "stdvar_over_time"
+            | "present_over_time"
+            | "predict_linear"
+            | "quantile_over_time"
+    )
+}
+
+/// A range function's value, as its evaluation made it.
+pub(super) enum RangeValue {
+    /// From a rollup tier: a vector per step, checked.
+    Steps(Vec<Vector>),
+    /// From raw samples, series by series: each input series' label set
+    /// (the name dropped but for `last_over_time`) and its (step index,
+    /// value) points. Two series may have one label set here; what uses
+    /// this must refuse them where they meet at a step ([`into_steps`]).
+    Series(Vec<SelectedPoints>),
+}
+
+/// Series-major points as a vector per step, checked for label sets met
+/// twice at one step.
+pub(super) fn into_steps(ev: &Evaluator<'_>, series: Vec<SelectedPoints>) -> Result<Vec<Vector>> {
+    let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
+    for (labels, points) in series {
+        for (i, v) in points {
+            out[i as usize].push(Elem {
+                labels: labels.clone(),
+                v,
+            });
+        }
+    }
+    check_unique_steps(&out, &mut LabelSetIds::default())?;
+    Ok(out)
+}
+
 fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<Val> {
+    match range_series(ev, name, args)? {
+        RangeValue::Steps(out) => Ok(Val::Vector(out)),
+        RangeValue::Series(series) => Ok(Val::Vector(into_steps(ev, series)?)),
+    }
+}
+
+/// `name(args)` for a range function, series by series where it is
+/// evaluated from raw samples.
+pub(super) fn range_series(
+    ev: &Evaluator<'_>,
+    name: &str,
+    args: &[Box<Expr>],
+) -> Result<RangeValue> {
     let (range_arg, param) = match name {
         "quantile_over_time" => (
             arg(args, 1, name)?,
@@ -649,7 +714,8 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
         _ => (arg(args, 0, name)?, None),
     };
     if let Some(out) = super::tiers::over_tier(ev, name, &range_arg)? {
-        return checked(out);
+        check_unique_steps(&out, &mut LabelSetIds::default())?;
+        return Ok(RangeValue::Steps(out));
     }
     let input = ev.range_input(&range_arg)?;
     let keep_name = name == "last_over_time";
@@ -665,6 +731,9 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
         };
         let mut points: Vec<(u32, f64)> = Vec::new();
         let mut at = None;
+        // For a counter's rate, how many times it fell before each sample:
+        // a window without a fall (most of them) skips the search for one.
+        let falls = counter_falls(name, &s.vs);
         for (i, &t) in steps.iter().enumerate() {
             let reference = input.reference(t);
             let (lo, hi) = input.next_window(s, reference, &mut at);
@@ -674,6 +743,7 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
             let w = RawWindow {
                 ts: &s.ts[lo..hi],
                 vs: &s.vs[lo..hi],
+                may_fall: falls.as_ref().is_none_or(|f| f[hi - 1] != f[lo]),
             };
             let v = range_value(
                 name,
@@ -690,24 +760,32 @@ fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<
         }
         (labels, points)
     });
-    let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
-    let mut produced = 0usize;
-    for (labels, points) in per_series {
-        produced += points.len();
-        for (i, v) in points {
-            out[i as usize].push(Elem {
-                labels: labels.clone(),
-                v,
-            });
-        }
-    }
-    ev.account(produced)?;
-    checked(out)
+    ev.account(per_series.iter().map(|(_, p)| p.len()).sum())?;
+    Ok(RangeValue::Series(per_series))
 }
 
 struct RawWindow<'a> {
     ts: &'a [i64],
     vs: &'a [f64],
+    /// Whether a value may be below the one before it (false: known not to).
+    may_fall: bool,
+}
+
+/// For `rate` and `increase`, the number of times `vs` fell before each
+/// of its samples; `None` for other functions, and where it never falls
+/// (no window then needs to look for a reset).
+fn counter_falls(name: &str, vs: &[f64]) -> Option<Vec<u32>> {
+    if !matches!(name, "rate" | "increase") || vs.windows(2).all(|p| p[1] >= p[0]) {
+        return None;
+    }
+    let mut n = 0u32;
+    let mut falls = Vec::with_capacity(vs.len());
+    falls.push(0);
+    for p in vs.windows(2) {
+        n += u32::from(p[1] < p[0]);
+        falls.push(n);
+    }
+    Some(falls)
 }
 
 fn range_value(
@@ -722,13 +800,11 @@ fn range_value(
     let (ts, vs) = (w.ts, w.vs);
     let n = vs.len();
     Some(match name {
-        "rate" => return extrapolated_rate(ts, vs, range_start, range_end, range_ms, true, true),
+        "rate" => return extrapolated_rate(w, range_start, range_end, range_ms, true, true),
         "increase" => {
-            return extrapolated_rate(ts, vs, range_start, range_end, range_ms, true, false);
+            return extrapolated_rate(w, range_start, range_end, range_ms, true, false);
         }
-        "delta" => {
-            return extrapolated_rate(ts, vs, range_start, range_end, range_ms, false, false);
-        }
+        "delta" => return extrapolated_rate(w, range_start, range_end, range_ms, false, false),
         "irate" => return instant_value(ts, vs, true),
         "idelta" => return instant_value(ts, vs, false),
         "deriv" => {
@@ -760,6 +836,18 @@ fn range_value(
             count
         }
         "avg_over_time" => {
+            // The compensated sum over the count, unless the sum overflows:
+            // then Prometheus 2.42's running mean, which does not. (2.42
+            // keeps the running mean throughout, two divisions a sample;
+            // Prometheus 3 divides the sum as here. The two differ in the
+            // last bits.)
+            let (mut sum, mut c) = (0.0f64, 0.0);
+            for &v in vs {
+                (sum, c) = kahan_inc(v, sum, c);
+            }
+            if sum.is_finite() {
+                return Some((sum + c) / n as f64);
+            }
             let (mut mean, mut count, mut c) = (0.0f64, 0.0, 0.0);
             for &v in vs {
                 count += 1.0;
@@ -834,5 +922,69 @@ fn go_min(a: f64, b: f64) -> f64 {
         f64::NAN
     } else {
         a.min(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A window that `counter_falls` says holds no fall gives the rate and
+    /// increase of the full search for resets, over every window of
+    /// counters with resets, repeated values and NaNs.
+    #[test]
+    fn windows_without_a_fall_skip_the_search_and_agree_with_it() {
+        let mut x = 5u64;
+        let mut vs = Vec::new();
+        let mut v = 100.0;
+        for i in 0..400 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            match (x >> 58, i % 50) {
+                (0, _) => v = (x >> 40) as f64 / 1e6,
+                (1, _) => {}
+                (_, 7) => v = f64::NAN,
+                _ => {
+                    v = if v.is_nan() {
+                        1.0
+                    } else {
+                        v + (x >> 44) as f64 / 1e3
+                    }
+                }
+            }
+            vs.push(v);
+        }
+        let ts: Vec<i64> = (0..vs.len() as i64).map(|i| i * 10_000).collect();
+        let falls = counter_falls("rate", &vs).expect("the series falls");
+        assert!(counter_falls("delta", &vs).is_none());
+        assert!(counter_falls("rate", &[1.0, 1.0, 2.0, 5.0]).is_none());
+        let mut skipped = 0;
+        for lo in 0..vs.len() {
+            for hi in (lo + 1..=vs.len()).step_by(7) {
+                let may_fall = falls[hi - 1] != falls[lo];
+                let window = |may_fall| RawWindow {
+                    ts: &ts[lo..hi],
+                    vs: &vs[lo..hi],
+                    may_fall,
+                };
+                let full = window(true);
+                let fast = window(may_fall);
+                // Where the counter falls inside, the search must run.
+                let falls_inside = vs[lo..hi].windows(2).any(|p| p[1] < p[0]);
+                assert_eq!(may_fall, falls_inside, "window {lo}..{hi}");
+                skipped += usize::from(!may_fall);
+                for is_rate in [true, false] {
+                    let start = ts[lo] - 5_000;
+                    let end = ts[hi - 1] + 3_000;
+                    let a = extrapolated_rate(&full, start, end, end - start, true, is_rate);
+                    let b = extrapolated_rate(&fast, start, end, end - start, true, is_rate);
+                    assert_eq!(
+                        a.map(f64::to_bits),
+                        b.map(f64::to_bits),
+                        "window {lo}..{hi}"
+                    );
+                }
+            }
+        }
+        assert!(skipped > 1000, "{skipped} windows without a fall");
     }
 }

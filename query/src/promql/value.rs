@@ -261,9 +261,53 @@ pub(super) fn write_value(out: &mut String, v: f64) {
         // Whole values (most DCGM fields) as integers: the same digits,
         // without the float formatter's shortest-digits search.
         out.push_str(itoa::Buffer::new().format(v as i64));
-    } else {
+    } else if !write_short_decimal(out, v) {
         let _ = write!(out, "{v}");
     }
+}
+
+/// Most fractions the DCGM fields carry have a few decimal digits (power
+/// in W to the milliwatt, ratios to a few places). For `v` that is the
+/// double nearest to `m / 10^d` for some `d <= 6` and `|m| < 10^15`,
+/// writes that decimal and returns true. Its digits are the shortest that
+/// read back as `v` (what Go's `'f', -1` and Rust's `{}` write): two
+/// decimals of at most 15 significant digits never round to the same
+/// double, so no shorter one does, and `m / 10^d` of two exactly
+/// representable integers is rounded once, as parsing the decimal is.
+fn write_short_decimal(out: &mut String, v: f64) -> bool {
+    const POW10: [f64; 7] = [1.0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6];
+    let a = v.abs();
+    if !(1e-6..1e9).contains(&a) {
+        return false;
+    }
+    for (d, &p) in POW10.iter().enumerate().skip(1) {
+        let m = (a * p).round();
+        if m >= 1e15 {
+            return false;
+        }
+        if m / p != a {
+            continue;
+        }
+        let m = m as u64;
+        let p = 10u64.pow(d as u32);
+        if v < 0.0 {
+            out.push('-');
+        }
+        out.push_str(itoa::Buffer::new().format(m / p));
+        out.push('.');
+        let mut frac = m % p;
+        let mut digits = d;
+        while frac.is_multiple_of(10) {
+            frac /= 10;
+            digits -= 1;
+        }
+        let mut buf = itoa::Buffer::new();
+        let text = buf.format(frac);
+        out.extend(std::iter::repeat_n('0', digits - text.len()));
+        out.push_str(text);
+        return true;
+    }
+    false
 }
 
 #[cfg(test)]
@@ -340,6 +384,40 @@ mod tests {
         }
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
+    }
+
+    /// Values with a few decimals take the decimal path; its digits are
+    /// the float formatter's: decimals of 1 to 9 places (those past 6 go
+    /// to the formatter), sums that are not short decimals, and the
+    /// bounds of the path.
+    #[test]
+    fn short_decimals_are_written_as_the_float_formatter_writes_them() {
+        let mut x = 7u64;
+        let mut cases = vec![
+            0.1,
+            0.2 + 0.1,
+            -0.05,
+            1e-6,
+            9.999e-7,
+            1.5e-6,
+            123456.789012,
+            999_999_999.5,
+            1e9 + 0.5,
+            0.000123,
+            700.0 / 3.0,
+            f64::MIN_POSITIVE,
+            f64::MAX,
+        ];
+        for _ in 0..20_000 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let places = (x >> 60) as i32 % 10;
+            let int = (x >> 20) % 100_000_000;
+            let v = int as f64 / 10f64.powi(places);
+            cases.extend([v, -v, v * 3.0 + 0.1]);
+        }
+        for v in cases {
+            assert_eq!(format_value(v), format!("{v}"), "{v:e}");
+        }
     }
 
     /// The name goes, once per set: the same set gets the same result
