@@ -135,8 +135,8 @@ fn group_labels(labels: &LabelSet, by: bool, names: &[String]) -> LabelSet {
 struct Grouping {
     by: bool,
     names: Vec<String>,
-    of_series: HashMap<usize, (Arc<LabelSet>, usize)>,
-    ids: HashMap<String, usize>,
+    of_series: HashMap<usize, (Arc<LabelSet>, usize), foldhash::fast::RandomState>,
+    ids: HashMap<String, usize, foldhash::fast::RandomState>,
     labels: Vec<Arc<LabelSet>>,
     /// Per group id, its position in the step being aggregated (`usize::MAX`: none).
     slots: Vec<usize>,
@@ -147,8 +147,8 @@ impl Grouping {
         Self {
             by,
             names,
-            of_series: HashMap::new(),
-            ids: HashMap::new(),
+            of_series: HashMap::default(),
+            ids: HashMap::default(),
             labels: Vec::new(),
             slots: Vec::new(),
         }

@@ -5,9 +5,9 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use promql_parser::parser::{BinaryExpr, LabelModifier, VectorMatchCardinality};
+use promql_parser::parser::{BinaryExpr, Expr, LabelModifier, VectorMatchCardinality};
 
-use super::eval::{Evaluator, unsupported};
+use super::eval::{Evaluator, Operand, unsupported};
 use super::value::{Elem, METRIC_NAME, NameDropper, Val, Vector, display, get, key_of, set_label};
 use super::{LabelSet, PromError};
 
@@ -147,16 +147,7 @@ fn vector_scalar(
 ) -> Result<Vector> {
     let mut out = Vec::with_capacity(v.len());
     for e in v {
-        let (lv, rv) = if swap { (s, e.v) } else { (e.v, s) };
-        let (mut value, mut keep) = elem_binop(op, lv, rv)?;
-        if is_comparison(op) && swap {
-            value = rv;
-        }
-        if return_bool {
-            value = if keep { 1.0 } else { 0.0 };
-            keep = true;
-        }
-        if keep {
+        if let Some(value) = scalar_elem(op, e.v, s, swap, return_bool)? {
             let labels = if drops_name(op) || return_bool {
                 names.drop_name(&e.labels)
             } else {
@@ -166,6 +157,87 @@ fn vector_scalar(
         }
     }
     Ok(out)
+}
+
+/// One element `v` against the scalar `s` (on the left with `swap`): its
+/// value, or `None` where a comparison drops it.
+fn scalar_elem(op: &str, v: f64, s: f64, swap: bool, return_bool: bool) -> Result<Option<f64>> {
+    let (lv, rv) = if swap { (s, v) } else { (v, s) };
+    let (mut value, mut keep) = elem_binop(op, lv, rv)?;
+    if is_comparison(op) && swap {
+        value = rv;
+    }
+    if return_bool {
+        value = if keep { 1.0 } else { 0.0 };
+        keep = true;
+    }
+    Ok(keep.then_some(value))
+}
+
+impl Evaluator<'_> {
+    /// `x op literal` or `literal op x` series by series where `x` is an
+    /// [`Operand`] (a dashboard's `DCGM_FI_DEV_SM_CLOCK * 1000000`): each
+    /// series' points mapped as [`vector_scalar`] maps each step's
+    /// elements, in the same order. `None` for every other binary
+    /// expression.
+    pub(super) fn scalar_operand(&self, b: &BinaryExpr) -> Result<Option<Operand>> {
+        let op = b.op.to_string();
+        let modified = b.modifier.as_ref().is_some_and(|m| {
+            m.matching.is_some() || m.fill_values.lhs.is_some() || m.fill_values.rhs.is_some()
+        });
+        if is_set_op(&op) || modified {
+            return Ok(None);
+        }
+        let literal = |e: &Expr| match unparen(e) {
+            Expr::NumberLiteral(n) => Some(n.val),
+            _ => None,
+        };
+        let (x, s, swap) = match (literal(&b.lhs), literal(&b.rhs)) {
+            (None, Some(s)) => (&b.lhs, s, false),
+            (Some(s), None) => (&b.rhs, s, true),
+            _ => return Ok(None),
+        };
+        let return_bool = b.return_bool();
+        let drop = drops_name(&op) || return_bool;
+        Ok(match self.operand(x)? {
+            Some(Operand::Series(series)) => {
+                let mut names = NameDropper::default();
+                let mut out = Vec::with_capacity(series.len());
+                for (labels, points) in series {
+                    let mut mapped = Vec::with_capacity(points.len());
+                    for (i, v) in points {
+                        if let Some(v) = scalar_elem(&op, v, s, swap, return_bool)? {
+                            mapped.push((i, v));
+                        }
+                    }
+                    let labels = if drop {
+                        names.drop_name(&labels)
+                    } else {
+                        labels
+                    };
+                    out.push((labels, mapped));
+                }
+                Some(Operand::Series(out))
+            }
+            Some(Operand::Steps(steps)) => {
+                let mut names = NameDropper::default();
+                Some(Operand::Steps(
+                    steps
+                        .into_iter()
+                        .map(|v| vector_scalar(&op, v, s, swap, return_bool, &mut names))
+                        .collect::<Result<_>>()?,
+                ))
+            }
+            None => None,
+        })
+    }
+}
+
+fn unparen(e: &Expr) -> &Expr {
+    match e {
+        Expr::Paren(p) => unparen(&p.expr),
+        other => other,
+    }
 }
 
 /// A left and a right label set, and the label set of their result.

@@ -41,7 +41,10 @@ pub(super) enum Operand {
 
 /// Whether no two of `series` have one label set.
 fn distinct_labels(series: &[SelectedPoints]) -> bool {
-    let mut seen = std::collections::HashSet::with_capacity(series.len());
+    let mut seen = std::collections::HashSet::with_capacity_and_hasher(
+        series.len(),
+        foldhash::fast::RandomState::default(),
+    );
     series.iter().all(|(labels, _)| seen.insert(&**labels))
 }
 
@@ -209,6 +212,21 @@ impl<'a> Evaluator<'a> {
             && let Some(matrix) = self.selector_matrix(vs)?
         {
             return Ok(PromValue::Matrix(matrix));
+        }
+        // A vector against a number, series by series: its series are the
+        // matrix's unless two have one label set (then the steps' check
+        // refuses them where they meet, as below).
+        if let Expr::Binary(b) = bare
+            && let Some(operand) = self.scalar_operand(b)?
+        {
+            let per_step = match operand {
+                Operand::Series(series) if distinct_labels(&series) => {
+                    return Ok(PromValue::Matrix(self.series_matrix(series)));
+                }
+                Operand::Series(series) => super::functions::into_steps(self, series)?,
+                Operand::Steps(per_step) => per_step,
+            };
+            return Ok(PromValue::Matrix(self.to_matrix(per_step)?));
         }
         match self.eval(expr)? {
             Val::Scalar(v) => Ok(PromValue::Matrix(vec![Series {
@@ -447,12 +465,11 @@ impl<'a> Evaluator<'a> {
             Some(series) => series,
             None => self.load(&matchers, lo, hi, true)?,
         };
-        let mut out = Vec::with_capacity(series.len());
-        let mut produced = 0usize;
         // The steps of a range query ascend: each series' position then
         // moves forward over its samples instead of a search per step.
         let ascending = refs.is_sorted();
-        for s in series {
+        let work = series.iter().map(|s| s.ts.len()).sum::<usize>() + series.len() * refs.len();
+        let out = super::parallel::map_owned(series, work, |s| {
             let mut points = Vec::new();
             let mut idx = 0;
             for (i, &r) in refs.iter().enumerate() {
@@ -472,10 +489,9 @@ impl<'a> Evaluator<'a> {
                 }
                 points.push((i as u32, if sample_time { t as f64 / 1000.0 } else { v }));
             }
-            produced += points.len();
-            out.push((s.labels, points));
-        }
-        self.account(produced)?;
+            (s.labels, points)
+        });
+        self.account(out.iter().map(|(_, p)| p.len()).sum())?;
         Ok(out)
     }
 
@@ -491,18 +507,24 @@ impl<'a> Evaluator<'a> {
         if series.windows(2).any(|w| w[0].0 == w[1].0) {
             return Ok(None);
         }
-        Ok(Some(
-            series
-                .into_iter()
-                .map(|(labels, points)| Series {
-                    labels,
-                    points: points
-                        .into_iter()
-                        .map(|(i, v)| (self.steps[i as usize], v))
-                        .collect(),
-                })
-                .collect(),
-        ))
+        Ok(Some(self.series_matrix(series)))
+    }
+
+    /// Series with distinct label sets as a matrix: those with points, in
+    /// label order, each point at its step's time.
+    fn series_matrix(&self, mut series: Vec<SelectedPoints>) -> Vec<Series> {
+        series.retain(|(_, points)| !points.is_empty());
+        series.sort_by(|a, b| a.0.cmp(&b.0));
+        series
+            .into_iter()
+            .map(|(labels, points)| Series {
+                labels,
+                points: points
+                    .into_iter()
+                    .map(|(i, v)| (self.steps[i as usize], v))
+                    .collect(),
+            })
+            .collect()
     }
 
     /// An instant-vector operand series by series, where it can be made
@@ -513,6 +535,7 @@ impl<'a> Evaluator<'a> {
         match expr {
             Expr::Paren(p) => self.operand(&p.expr),
             Expr::VectorSelector(vs) => Ok(Some(Operand::Series(self.selector_points(vs, false)?))),
+            Expr::Binary(b) => self.scalar_operand(b),
             Expr::Call(c) if super::functions::is_range_function(c.func.name) => {
                 Ok(Some(
                     match super::functions::range_series(self, c.func.name, &c.args.args)? {

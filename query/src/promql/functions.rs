@@ -717,13 +717,16 @@ pub(super) fn range_series(
         check_unique_steps(&out, &mut LabelSetIds::default())?;
         return Ok(RangeValue::Steps(out));
     }
-    let input = ev.range_input(&range_arg)?;
+    let mut input = ev.range_input(&range_arg)?;
     let keep_name = name == "last_over_time";
     let param = param.as_deref();
     let work: usize = input.series.iter().map(|s| s.ts.len()).sum();
     let steps = &ev.steps;
+    let series = std::mem::take(&mut input.series);
+    let input = &input;
     // Series by series, across cores: each one's label set and points.
-    let per_series = super::parallel::map(&input.series, work, |s| {
+    let per_series = super::parallel::map_owned(series, work, |s| {
+        let s = &s;
         let labels = if keep_name {
             s.labels.clone()
         } else {
@@ -743,7 +746,7 @@ pub(super) fn range_series(
             let w = RawWindow {
                 ts: &s.ts[lo..hi],
                 vs: &s.vs[lo..hi],
-                may_fall: falls.as_ref().is_none_or(|f| f[hi - 1] != f[lo]),
+                may_fall: falls.within(lo, hi),
             };
             let v = range_value(
                 name,
@@ -771,12 +774,14 @@ struct RawWindow<'a> {
     may_fall: bool,
 }
 
-/// For `rate` and `increase`, the number of times `vs` fell before each
-/// of its samples; `None` for other functions, and where it never falls
-/// (no window then needs to look for a reset).
-fn counter_falls(name: &str, vs: &[f64]) -> Option<Vec<u32>> {
+/// For `rate` and `increase`, the number of times a series' values fell
+/// before each of its samples; `None` for other functions, and where they
+/// never fall (no window then needs to look for a reset).
+struct Falls(Option<Vec<u32>>);
+
+fn counter_falls(name: &str, vs: &[f64]) -> Falls {
     if !matches!(name, "rate" | "increase") || vs.windows(2).all(|p| p[1] >= p[0]) {
-        return None;
+        return Falls(None);
     }
     let mut n = 0u32;
     let mut falls = Vec::with_capacity(vs.len());
@@ -785,7 +790,14 @@ fn counter_falls(name: &str, vs: &[f64]) -> Option<Vec<u32>> {
         n += u32::from(p[1] < p[0]);
         falls.push(n);
     }
-    Some(falls)
+    Falls(Some(falls))
+}
+
+impl Falls {
+    /// Whether a value of samples `lo..hi` may be below the one before it.
+    fn within(&self, lo: usize, hi: usize) -> bool {
+        self.0.as_ref().is_some_and(|f| f[hi - 1] != f[lo])
+    }
 }
 
 fn range_value(
@@ -954,13 +966,16 @@ mod tests {
             vs.push(v);
         }
         let ts: Vec<i64> = (0..vs.len() as i64).map(|i| i * 10_000).collect();
-        let falls = counter_falls("rate", &vs).expect("the series falls");
-        assert!(counter_falls("delta", &vs).is_none());
-        assert!(counter_falls("rate", &[1.0, 1.0, 2.0, 5.0]).is_none());
+        let falls = counter_falls("rate", &vs);
+        assert!(falls.0.is_some());
+        assert!(counter_falls("delta", &vs).0.is_none());
+        let rising = counter_falls("increase", &[1.0, 1.0, 2.0, 5.0]);
+        assert!(rising.0.is_none());
+        assert!(!rising.within(0, 4) && !rising.within(1, 3));
         let mut skipped = 0;
         for lo in 0..vs.len() {
             for hi in (lo + 1..=vs.len()).step_by(7) {
-                let may_fall = falls[hi - 1] != falls[lo];
+                let may_fall = falls.within(lo, hi);
                 let window = |may_fall| RawWindow {
                     ts: &ts[lo..hi],
                     vs: &vs[lo..hi],

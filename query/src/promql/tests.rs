@@ -710,10 +710,12 @@ fn series_split_across_cores_keep_their_own_answers() {
 
 /// Aggregations over a selector or a range function fold each series'
 /// points in place (`aggregate::aggregate_series`); the same expression
-/// times one (a binary operator, which goes step by step through a vector
-/// per step, as every aggregation did before) must give the same answer to
-/// the bit: the same groups at each step, their values folded in the same
-/// order. Counters that reset, gaps, and values whose sums round.
+/// times `scalar(vector(1))` (not a number literal, so it goes step by
+/// step through a vector per step, as every aggregation did before) must
+/// give the same answer to the bit: the same groups at each step, their
+/// values folded in the same order. Likewise a vector against a number
+/// literal, series by series (`binary::scalar_operand`). Counters that
+/// reset, gaps, and values whose sums round.
 #[test]
 fn aggregations_series_by_series_equal_those_step_by_step() {
     let hosts = ["h0", "h1", "h2"];
@@ -786,7 +788,7 @@ fn aggregations_series_by_series_equal_those_step_by_step() {
         ("sum", "{__name__=~\"a|b\"}"),
     ] {
         let fast = format!("{agg} ({inner})");
-        let slow = format!("{agg} ({inner} * 1)");
+        let slow = format!("{agg} ({inner} * scalar(vector(1)))");
         let range = |q: &str| bits(f.engine.range(q, start, end, 60 * S).unwrap());
         let got = range(&fast);
         assert!(
@@ -799,8 +801,38 @@ fn aggregations_series_by_series_equal_those_step_by_step() {
             assert_eq!(instant(&fast), instant(&slow), "{fast} at {t}");
         }
     }
+    for (fast, slow) in [
+        ("a * 1000000", "a * scalar(vector(1000000))"),
+        (
+            "(2 ^ (a / 100))",
+            "scalar(vector(2)) ^ (a / scalar(vector(100)))",
+        ),
+        ("a > 30", "a > scalar(vector(30))"),
+        ("30 < a", "scalar(vector(30)) < a"),
+        ("a >= bool 30", "a >= bool scalar(vector(30))"),
+        (
+            "sum by (host) (rate(a[5m]) * 60)",
+            "sum by (host) (rate(a[5m]) * scalar(vector(60)))",
+        ),
+        ("avg(-(a - 7))", "avg(-(a - scalar(vector(7))))"),
+        (
+            "{__name__=~\"a|b\"} > 40",
+            "{__name__=~\"a|b\"} > scalar(vector(40))",
+        ),
+    ] {
+        let range = |q: &str| bits(f.engine.range(q, start, end, 60 * S).unwrap());
+        let got = range(fast);
+        assert!(!got.is_empty(), "{fast}");
+        assert_eq!(got, range(slow), "{fast}");
+        let instant = |q: &str| bits(f.engine.instant(q, end).unwrap());
+        assert_eq!(instant(fast), instant(slow), "{fast}");
+    }
     // a and b have one label set once their names go: the range function's
-    // vector holds it twice, which Prometheus refuses.
+    // vector holds it twice, which Prometheus refuses; so is arithmetic's.
+    for q in ["{__name__=~\"a|b\"} * 2", "2 * {__name__=~\"a|b\"}"] {
+        let err = f.engine.range(q, start, end, 60 * S).unwrap_err();
+        assert!(err.to_string().contains("same labelset"), "{q}: {err}");
+    }
     let err = f
         .engine
         .range("sum(rate({__name__=~\"a|b\"}[5m]))", start, end, 60 * S)

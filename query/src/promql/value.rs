@@ -388,8 +388,10 @@ mod tests {
 
     /// Values with a few decimals take the decimal path; its digits are
     /// the float formatter's: decimals of 1 to 9 places (those past 6 go
-    /// to the formatter), sums that are not short decimals, and the
-    /// bounds of the path.
+    /// to the formatter), sums that are not short decimals, any double
+    /// from 1e-8 to 1e18 (with 16 or 17 digits, two shortest decimals can
+    /// be equally near, and formatters break that tie differently: the
+    /// path must leave those alone), and the bounds of the path.
     #[test]
     fn short_decimals_are_written_as_the_float_formatter_writes_them() {
         let mut x = 7u64;
@@ -414,7 +416,18 @@ mod tests {
             let int = (x >> 20) % 100_000_000;
             let v = int as f64 / 10f64.powi(places);
             cases.extend([v, -v, v * 3.0 + 0.1]);
+            // Any double from 1e-8 to 1e18: the digits of rates and ratios.
+            let exp = (x >> 56) as i32 % 26 - 8;
+            let mantissa = 1.0 + (x >> 11) as f64 / (1u64 << 53) as f64;
+            cases.extend([mantissa * 10f64.powi(exp), -mantissa / 10f64.powi(exp)]);
         }
+        cases.extend([
+            1e-5,
+            0.99999e-5,
+            1.0000000000000002e-5,
+            9.999999999999998e15,
+            1e16 + 2.0,
+        ]);
         for v in cases {
             assert_eq!(format_value(v), format!("{v}"), "{v:e}");
         }

@@ -363,24 +363,37 @@ impl SelectedSeries {
         ts_ms: &mut Vec<i64>,
         values: &mut Vec<f64>,
     ) -> Result<()> {
+        thread_local! {
+            /// A chunk that the range cuts is decoded here first, once per
+            /// thread rather than into new buffers for every series.
+            static SCRATCH: std::cell::RefCell<(Vec<i64>, Vec<f64>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
         let start = ts_ms.len();
-        let (mut t_buf, mut v_buf) = (Vec::new(), Vec::new());
         for (i, c) in self.chunks.iter().enumerate() {
             match c {
                 ChunkSource::Segment(seg, r) if r.min_ts >= min_ts && r.max_ts <= max_ts => {
                     seg.read_chunk(r, ts_ms, values)?;
                 }
-                ChunkSource::Segment(seg, r) => {
+                ChunkSource::Segment(seg, r) => SCRATCH.with_borrow_mut(|(t_buf, v_buf)| {
                     t_buf.clear();
                     v_buf.clear();
-                    seg.read_chunk(r, &mut t_buf, &mut v_buf)?;
-                    for (&t, &v) in t_buf.iter().zip(&v_buf) {
+                    seg.read_chunk(r, t_buf, v_buf)?;
+                    if t_buf.len() == v_buf.len() && t_buf.is_sorted() {
+                        let lo = t_buf.partition_point(|&t| t < min_ts);
+                        let hi = t_buf.partition_point(|&t| t <= max_ts).max(lo);
+                        ts_ms.extend_from_slice(&t_buf[lo..hi]);
+                        values.extend_from_slice(&v_buf[lo..hi]);
+                        return Ok(());
+                    }
+                    for (&t, &v) in t_buf.iter().zip(v_buf.iter()) {
                         if t >= min_ts && t <= max_ts {
                             ts_ms.push(t);
                             values.push(v);
                         }
                     }
-                }
+                    Ok::<(), Error>(())
+                })?,
                 ChunkSource::Mem(m) => {
                     for s in GorillaDecoder::new(&m.bytes, m.count) {
                         let (t, v) = s.map_err(|source| Error::ChunkDecode {
