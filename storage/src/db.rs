@@ -497,6 +497,8 @@ mod open;
 mod replay;
 mod retention;
 mod select;
+#[cfg(test)]
+pub(crate) use select::GROUP_READ_COST;
 mod set_aside;
 mod upkeep;
 mod write;

@@ -20,6 +20,10 @@
 //!
 //! - every reference time is a window boundary (offset included, no `@`);
 //! - this node answers alone (not a cluster);
+//! - reading the raw samples costs more than reading the tier: the groups
+//!   of the rollup blocks it decodes and the head series it visits
+//!   (`Storage::rollup_read_cost`), against the selected series' samples
+//!   (a few hours of one rack read faster raw; thirty days do not);
 //! - each selected series is alone in its gpu-level group (metric, cluster,
 //!   row, rack, host, gpu) among all the series of its metric with samples
 //!   in those windows, so that the group's record is the series';
@@ -169,9 +173,22 @@ impl Plan<'_> {
         if selected.is_empty() && self.expired == 0 {
             return Ok(None);
         }
+        let metrics: BTreeSet<&str> = selected.iter().map(|s| s.key.metric()).collect();
+        // Raw samples read faster than the tier where they are fewer than
+        // the groups the tier would decode and visit (a few hours of a few
+        // series), when every window has them.
+        if self.expired == 0 {
+            let raw: usize = selected.iter().map(|s| s.max_samples()).sum();
+            let tier: usize = metrics
+                .iter()
+                .map(|m| storage.rollup_read_cost(self.tier, RollupLevel::Gpu, Some(m), lo, hi))
+                .sum();
+            if raw <= tier {
+                return Ok(None);
+            }
+        }
         // Each selected series alone in its group among its metric's series
         // in the live windows.
-        let metrics: BTreeSet<&str> = selected.iter().map(|s| s.key.metric()).collect();
         // A series in the group of a selected one has its values of the
         // labels a group takes from one label name only (not the host's,
         // `Hostname` or `hostname`): the selector's equalities on those

@@ -95,6 +95,30 @@ struct BlockInfo {
     /// without decoding them (groups are sorted metric first, so a block
     /// usually holds few metrics).
     metrics: Option<(Box<str>, Box<str>)>,
+    /// How many groups the block holds (counted when the file is opened).
+    groups: usize,
+}
+
+impl BlockInfo {
+    /// Whether [`RollupFile::for_each_matching`] decodes this block for
+    /// these arguments.
+    fn is_read(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        min_ws: i64,
+        max_ws: i64,
+        metric: Option<&str>,
+    ) -> bool {
+        if self.tier != tier || self.level != level || self.max_ws < min_ws || self.min_ws > max_ws
+        {
+            return false;
+        }
+        match (metric, &self.metrics) {
+            (Some(m), Some((lo, hi))) => m >= &**lo && m <= &**hi,
+            _ => true,
+        }
+    }
 }
 
 /// An open, validated rollup file.
@@ -622,8 +646,10 @@ impl RollupFile {
                 zstd: flags & FLAG_ZSTD != 0,
                 columnar: version >= COLUMNAR,
                 metrics: None,
+                groups: 0,
             };
             let mut metrics: Option<(Box<str>, Box<str>)> = None;
+            let mut groups = 0;
             let raw = payload(&b[start..start + plen], &info).map_err(|e| corrupt(path, e))?;
             decode_payload(
                 &raw,
@@ -633,6 +659,7 @@ impl RollupFile {
                     // Min and max rather than first and last: pruning must not
                     // depend on the groups being sorted (nothing checks that).
                     let m = g.metric;
+                    groups += 1;
                     match &mut metrics {
                         None => metrics = Some((m.into(), m.into())),
                         Some((lo, _)) if m < &**lo => *lo = m.into(),
@@ -645,6 +672,7 @@ impl RollupFile {
             )
             .map_err(|e| corrupt(path, e))?;
             info.metrics = metrics;
+            info.groups = groups;
             blocks.push(info);
             pos = start + plen;
         }
@@ -764,12 +792,7 @@ impl RollupFile {
         mut f: impl FnMut(&RollupGroup, RollupRecord),
     ) -> Result<()> {
         for b in &self.blocks {
-            if b.tier != tier || b.level != level || b.max_ws < min_ws || b.min_ws > max_ws {
-                continue;
-            }
-            if let (Some(m), Some((lo, hi))) = (&filter.metric, &b.metrics)
-                && (m.as_str() < &**lo || m.as_str() > &**hi)
-            {
+            if !b.is_read(tier, level, min_ws, max_ws, filter.metric.as_deref()) {
                 continue;
             }
             let raw = payload(&self.map[b.start..b.start + b.len], b)
@@ -778,6 +801,24 @@ impl RollupFile {
                 .map_err(|e| corrupt(&self.path, e))?;
         }
         Ok(())
+    }
+
+    /// How many groups [`Self::for_each_matching`] decodes for these
+    /// arguments and a filter on `metric`: every group of every block it
+    /// reads, matching or not.
+    pub fn groups_read(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        min_ws: i64,
+        max_ws: i64,
+        metric: Option<&str>,
+    ) -> usize {
+        self.blocks
+            .iter()
+            .filter(|b| b.is_read(tier, level, min_ws, max_ws, metric))
+            .map(|b| b.groups)
+            .sum()
     }
 
     /// Merges every record of the file into `tables`.

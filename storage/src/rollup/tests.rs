@@ -1808,3 +1808,50 @@ fn the_raw_cut_moves_in_steps_of_samples_not_of_time() {
     let n: u64 = minutes.iter().flat_map(|(_, r)| r).map(|r| r.count).sum();
     assert_eq!(n, at.len() as u64);
 }
+
+/// `rollup_read_cost` counts the groups of every block a read decodes (at
+/// `GROUP_READ_COST` each) and the head's series: 3 metrics of 10 GPUs flushed into one block per level
+/// (30 gpu-level groups, the block's metrics m0..m2), then 5 series more in
+/// the head.
+#[test]
+fn read_cost_counts_the_groups_decoded_and_the_head_series() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.retention = None;
+    let st = Storage::open(cfg).unwrap();
+    let key = |m: &str, gpu: usize| {
+        SeriesKey::new(
+            m,
+            vec![
+                Label::new("Hostname", "h0"),
+                Label::new("gpu", gpu.to_string()),
+            ],
+        )
+        .unwrap()
+    };
+    const T: i64 = 1_796_032_800_000;
+    for m in ["m0", "m1", "m2"] {
+        for gpu in 0..10 {
+            let r = st.series_ref(key(m, gpu)).unwrap();
+            st.append(&[r, r], &[T + 1_000, T + 61_000], &[1.0, 2.0])
+                .unwrap();
+        }
+    }
+    st.flush().unwrap();
+    for gpu in 10..15 {
+        let r = st.series_ref(key("m3", gpu)).unwrap();
+        st.append(&[r], &[T + 2 * 3_600_000], &[1.0]).unwrap();
+    }
+    let head = st.stats().head_series as usize;
+    assert!(head >= 5, "{head} head series");
+    let cost = |m: Option<&str>, from: i64, to: i64| {
+        st.rollup_read_cost(RollupTier::Hour, RollupLevel::Gpu, m, from, to)
+    };
+    let day = T + 86_400_000;
+    let block = 30 * crate::db::GROUP_READ_COST;
+    assert_eq!(cost(Some("m1"), T, day), block + head);
+    assert_eq!(cost(None, T, day), block + head);
+    // A metric past the block's, and windows after it: nothing decoded.
+    assert_eq!(cost(Some("m3"), T, day), head);
+    assert_eq!(cost(Some("m1"), T + 3_600_000, day), head);
+}

@@ -479,3 +479,43 @@ fn tier_timing() {
         }
     }
 }
+
+/// The tier answers where it reads less than raw evaluation would: 48 hours
+/// of one series at 10 s (17,280 samples) against 2,000 other series in the
+/// head (visited by every tier read), and not for the last two of those
+/// hours (under 1,500 samples). Either way every hour holds 360 samples of 2.
+#[test]
+fn the_tier_answers_where_it_reads_less_than_raw_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.retention = None;
+    let st = Arc::new(Storage::open(cfg).unwrap());
+    let r = st.series_ref(key("m0", "h0", "0", None)).unwrap();
+    let ts: Vec<i64> = (0..48 * 360).map(|i| T0 + 5_000 + i * 10_000).collect();
+    st.append(&vec![r; ts.len()], &ts, &vec![2.0; ts.len()])
+        .unwrap();
+    for gpu in 0..2000 {
+        let r = st
+            .series_ref(key("other", "h1", &gpu.to_string(), None))
+            .unwrap();
+        st.append(&[r], &[T0], &[1.0]).unwrap();
+    }
+    let tiered = PromEngine::new(st.clone());
+    let q = "sum_over_time(m0[1h])";
+    let answered = || tiered.metrics().rollup_tier_answers.load(Relaxed);
+    // One series (its labels aside) with 720 at every hour.
+    let expect = |from: i64, to: i64| -> Points {
+        vec![(
+            String::new(),
+            (from..=to).map(|h| (T0 + h * H, 720.0)).collect(),
+        )]
+    };
+    let strip =
+        |p: Points| -> Points { p.into_iter().map(|(_, pts)| (String::new(), pts)).collect() };
+    let all = strip(points(tiered.range(q, T0 + H, T0 + 48 * H, H)).unwrap());
+    assert_eq!(all, expect(1, 48));
+    assert_eq!(answered(), 1, "48 hours from the tier");
+    let last = strip(points(tiered.range(q, T0 + 47 * H, T0 + 48 * H, H)).unwrap());
+    assert_eq!(last, expect(47, 48));
+    assert_eq!(answered(), 1, "two hours from raw samples");
+}
