@@ -349,6 +349,7 @@ impl<'a> Evaluator<'a> {
         min_ts: i64,
         max_ts: i64,
         keep_stale: bool,
+        named: bool,
     ) -> Result<Vec<RawSeries>> {
         let selection = self.engine.select(matchers, min_ts, max_ts)?;
         crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
@@ -379,8 +380,13 @@ impl<'a> Evaluator<'a> {
             if ts.is_empty() {
                 return Ok(None);
             }
+            let labels = if named {
+                labels_of(&s.key)
+            } else {
+                super::unnamed_labels_of(&s.key)
+            };
             Ok(Some(RawSeries {
-                labels: Arc::new(labels_of(&s.key)),
+                labels: Arc::new(labels),
                 ts,
                 vs,
             }))
@@ -463,7 +469,7 @@ impl<'a> Evaluator<'a> {
         };
         let series = match newest {
             Some(series) => series,
-            None => self.load(&matchers, lo, hi, true)?,
+            None => self.load(&matchers, lo, hi, true, true)?,
         };
         // The steps of a range query ascend: each series' position then
         // moves forward over its samples instead of a search per step.
@@ -556,8 +562,14 @@ impl<'a> Evaluator<'a> {
 
     /// A range vector argument: a matrix selector or a subquery.
     pub(super) fn range_input(&self, expr: &Expr) -> Result<RangeInput> {
+        self.range_input_as(expr, true)
+    }
+
+    /// [`Self::range_input`]; a matrix selector's series without their
+    /// metric name unless `named` (for a function that drops it).
+    pub(super) fn range_input_as(&self, expr: &Expr, named: bool) -> Result<RangeInput> {
         match expr {
-            Expr::Paren(p) => self.range_input(&p.expr),
+            Expr::Paren(p) => self.range_input_as(&p.expr, named),
             Expr::MatrixSelector(sel) => {
                 let vs = &sel.vs;
                 let matchers = Self::matchers(vs)?;
@@ -568,7 +580,7 @@ impl<'a> Evaluator<'a> {
                 let lo = refs.clone().min().unwrap_or(0) - range_ms;
                 let hi = refs.max().unwrap_or(0);
                 Ok(RangeInput {
-                    series: self.load(&matchers, lo, hi, false)?,
+                    series: self.load(&matchers, lo, hi, false, named)?,
                     range_ms,
                     offset_ms: off,
                     at_ms: at,

@@ -717,8 +717,8 @@ pub(super) fn range_series(
         check_unique_steps(&out, &mut LabelSetIds::default())?;
         return Ok(RangeValue::Steps(out));
     }
-    let mut input = ev.range_input(&range_arg)?;
     let keep_name = name == "last_over_time";
+    let mut input = ev.range_input_as(&range_arg, keep_name)?;
     let param = param.as_deref();
     let work: usize = input.series.iter().map(|s| s.ts.len()).sum();
     let steps = &ev.steps;

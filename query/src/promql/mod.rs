@@ -465,14 +465,25 @@ pub(crate) fn parse(query: &str) -> Result<promql_parser::parser::Expr, PromErro
 
 /// A label set from a stored series key: `__name__` plus the labels, sorted.
 pub(crate) fn labels_of(key: &storage::SeriesKey) -> LabelSet {
+    let mut out = unnamed_labels_of(key);
+    let at = out.partition_point(|(n, _)| n.as_str() < "__name__");
+    out.insert(at, ("__name__".to_string(), key.metric().to_string()));
+    out
+}
+
+/// [`labels_of`] without `__name__`: what a function that drops the name
+/// gives, without making the named set first.
+pub(crate) fn unnamed_labels_of(key: &storage::SeriesKey) -> LabelSet {
     let mut out: LabelSet = Vec::with_capacity(key.labels().len() + 1);
-    out.push(("__name__".to_string(), key.metric().to_string()));
     out.extend(
         key.labels()
             .iter()
             .map(|l| (l.name.clone(), l.value.clone())),
     );
-    out.sort();
+    // A key's labels are sorted by name, each name once.
+    if !out.is_sorted() {
+        out.sort();
+    }
     out
 }
 
