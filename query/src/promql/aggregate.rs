@@ -26,18 +26,24 @@ impl Evaluator<'_> {
             Some(LabelModifier::Include(l)) => (true, l.labels.clone()),
             Some(LabelModifier::Exclude(l)) => (false, l.labels.clone()),
         };
-        let simple = Op::parse(&op).filter(|o| *o != Op::Quantile);
-        let input = match simple.map(|_| self.operand(&a.expr)).transpose()?.flatten() {
-            Some(Operand::Series(series)) => {
-                let (op, mut grouping) =
-                    (simple.unwrap_or(Op::Sum), Grouping::new(by, names.clone()));
-                if let Some(out) = aggregate_series(op, &series, self.steps.len(), &mut grouping) {
+        // The operators that fold each group's values one at a time take
+        // their operand series by series where it can be made that way.
+        let folding = Op::parse(&op).filter(|o| *o != Op::Quantile);
+        let operand = match folding {
+            Some(_) => self.operand(&a.expr)?,
+            None => None,
+        };
+        let input = match (folding, operand) {
+            (Some(fold), Some(Operand::Series(series))) => {
+                let mut grouping = Grouping::new(by, names.clone());
+                if let Some(out) = aggregate_series(fold, &series, self.steps.len(), &mut grouping)
+                {
                     return Ok(Val::Vector(out));
                 }
                 super::functions::into_steps(self, series)?
             }
-            Some(Operand::Steps(v)) => v,
-            None => match self.eval(&a.expr)? {
+            (_, Some(Operand::Steps(v))) => v,
+            _ => match self.eval(&a.expr)? {
                 Val::Vector(v) => v,
                 _ => {
                     return Err(PromError::BadData(format!(
@@ -46,6 +52,15 @@ impl Evaluator<'_> {
                 }
             },
         };
+        if let Some(fold) = folding {
+            let mut grouping = Grouping::new(by, names);
+            return Ok(Val::Vector(
+                input
+                    .iter()
+                    .map(|v| aggregate(fold, v, &mut grouping, None))
+                    .collect(),
+            ));
+        }
         let scalar_param = |name: &str| -> Result<Vec<f64>> {
             match a.param.as_deref().map(|p| self.eval(p)).transpose()? {
                 Some(Val::Scalar(v)) => Ok(v),
@@ -55,16 +70,6 @@ impl Evaluator<'_> {
             }
         };
         match op.as_str() {
-            "sum" | "avg" | "min" | "max" | "count" | "group" | "stddev" | "stdvar" => {
-                let op = simple.unwrap_or(Op::Sum);
-                let mut grouping = Grouping::new(by, names);
-                Ok(Val::Vector(
-                    input
-                        .iter()
-                        .map(|v| aggregate(op, v, &mut grouping, None))
-                        .collect(),
-                ))
-            }
             "quantile" => {
                 let q = scalar_param("quantile")?;
                 let mut grouping = Grouping::new(by, names);

@@ -188,7 +188,7 @@ impl Evaluator<'_> {
         if is_set_op(&op) || modified {
             return Ok(None);
         }
-        let literal = |e: &Expr| match unparen(e) {
+        let literal = |e: &Expr| match super::functions::unwrap_parens(e) {
             Expr::NumberLiteral(n) => Some(n.val),
             _ => None,
         };
@@ -230,13 +230,6 @@ impl Evaluator<'_> {
             }
             None => None,
         })
-    }
-}
-
-fn unparen(e: &Expr) -> &Expr {
-    match e {
-        Expr::Paren(p) => unparen(&p.expr),
-        other => other,
     }
 }
 

@@ -534,8 +534,9 @@ impl<'a> Evaluator<'a> {
     }
 
     /// An instant-vector operand series by series, where it can be made
-    /// that way: a vector selector, or a range function over raw samples.
-    /// `None` for every other expression (evaluate it with [`Self::eval`]).
+    /// that way: a vector selector, a range function over raw samples, or
+    /// either against a number literal. `None` for every other expression
+    /// (evaluate it with [`Self::eval`]).
     pub(super) fn operand(&self, expr: &Expr) -> Result<Option<Operand>> {
         self.deadline.check().map_err(PromError::Refused)?;
         match expr {

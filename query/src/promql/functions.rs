@@ -14,7 +14,7 @@ use super::{LabelSet, PromError};
 
 type Result<T> = std::result::Result<T, PromError>;
 
-fn unwrap_parens(e: &Expr) -> &Expr {
+pub(super) fn unwrap_parens(e: &Expr) -> &Expr {
     match e {
         Expr::Paren(p) => unwrap_parens(&p.expr),
         other => other,
