@@ -43,8 +43,13 @@ impl Storage {
         memory: bool,
     ) -> Vec<SelectedSeries> {
         let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
-        let mut by_key: std::collections::BTreeMap<Arc<SeriesKey>, Vec<ChunkSource>> =
-            Default::default();
+        // Each source's series in the order met: segments (their index is
+        // sorted by key), a flush in progress, then the head. One stable sort
+        // of the whole list, then equal keys merged, keeps every series'
+        // chunks in source order; for a single segment the sort only checks
+        // that the list is sorted, where a map of keys compared each key with
+        // ten others (1 ms of a 1,000-series query, `perf`).
+        let mut found: Vec<(Arc<SeriesKey>, Vec<ChunkSource>)> = Vec::new();
         for seg in &state.segments {
             let (lo, hi) = seg.time_range();
             if !overlaps(lo, hi) {
@@ -58,14 +63,11 @@ impl Storage {
                     .map(|c| ChunkSource::Segment(seg.clone(), *c))
                     .collect();
                 if !chunks.is_empty() {
-                    by_key
-                        .entry(seg.series_key(ord).clone())
-                        .or_default()
-                        .extend(chunks);
+                    found.push((seg.series_key(ord).clone(), chunks));
                 }
             }
         }
-        let mem = |by_key: &mut std::collections::BTreeMap<_, Vec<_>>,
+        let mem = |found: &mut Vec<(Arc<SeriesKey>, Vec<ChunkSource>)>,
                    key: &Arc<SeriesKey>,
                    chunks: Vec<MemChunk>| {
             let chunks: Vec<ChunkSource> = chunks
@@ -74,24 +76,29 @@ impl Storage {
                 .map(ChunkSource::Mem)
                 .collect();
             if !chunks.is_empty() {
-                by_key.entry(key.clone()).or_default().extend(chunks);
+                found.push((key.clone(), chunks));
             }
         };
         if let Some(frozen) = state.frozen.as_ref().filter(|_| memory) {
             for (key, chunks) in frozen.iter() {
                 if matchers.iter().all(|m| m.matches(key)) {
-                    mem(&mut by_key, key, chunks.clone());
+                    mem(&mut found, key, chunks.clone());
                 }
             }
         }
         if memory {
             lock!(self.head.read())
-                .for_each_series(matchers, |key, chunks| mem(&mut by_key, key, chunks));
+                .for_each_series(matchers, |key, chunks| mem(&mut found, key, chunks));
         }
-        by_key
-            .into_iter()
-            .map(|(key, chunks)| SelectedSeries { key, chunks })
-            .collect()
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut out: Vec<SelectedSeries> = Vec::with_capacity(found.len());
+        for (key, chunks) in found {
+            match out.last_mut() {
+                Some(last) if last.key == key => last.chunks.extend(chunks),
+                _ => out.push(SelectedSeries { key, chunks }),
+            }
+        }
+        out
     }
 
     /// The newest sample in `[min_ts, max_ts]` of every series matching all
