@@ -339,3 +339,56 @@ fn noisy_columns_are_bit_packed() {
     // 11 bits of noise per sample: 4096 × 11 / 8 = 5,632 bytes, plus frame headers.
     assert!(b.len() < 5_632 + 32 * 4 + 8, "{} bytes", b.len());
 }
+
+/// The varint value block (kind 2) at every delta order, unscaled and
+/// scaled, with varints of one to ten bytes (zigzag deltas of 0, ±100,
+/// ±10^4, ±2^40 and the order-2 deltas of ±2^52, which wrap), decodes to
+/// the integers it was written from; cut anywhere it is an error.
+#[test]
+fn varint_blocks_of_every_order_and_length_decode() {
+    let big = (1i64 << 52) - 1;
+    let ints: Vec<i64> = [
+        0,
+        3,
+        -50,
+        50,
+        10_000,
+        -10_000,
+        1 << 40,
+        -(1 << 40),
+        big,
+        -big,
+        7,
+        7,
+    ]
+    .into_iter()
+    .cycle()
+    .take(300)
+    .collect();
+    for order in 0..=2u8 {
+        for d in [0u8, 1, 6] {
+            let mut payload = vec![d, order];
+            diff_varints(&ints, order, &mut payload);
+            let mut block = vec![VAL_DECIMAL];
+            block.extend_from_slice(&payload);
+            let mut out = vec![-1.0];
+            decode_values(&block, ints.len(), &mut out).unwrap();
+            let want: Vec<f64> = std::iter::once(-1.0)
+                .chain(ints.iter().map(|&x| x as f64 / 10f64.powi(d as i32)))
+                .collect();
+            assert_eq!(bits(&out), bits(&want), "order {order}, scale {d}");
+            for cut in [1, 2, 3, block.len() / 2, block.len() - 1] {
+                let mut out = Vec::new();
+                assert_eq!(
+                    decode_values(&block[..cut], ints.len(), &mut out),
+                    Err(ColumnError::BadLength),
+                    "order {order}, scale {d}, cut at {cut}"
+                );
+            }
+            // One value too many declared: the varints end early.
+            assert!(decode_values(&block, ints.len() + 1, &mut Vec::new()).is_err());
+            // One value too few: trailing bytes.
+            assert!(decode_values(&block, ints.len() - 1, &mut Vec::new()).is_err());
+        }
+    }
+}
