@@ -292,3 +292,56 @@ fn chunks_record_their_last_value() {
         .collect();
     assert_eq!(lasts, expected);
 }
+
+/// Series that share a timestamp block read their own timestamps whatever
+/// was read before on the thread: the same block again (served from the
+/// thread's copy), another block of the same length, or the same offsets
+/// in another segment (same layout, timestamps one ms later).
+#[test]
+fn shared_timestamp_blocks_read_back_after_any_other_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<Arc<SeriesKey>> = (0..4)
+        .map(|i| Arc::new(SeriesKey::new("m", vec![Label::new("gpu", i.to_string())]).unwrap()))
+        .collect();
+    // Series 0, 1 and 3 share timestamps `a`; series 2 has `b`, as many.
+    let a: Vec<i64> = (0..300).map(|i| 1_000_000 + i * 10_000 + i % 7).collect();
+    let b: Vec<i64> = (0..300).map(|i| 2_000_000 + i * 10_000 + i % 5).collect();
+    let ts_of = |shift: i64, i: usize| -> Vec<i64> {
+        let base = if i == 2 { &b } else { &a };
+        base.iter().map(|t| t + shift).collect()
+    };
+    let vals_of = |i: usize| -> Vec<f64> { (0..300).map(|j| (i * 1000 + j) as f64).collect() };
+    let write = |name: &str, shift: i64| {
+        let dst = dir.path().join(format!("{name}.gseg"));
+        write_segment(&dir.path().join(format!("{name}.tmp")), &dst, (1, 1), 0, &keys, |i, ts, vals| {
+            ts.extend(ts_of(shift, i));
+            vals.extend(vals_of(i));
+            Ok(())
+        })
+        .unwrap();
+        Segment::open(&dst, SegmentId(1)).unwrap()
+    };
+    let first = write("first", 0);
+    let second = write("second", 1);
+    // The block is shared in the file, so the cache is what is under test.
+    let block_of = |seg: &Segment, ord: u32| seg.chunks(ord)[0].ts.offset;
+    assert_eq!(block_of(&first, 0), block_of(&first, 1));
+    assert_ne!(block_of(&first, 0), block_of(&first, 2));
+    assert_eq!(block_of(&first, 0), block_of(&second, 0));
+    for (seg, shift, ord) in [
+        (&first, 0, 0),
+        (&first, 0, 1),
+        (&first, 0, 2),
+        (&first, 0, 3),
+        (&second, 1, 3),
+        (&second, 1, 0),
+        (&first, 0, 0),
+        (&second, 1, 2),
+        (&first, 0, 2),
+    ] {
+        let got = decode_series(seg, ord).unwrap();
+        let want: Vec<(i64, f64)> =
+            ts_of(shift, ord as usize).into_iter().zip(vals_of(ord as usize)).collect();
+        assert_eq!(got, want, "segment shifted by {shift}, series {ord}");
+    }
+}
