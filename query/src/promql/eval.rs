@@ -478,7 +478,16 @@ impl<'a> Evaluator<'a> {
         let out = super::parallel::map_owned(series, work, |s| {
             let mut points = Vec::new();
             let mut idx = 0;
-            for (i, &r) in refs.iter().enumerate() {
+            // Ascending steps: only those whose lookback window can hold one
+            // of the series' samples, `[r - lookback, r]`.
+            let (from, to) = match (s.ts.first(), s.ts.last()) {
+                (Some(&first), Some(&last)) if ascending => (
+                    refs.partition_point(|&r| r < first),
+                    refs.partition_point(|&r| r - lookback <= last),
+                ),
+                _ => (0, refs.len()),
+            };
+            for (i, &r) in refs.iter().enumerate().take(to).skip(from) {
                 if ascending {
                     while idx < s.ts.len() && s.ts[idx] <= r {
                         idx += 1;

@@ -839,3 +839,75 @@ fn aggregations_series_by_series_equal_those_step_by_step() {
         .unwrap_err();
     assert!(err.to_string().contains("same labelset"), "{err}");
 }
+
+/// A range query whose steps reach far before and after a series' samples
+/// (which the evaluator skips without visiting) answers at every step what
+/// the samples in that step's window give, computed here from the samples:
+/// range functions and selectors, with `offset` and `@` too.
+#[test]
+fn range_functions_over_steps_beyond_the_data_answer_from_their_windows() {
+    // Samples from 1,000 s to 1,600 s after T0, a gap at 1,200-1,300 s.
+    let samples: Vec<(i64, f64)> = (0..=60i64)
+        .filter(|i| !(20..30).contains(i))
+        .map(|i| (1000 + i * 10, (i * i) as f64 / 7.0))
+        .collect();
+    let f = fixture(&[("c", &[("gpu", "0")], &samples)]);
+    let (start, end, step) = (T0, T0 + 3000 * S, 10 * S);
+    type Of = fn(&[(i64, f64)]) -> f64;
+    let sum: Of = |w| w.iter().map(|s| s.1).sum();
+    let last: Of = |w| w[w.len() - 1].1;
+    // Query, window length and offset in seconds, `@` in seconds after T0,
+    // and what the window's samples give. A selector's window is the 5 min
+    // lookback, both ends included (Prometheus 2.42).
+    let cases: [(&str, i64, i64, Option<i64>, Of); 10] = [
+        ("avg_over_time(c[2m])", 120, 0, None, |w| {
+            w.iter().map(|s| s.1).sum::<f64>() / w.len() as f64
+        }),
+        ("last_over_time(c[5m])", 300, 0, None, last),
+        ("count_over_time(c[30s])", 30, 0, None, |w| w.len() as f64),
+        ("sum_over_time(c[2m] offset 3m)", 120, 180, None, sum),
+        ("max_over_time(c[1m] offset -2m)", 60, -120, None, |w| {
+            w.iter().map(|s| s.1).fold(f64::MIN, f64::max)
+        }),
+        (
+            "min_over_time(c[1m] @ 1700001300)",
+            60,
+            0,
+            Some(1300),
+            |w| w.iter().map(|s| s.1).fold(f64::MAX, f64::min),
+        ),
+        ("c", 300, 0, None, last),
+        ("c offset 4m", 300, 240, None, last),
+        ("timestamp(c)", 300, 0, None, |w| {
+            (T0 / S + w[w.len() - 1].0) as f64
+        }),
+        ("sum(c)", 300, 0, None, last),
+    ];
+    for (q, range, offset, at, of) in cases {
+        let got = match f.engine.range(q, start, end, step).unwrap() {
+            PromValue::Matrix(m) => m.into_iter().flat_map(|s| s.points).collect::<Vec<_>>(),
+            other => panic!("{q}: {other:?}"),
+        };
+        let mut want = Vec::new();
+        let mut t = start;
+        while t <= end {
+            let r = at.unwrap_or((t - T0) / S) - offset;
+            let w: Vec<(i64, f64)> = samples
+                .iter()
+                .copied()
+                .filter(|s| r - range <= s.0 && s.0 <= r)
+                .collect();
+            if !w.is_empty() {
+                want.push((t, of(&w)));
+            }
+            t += step;
+        }
+        // Some steps answer; without `@`, most are outside the data.
+        assert!(want.len() > 2, "{q}: {want:?}");
+        assert!(at.is_some() || want.len() < 150, "{q}: {want:?}");
+        assert_eq!(got.len(), want.len(), "{q}: {got:?} {want:?}");
+        for (g, w) in got.iter().zip(&want) {
+            assert!(g.0 == w.0 && close(g.1, w.1), "{q}: {g:?} against {w:?}");
+        }
+    }
+}

@@ -313,11 +313,18 @@ fn shared_timestamp_blocks_read_back_after_any_other_read() {
     let vals_of = |i: usize| -> Vec<f64> { (0..300).map(|j| (i * 1000 + j) as f64).collect() };
     let write = |name: &str, shift: i64| {
         let dst = dir.path().join(format!("{name}.gseg"));
-        write_segment(&dir.path().join(format!("{name}.tmp")), &dst, (1, 1), 0, &keys, |i, ts, vals| {
-            ts.extend(ts_of(shift, i));
-            vals.extend(vals_of(i));
-            Ok(())
-        })
+        write_segment(
+            &dir.path().join(format!("{name}.tmp")),
+            &dst,
+            (1, 1),
+            0,
+            &keys,
+            |i, ts, vals| {
+                ts.extend(ts_of(shift, i));
+                vals.extend(vals_of(i));
+                Ok(())
+            },
+        )
         .unwrap();
         Segment::open(&dst, SegmentId(1)).unwrap()
     };
@@ -340,8 +347,10 @@ fn shared_timestamp_blocks_read_back_after_any_other_read() {
         (&first, 0, 2),
     ] {
         let got = decode_series(seg, ord).unwrap();
-        let want: Vec<(i64, f64)> =
-            ts_of(shift, ord as usize).into_iter().zip(vals_of(ord as usize)).collect();
+        let want: Vec<(i64, f64)> = ts_of(shift, ord as usize)
+            .into_iter()
+            .zip(vals_of(ord as usize))
+            .collect();
         assert_eq!(got, want, "segment shifted by {shift}, series {ord}");
     }
 }
