@@ -26,6 +26,7 @@ use axum::routing::get;
 use promql_parser::parser::Expr;
 
 use super::eval::Evaluator;
+use super::value::Ascii;
 use super::{Answer, LabelSet, PromEngine, PromError, PromValue, Series, labels_of, parse};
 
 /// The Prometheus version reported by `/api/v1/status/buildinfo`. Grafana
@@ -194,26 +195,52 @@ fn json_str(s: &str) -> String {
 
 /// `MarshalTimestamp`: seconds with the milliseconds as a fraction.
 fn write_ts(out: &mut String, t: i64) {
-    let mut t = t;
+    let mut b = Ascii::<32>::new();
+    push_ts(&mut b, t);
+    b.flush(out);
+}
+
+/// A timestamp in seconds, with milliseconds where there are any; needs
+/// 25 bytes of room.
+fn push_ts<const N: usize>(b: &mut Ascii<N>, t: i64) {
     if t < 0 {
-        out.push('-');
-        t = -t;
+        b.push(b'-');
     }
-    out.push_str(itoa::Buffer::new().format(t / 1000));
+    let t = t.unsigned_abs();
+    b.push_u64(t / 1000);
     let frac = t % 1000;
     if frac != 0 {
-        out.push('.');
-        let digits = [frac / 100, frac / 10 % 10, frac % 10];
-        out.extend(digits.map(|d| char::from(b'0' + d as u8)));
+        let digit = |d: u64| b'0' + (d % 10) as u8;
+        b.extend(&[b'.', digit(frac / 100), digit(frac / 10), digit(frac)]);
+    }
+}
+
+/// Room for `[`, a timestamp, `,"`, a value and `"]`.
+const POINT_MAX: usize = 1 + 25 + 2 + super::value::VALUE_MAX + 2;
+
+/// `[<seconds>,"<value>"]` onto `b`, or through it onto `out` where the
+/// value needs the float formatter; `b` is flushed first if it lacks room.
+fn push_point<const N: usize>(b: &mut Ascii<N>, out: &mut String, t: i64, v: f64) {
+    if b.room() < POINT_MAX {
+        b.flush(out);
+    }
+    b.push(b'[');
+    push_ts(b, t);
+    b.extend(b",\"");
+    if super::value::push_value(b, v) {
+        b.extend(b"\"]");
+    } else {
+        use std::fmt::Write;
+        b.flush(out);
+        let _ = write!(out, "{v}");
+        out.push_str("\"]");
     }
 }
 
 fn write_point(out: &mut String, t: i64, v: f64) {
-    out.push('[');
-    write_ts(out, t);
-    out.push_str(",\"");
-    super::value::write_value(out, v);
-    out.push_str("\"]");
+    let mut b = Ascii::<POINT_MAX>::new();
+    push_point(&mut b, out, t, v);
+    b.flush(out);
 }
 
 fn write_labels(out: &mut String, labels: &LabelSet) {
@@ -243,12 +270,15 @@ fn write_series(out: &mut String, s: &Series) {
     out.push_str(r#"{"metric":"#);
     write_labels(out, &s.labels);
     out.push_str(r#","values":["#);
+    // The points go through one stack buffer, moved to `out` when full.
+    let mut b = Ascii::<1024>::new();
     for (j, (t, v)) in s.points.iter().enumerate() {
         if j > 0 {
-            out.push(',');
+            b.push(b',');
         }
-        write_point(out, *t, *v);
+        push_point(&mut b, out, *t, *v);
     }
+    b.flush(out);
     out.push_str("]}");
 }
 
@@ -588,6 +618,30 @@ mod tests {
             let mut out = String::new();
             super::write_ts(&mut out, t);
             assert_eq!(out, want, "{t}");
+        }
+    }
+
+    /// A point is its timestamp and its value as a string, whichever way
+    /// the value is written: on the stack or by the float formatter.
+    #[test]
+    fn points_are_a_timestamp_and_a_quoted_value() {
+        for (t, v, want) in [
+            (1_500, 71.0, r#"[1.500,"71"]"#),
+            (-7, 312.125, r#"[-0.007,"312.125"]"#),
+            (i64::MIN, -0.05, r#"[-9223372036854775.808,"-0.05"]"#),
+            (
+                1_796_346_840_000,
+                1.0 / 3.0,
+                r#"[1796346840,"0.3333333333333333"]"#,
+            ),
+            (0, -0.0, r#"[0,"-0"]"#),
+            (0, 1e300, &format!(r#"[0,"{}"]"#, 1e300)),
+            (0, f64::NAN, r#"[0,"NaN"]"#),
+            (0, f64::NEG_INFINITY, r#"[0,"-Inf"]"#),
+        ] {
+            let mut out = String::from("x");
+            super::write_point(&mut out, t, v);
+            assert_eq!(out, format!("x{want}"), "{t} {v}");
         }
     }
 }
