@@ -139,7 +139,7 @@ thread_local! {
     /// and every GPU of a host, shares one block (the writer stores it
     /// once), and a selection lists a host's series together, so the next
     /// chunk read usually names the same block: it is then copied, neither
-    /// checksummed nor decoded again (a third of the decoding of a
+    /// checksummed nor decoded again (a quarter of the decoding of a
     /// one-metric query over the fleet, `callgrind`).
     static TS_BLOCK: std::cell::RefCell<((u64, u64, u32), Vec<i64>)> =
         const { std::cell::RefCell::new(((u64::MAX, 0, 0), Vec::new())) };
