@@ -126,30 +126,55 @@ stop() { # PID
   kill -9 "$1" 2>/dev/null || true
 }
 
+# A server left on one of these ports by another run would answer in place
+# of the one started here, and its data would be measured: refuse to start.
+port_free() { # HOST:PORT ...
+  local a
+  for a in "$@"; do
+    if (exec 3<>"/dev/tcp/${a%:*}/${a##*:}") 2>/dev/null; then
+      echo "something already listens on $a (a server of another run?): stop it first" >&2
+      exit 2
+    fi
+  done
+}
+
+started() { # PID LOG: the server started here is the one that answered
+  kill -0 "$1" 2>/dev/null && return 0
+  echo "the server exited at start; the end of $2:" >&2
+  tail -5 "$2" >&2
+  exit 2
+}
+
 GP_GRPC=127.0.0.1:17400 GP_HTTP=127.0.0.1:17401
 start_gpulse() { # DIR
+  port_free "$GP_GRPC" "$GP_HTTP"
   "$BIN" serve --data-dir "$1" --grpc-listen "$GP_GRPC" --http-listen "$GP_HTTP" --pg-listen off \
     > "$1.log" 2>&1 &
   PID=$!; PIDS+=("$PID")
   wait_http "http://$GP_HTTP/api/v1/status/buildinfo"
+  started "$PID" "$1.log"
 }
 
 VM_HTTP=127.0.0.1:18428
 start_vm() { # DIR
+  port_free "$VM_HTTP"
   victoria-metrics -storageDataPath="$1" -httpListenAddr="$VM_HTTP" -retentionPeriod=100y \
     -loggerLevel=ERROR > "$1.log" 2>&1 &
   PID=$!; PIDS+=("$PID")
   wait_http "http://$VM_HTTP/health"
+  started "$PID" "$1.log"
 }
 
 PROM_HTTP=127.0.0.1:19090
 start_prometheus() { # DIR
+  port_free "$PROM_HTTP"
   printf 'global:\n  scrape_interval: 1h\n' > "$1.yml"
   prometheus --config.file="$1.yml" --storage.tsdb.path="$1" --web.listen-address="$PROM_HTTP" \
     --web.enable-remote-write-receiver --web.enable-admin-api \
     --storage.tsdb.retention.time=100y --log.level=error > "$1.log" 2>&1 &
   PID=$!; PIDS+=("$PID")
   wait_http "http://$PROM_HTTP/-/ready"
+  started "$PID" "$1.log"
 }
 
 ingest() { # SYSTEM PROTOCOL URL PID DISK FLUSH-ARGS... -- DATA-ARGS...
