@@ -215,14 +215,18 @@ fn push_ts<const N: usize>(b: &mut Ascii<N>, t: i64) {
     }
 }
 
-/// Room for `[`, a timestamp, `,"`, a value and `"]`.
-const POINT_MAX: usize = 1 + 25 + 2 + super::value::VALUE_MAX + 2;
+/// Room for a separating `,`, `[`, a timestamp, `,"`, a value and `"]`.
+const POINT_MAX: usize = 1 + 1 + 25 + 2 + super::value::VALUE_MAX + 2;
 
-/// `[<seconds>,"<value>"]` onto `b`, or through it onto `out` where the
-/// value needs the float formatter; `b` is flushed first if it lacks room.
-fn push_point<const N: usize>(b: &mut Ascii<N>, out: &mut String, t: i64, v: f64) {
+/// `[<seconds>,"<value>"]`, after a `,` unless `first`, onto `b`, or through
+/// it onto `out` where the value needs the float formatter; `b` is flushed
+/// first if it lacks room.
+fn push_point<const N: usize>(b: &mut Ascii<N>, out: &mut String, first: bool, t: i64, v: f64) {
     if b.room() < POINT_MAX {
         b.flush(out);
+    }
+    if !first {
+        b.push(b',');
     }
     b.push(b'[');
     push_ts(b, t);
@@ -239,7 +243,7 @@ fn push_point<const N: usize>(b: &mut Ascii<N>, out: &mut String, t: i64, v: f64
 
 fn write_point(out: &mut String, t: i64, v: f64) {
     let mut b = Ascii::<POINT_MAX>::new();
-    push_point(&mut b, out, t, v);
+    push_point(&mut b, out, true, t, v);
     b.flush(out);
 }
 
@@ -273,10 +277,7 @@ fn write_series(out: &mut String, s: &Series) {
     // The points go through one stack buffer, moved to `out` when full.
     let mut b = Ascii::<1024>::new();
     for (j, (t, v)) in s.points.iter().enumerate() {
-        if j > 0 {
-            b.push(b',');
-        }
-        push_point(&mut b, out, *t, *v);
+        push_point(&mut b, out, j == 0, *t, *v);
     }
     b.flush(out);
     out.push_str("]}");

@@ -479,15 +479,14 @@ impl<'a> Evaluator<'a> {
             let mut points = Vec::new();
             let mut idx = 0;
             // Ascending steps: only those whose lookback window can hold one
-            // of the series' samples, `[r - lookback, r]`.
-            let (from, to) = match (s.ts.first(), s.ts.last()) {
-                (Some(&first), Some(&last)) if ascending => (
-                    refs.partition_point(|&r| r < first),
-                    refs.partition_point(|&r| r - lookback <= last),
-                ),
-                _ => (0, refs.len()),
+            // of the series' samples.
+            let reach = match (s.ts.first(), s.ts.last()) {
+                (Some(&first), Some(&last)) if ascending => {
+                    super::value::steps_reaching(&refs, |r| r, lookback, (first, last))
+                }
+                _ => 0..refs.len(),
             };
-            for (i, &r) in refs.iter().enumerate().take(to).skip(from) {
+            for (i, &r) in refs.iter().enumerate().take(reach.end).skip(reach.start) {
                 if ascending {
                     while idx < s.ts.len() && s.ts[idx] <= r {
                         idx += 1;

@@ -737,17 +737,17 @@ pub(super) fn range_series(
         // For a counter's rate, how many times it fell before each sample:
         // a window without a fall (most of them) skips the search for one.
         let falls = counter_falls(name, &s.vs);
-        // Only steps whose window can hold one of the series' samples:
-        // references are non-decreasing over the steps, and a window is
-        // `[reference - range, reference]`. A 30-day range over a series
-        // of two hours visits three steps, not 721.
-        let (first, last) = match (s.ts.first(), s.ts.last()) {
-            (Some(&f), Some(&l)) => (f, l),
+        // Only the steps whose window can hold one of the series' samples.
+        let reach = match (s.ts.first(), s.ts.last()) {
+            (Some(&first), Some(&last)) => super::value::steps_reaching(
+                steps,
+                |t| input.reference(t),
+                input.range_ms,
+                (first, last),
+            ),
             _ => return (labels, points),
         };
-        let from = steps.partition_point(|&t| input.reference(t) < first);
-        let to = steps.partition_point(|&t| input.reference(t) - input.range_ms <= last);
-        for (i, &t) in steps.iter().enumerate().take(to).skip(from) {
+        for (i, &t) in steps.iter().enumerate().take(reach.end).skip(reach.start) {
             let reference = input.reference(t);
             let (lo, hi) = input.next_window(s, reference, &mut at);
             if hi == lo {

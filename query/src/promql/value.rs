@@ -86,6 +86,21 @@ impl RangeInput {
     }
 }
 
+/// The steps `[from, to)` whose window `[reference - range, reference]` can
+/// hold one of a series' samples, which span `[first, last]`: references
+/// must not decrease over `steps` (those of a range query, or one `@`
+/// time). A 30-day range over a series of two hours is 3 steps of 721.
+pub(super) fn steps_reaching(
+    steps: &[i64],
+    reference: impl Fn(i64) -> i64,
+    range_ms: i64,
+    (first, last): (i64, i64),
+) -> std::ops::Range<usize> {
+    let from = steps.partition_point(|&t| reference(t) < first);
+    let to = steps.partition_point(|&t| reference(t) - range_ms <= last);
+    from..to.max(from)
+}
+
 /// `labels` without `__name__` (shared when there is none).
 pub(super) fn drop_name(labels: &Arc<LabelSet>) -> Arc<LabelSet> {
     if labels.iter().any(|(n, _)| n == METRIC_NAME) {
