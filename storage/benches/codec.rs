@@ -12,7 +12,7 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use storage::column::{decode_ts, decode_values, encode_ts, encode_values};
+use storage::column::{decode_ts, decode_values, encode_segment_values, encode_ts};
 use storage::gorilla::{GorillaDecoder, GorillaEncoder};
 
 // The recordings' loader, shared with the wal and scan benches.
@@ -107,7 +107,7 @@ fn bench(c: &mut Criterion) {
                     tb.clear();
                     vb.clear();
                     encode_ts(t, &mut tb);
-                    encode_values(v, &mut vb);
+                    encode_segment_values(v, &mut vb);
                 }
             }
             black_box(vb.len())

@@ -41,5 +41,6 @@ fn main() {
         samples += n;
         sum += vals.iter().sum::<f64>();
     }
-    println!("{samples} samples, sum {sum}");
+    let bytes: usize = columns.iter().map(|(_, vb, _)| vb.len()).sum();
+    println!("{samples} samples, sum {sum}, value blocks {bytes} bytes");
 }

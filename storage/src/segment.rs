@@ -44,12 +44,14 @@ use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLSEND1";
-/// The version written: 5 since each chunk's index entry carries its last
-/// value (4 compressed the index and postings, 3 added bit-packed column
-/// blocks, `docs/format/column.md`).
-pub(crate) const VERSION: u32 = 5;
+/// The version written: 6 since value blocks may be byte planes or repeat
+/// masks (5 gave each chunk's index entry its last value, 4 compressed the
+/// index and postings, 3 added bit-packed column blocks,
+/// `docs/format/column.md`).
+pub(crate) const VERSION: u32 = 6;
 /// Versions read. Versions 2 and 3 store the index and postings as they
-/// are; version 2 differs from 3 only in the column kinds it may use.
+/// are; version 2 differs from 3, and 5 from 6, only in the column kinds
+/// they may use.
 const READS: std::ops::RangeInclusive<u32> = 2..=VERSION;
 /// First version whose index and postings sections are compressed.
 const ZSTD_SECTIONS: u32 = 4;

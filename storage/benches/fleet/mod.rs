@@ -146,7 +146,7 @@ pub(crate) fn column_chunks(series: &[Series]) -> Vec<(Vec<u8>, Vec<u8>, usize)>
             t.chunks(4096).zip(v.chunks(4096)).map(|(t, v)| {
                 let (mut tb, mut vb) = (Vec::new(), Vec::new());
                 storage::column::encode_ts(t, &mut tb);
-                storage::column::encode_values(v, &mut vb);
+                storage::column::encode_segment_values(v, &mut vb);
                 (tb, vb, t.len())
             })
         })

@@ -38,7 +38,7 @@ fn varint_len(v: i64) -> usize {
 
 /// The first `order` values of `xs` (x0, then x1 - x0) and the `order`-th
 /// differences after them.
-fn differences(xs: &[i64], order: u8) -> (Vec<i64>, Vec<i64>) {
+pub(super) fn differences(xs: &[i64], order: u8) -> (Vec<i64>, Vec<i64>) {
     let heads: Vec<i64> = match order {
         0 => Vec::new(),
         1 => xs.iter().take(1).copied().collect(),
@@ -150,6 +150,13 @@ pub(crate) struct Plan {
     shapes: Vec<Shape>,
     /// Bytes of the payload.
     pub(crate) len: usize,
+}
+
+impl Plan {
+    /// The delta order planned.
+    pub(crate) fn order(&self) -> u8 {
+        self.order
+    }
 }
 
 /// Plans the payload of `xs` after `order` (0..=2) rounds of differencing.

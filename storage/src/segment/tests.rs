@@ -196,13 +196,14 @@ fn encoding_matches_the_committed_golden_file() {
 /// Segments of the earlier versions still open and read back sample for
 /// sample what the same content reads back as from a current file: v2
 /// (`golden-v2.gseg`, before bit-packed columns), v3 (`golden-v3.gseg`,
-/// before compressed index and postings) and v4 (`golden-v4.gseg`, before
-/// each chunk's last value), the golden files of those versions.
+/// before compressed index and postings), v4 (`golden-v4.gseg`, before
+/// each chunk's last value) and v5 (`golden-v5.gseg`, before byte planes
+/// and repeat masks), the golden files of those versions.
 #[test]
 fn earlier_versions_read_as_the_same_samples() {
     let dir = tempfile::tempdir().unwrap();
     let new = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
-    for version in [2u32, 3, 4] {
+    for version in [2u32, 3, 4, 5] {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join(format!("../fuzz/seeds/segment_open/golden-v{version}.gseg"));
         let bytes = std::fs::read(path).unwrap();
@@ -212,7 +213,20 @@ fn earlier_versions_read_as_the_same_samples() {
         for ord in 0..old.num_series() as u32 {
             assert_eq!(old.series_key(ord), new.series_key(ord));
             // Only version 5 on records the last values.
-            assert!(old.chunks(ord).iter().all(|c| c.last_value().is_none()));
+            if version < 5 {
+                assert!(old.chunks(ord).iter().all(|c| c.last_value().is_none()));
+            } else {
+                assert_eq!(
+                    old.chunks(ord)
+                        .iter()
+                        .map(|c| c.last_value().map(f64::to_bits))
+                        .collect::<Vec<_>>(),
+                    new.chunks(ord)
+                        .iter()
+                        .map(|c| c.last_value().map(f64::to_bits))
+                        .collect::<Vec<_>>()
+                );
+            }
             let (a, b) = (
                 decode_series(&old, ord).unwrap(),
                 decode_series(&new, ord).unwrap(),
@@ -232,15 +246,15 @@ fn earlier_versions_read_as_the_same_samples() {
         }
     }
     // A version after this one is refused, with its number.
-    let mut v6 = std::fs::read(write(dir.path())).unwrap();
-    v6[8..12].copy_from_slice(&6u32.to_le_bytes());
-    let crc = crc32c::crc32c(&v6[..12]);
-    v6[12..16].copy_from_slice(&crc.to_le_bytes());
+    let mut v7 = std::fs::read(write(dir.path())).unwrap();
+    v7[8..12].copy_from_slice(&7u32.to_le_bytes());
+    let crc = crc32c::crc32c(&v7[..12]);
+    v7[12..16].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(
-        Segment::from_bytes(&v6),
+        Segment::from_bytes(&v7),
         Err(Error::Corrupt {
             offset: 8,
-            kind: Corruption::UnsupportedVersion { version: 6 },
+            kind: Corruption::UnsupportedVersion { version: 7 },
             ..
         })
     ));

@@ -170,7 +170,7 @@ pub(crate) fn write_segment_tmp(
                 }
             };
             block.clear();
-            column::encode_values(v, &mut block);
+            column::encode_segment_values(v, &mut block);
             let val_ref = put(&mut w, &block, &mut offset)?;
             let (lo, hi) = (t[0], t[t.len() - 1]);
             put_varint(&mut index, lo);
