@@ -399,8 +399,7 @@ fn encode_values_with(vals: &[f64], out: &mut Vec<u8>, planes: bool) {
     // Byte planes, at the order that packed smallest.
     if planes {
         let mut b = vec![VAL_PLANES, d];
-        let smaller =
-            planes::write(&ints, plan.order(), packed.len(), &mut b) && b.len() < packed.len();
+        let smaller = planes::write(&plan, packed.len(), &mut b) && b.len() < packed.len();
         out.extend_from_slice(if smaller { &b } else { &packed });
         return;
     }
@@ -429,9 +428,10 @@ fn encode_values_with(vals: &[f64], out: &mut Vec<u8>, planes: bool) {
     });
 }
 
-/// Encodes a value column of a segment (version 6 on): as [`encode_values`],
-/// or, where values often repeat the one before them, as a mask of the
-/// repeats and the other values, whichever is smaller. DCGM's profiling
+/// Encodes a value column of a segment (version 6 on): as [`encode_values`]
+/// but with byte planes in place of varints for decimals, or, where values
+/// often repeat the one before them, as a mask of the repeats and the other
+/// values, whichever is smaller. DCGM's profiling
 /// fields and counters refresh more slowly than they are polled, so a noisy
 /// column repeats itself at every stalled poll (a tenth of the samples of
 /// the recorded H100 training run), and a repeat costs its full width in

@@ -38,7 +38,7 @@ fn varint_len(v: i64) -> usize {
 
 /// The first `order` values of `xs` (x0, then x1 - x0) and the `order`-th
 /// differences after them.
-pub(super) fn differences(xs: &[i64], order: u8) -> (Vec<i64>, Vec<i64>) {
+fn differences(xs: &[i64], order: u8) -> (Vec<i64>, Vec<i64>) {
     let heads: Vec<i64> = match order {
         0 => Vec::new(),
         1 => xs.iter().take(1).copied().collect(),
@@ -154,8 +154,79 @@ pub(crate) struct Plan {
 
 impl Plan {
     /// The delta order planned.
-    pub(crate) fn order(&self) -> u8 {
+    pub(super) fn order(&self) -> u8 {
         self.order
+    }
+
+    /// The first `order` integers as the payload stores them.
+    pub(super) fn heads(&self) -> &[i64] {
+        &self.heads
+    }
+
+    /// The `order`-th differences after the heads.
+    pub(super) fn rest(&self) -> &[i64] {
+        &self.rest
+    }
+}
+
+/// Undoes `order` rounds of differencing, frame after frame: the last value
+/// and the last first difference carry over. Shared by the packed frames
+/// and the byte planes, whose payloads both start with the order and the
+/// heads.
+pub(super) struct Undiff {
+    order: u8,
+    p1: i64,
+    p2: i64,
+}
+
+impl Undiff {
+    /// Reads a payload's order byte and its heads (at most `n`), and puts
+    /// the values they stand for at the start of `buf`; returns how many.
+    pub(super) fn read_heads(
+        r: &mut Reader<'_>,
+        n: usize,
+        buf: &mut [i64; FRAME],
+    ) -> Result<(Self, usize), ColumnError> {
+        let bad = |_| ColumnError::BadLength;
+        let order = r.bytes(1, "order").map_err(bad)?[0];
+        if order > 2 {
+            return Err(ColumnError::BadLength);
+        }
+        let mut u = Undiff {
+            order,
+            p1: 0,
+            p2: 0,
+        };
+        let heads = (order as usize).min(n);
+        for (i, slot) in buf.iter_mut().enumerate().take(heads) {
+            let h = r.varint("head").map_err(bad)?;
+            let x = if i == 0 { h } else { u.p1.wrapping_add(h) };
+            u.p2 = x.wrapping_sub(u.p1);
+            u.p1 = x;
+            *slot = x;
+        }
+        Ok((u, heads))
+    }
+
+    /// Turns the `order`-th differences in `out`, which follow those of the
+    /// frame before, into values.
+    pub(super) fn apply(&mut self, out: &mut [i64]) {
+        match self.order {
+            0 => {}
+            1 => {
+                for x in out.iter_mut() {
+                    self.p1 = self.p1.wrapping_add(*x);
+                    *x = self.p1;
+                }
+            }
+            _ => {
+                for x in out.iter_mut() {
+                    self.p2 = self.p2.wrapping_add(*x);
+                    self.p1 = self.p1.wrapping_add(self.p2);
+                    *x = self.p1;
+                }
+            }
+        }
     }
 }
 
@@ -261,22 +332,8 @@ pub(crate) fn unpack(
 ) -> Result<(), ColumnError> {
     let bad = |_| ColumnError::BadLength;
     let mut r = Reader::new(payload, 0);
-    let order = *payload.first().ok_or(ColumnError::BadLength)?;
-    r.bytes(1, "order").map_err(bad)?;
-    if order > 2 {
-        return Err(ColumnError::BadLength);
-    }
     let mut buf = [0i64; FRAME];
-    // Undoing the differencing: the last value and the last first difference.
-    let (mut p1, mut p2) = (0i64, 0i64);
-    let heads = (order as usize).min(n);
-    for (i, slot) in buf.iter_mut().enumerate().take(heads) {
-        let h = r.varint("head").map_err(bad)?;
-        let x = if i == 0 { h } else { p1.wrapping_add(h) };
-        p2 = x.wrapping_sub(p1);
-        p1 = x;
-        *slot = x;
-    }
+    let (mut undiff, heads) = Undiff::read_heads(&mut r, n, &mut buf)?;
     if heads > 0 {
         frame(&buf[..heads]);
     }
@@ -320,22 +377,7 @@ pub(crate) fn unpack(
                 *x = x.wrapping_add((high << w) as i64);
             }
         }
-        match order {
-            0 => {}
-            1 => {
-                for x in out.iter_mut() {
-                    p1 = p1.wrapping_add(*x);
-                    *x = p1;
-                }
-            }
-            _ => {
-                for x in out.iter_mut() {
-                    p2 = p2.wrapping_add(*x);
-                    p1 = p1.wrapping_add(p2);
-                    *x = p1;
-                }
-            }
-        }
+        undiff.apply(out);
         frame(out);
         left -= len;
     }

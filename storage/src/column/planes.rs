@@ -22,19 +22,19 @@ use std::borrow::Cow;
 
 use crate::codec::{Reader, put_uvarint, put_varint};
 
-use super::packed::{FRAME, differences};
+use super::packed::{FRAME, Plan, Undiff};
 use super::{ColumnError, open_block, put_block_saving};
 
 /// The kind of a plane's block.
 const PLANE: u8 = 0;
 
-/// Appends the byte-plane payload of `xs` after `order` rounds of
-/// differencing, unless the planes' sizes estimated from their byte
-/// frequencies add up to `budget` bytes or more (the size of a block that
-/// is already at hand): then it returns false, having run no zstd, and what
-/// it appended is to be dropped.
-pub(crate) fn write(xs: &[i64], order: u8, budget: usize, out: &mut Vec<u8>) -> bool {
-    let (heads, rest) = differences(xs, order);
+/// Appends the byte-plane payload of the integers a packed [`Plan`] has
+/// differenced (at its order), unless the planes' sizes estimated from their
+/// byte frequencies add up to `budget` bytes or more (the size of a block
+/// that is already at hand): then it returns false, having run no zstd, and
+/// what it appended is to be dropped.
+pub(crate) fn write(plan: &Plan, budget: usize, out: &mut Vec<u8>) -> bool {
+    let rest = plan.rest();
     let base = rest.iter().copied().min().unwrap_or(0);
     // Offsets from the minimum fit u64 whatever the integers' spread.
     let offsets: Vec<u64> = rest.iter().map(|&x| x.wrapping_sub(base) as u64).collect();
@@ -51,8 +51,8 @@ pub(crate) fn write(xs: &[i64], order: u8, budget: usize, out: &mut Vec<u8>) -> 
     if estimate >= budget {
         return false;
     }
-    out.push(order);
-    for &h in &heads {
+    out.push(plan.order());
+    for &h in plan.heads() {
         put_varint(out, h);
     }
     put_varint(out, base);
@@ -108,21 +108,8 @@ pub(crate) fn unpack(
 ) -> Result<(), ColumnError> {
     let bad = |_| ColumnError::BadLength;
     let mut r = Reader::new(payload, 0);
-    let order = r.bytes(1, "order").map_err(bad)?[0];
-    if order > 2 {
-        return Err(ColumnError::BadLength);
-    }
     let mut buf = [0i64; FRAME];
-    // Undoing the differencing: the last value and the last first difference.
-    let (mut p1, mut p2) = (0i64, 0i64);
-    let heads = (order as usize).min(n);
-    for (i, slot) in buf.iter_mut().enumerate().take(heads) {
-        let h = r.varint("head").map_err(bad)?;
-        let x = if i == 0 { h } else { p1.wrapping_add(h) };
-        p2 = x.wrapping_sub(p1);
-        p1 = x;
-        *slot = x;
-    }
+    let (mut undiff, heads) = Undiff::read_heads(&mut r, n, &mut buf)?;
     let base = r.varint("base").map_err(bad)?;
     let width = r.bytes(1, "width").map_err(bad)?[0] as usize;
     if width > 8 {
@@ -152,59 +139,46 @@ pub(crate) fn unpack(
     for start in (0..k).step_by(FRAME) {
         let out = &mut buf[..FRAME.min(k - start)];
         let end = start + out.len();
-        combine(planes, start..end, out);
-        match order {
-            0 => out.iter_mut().for_each(|x| *x = base.wrapping_add(*x)),
-            1 => {
-                for x in out.iter_mut() {
-                    p1 = p1.wrapping_add(base.wrapping_add(*x));
-                    *x = p1;
-                }
-            }
-            _ => {
-                for x in out.iter_mut() {
-                    p2 = p2.wrapping_add(base.wrapping_add(*x));
-                    p1 = p1.wrapping_add(p2);
-                    *x = p1;
-                }
-            }
-        }
+        combine(planes, start..end, base, out);
+        undiff.apply(out);
         frame(out);
     }
     Ok(())
 }
 
-/// Puts together the offsets of values `range` from their planes: one pass
-/// over all planes for the common widths, where a pass per plane cost 25
-/// instructions a value on the simulated fleet (callgrind).
-fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, out: &mut [i64]) {
+/// Puts together values `range` from their planes, each `base` plus its
+/// offset: one pass over all planes for the common widths, where a pass per
+/// plane cost 25 instructions a value on the simulated fleet (callgrind).
+fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, base: i64, out: &mut [i64]) {
     let p = |i: usize| &planes[i][range.clone()];
     let o = out.iter_mut();
+    let at = |offset: u64| base.wrapping_add(offset as i64);
     match planes.len() {
-        0 => out.fill(0),
-        1 => o.zip(p(0)).for_each(|(x, &a)| *x = a as i64),
+        0 => out.fill(base),
+        1 => o.zip(p(0)).for_each(|(x, &a)| *x = at(a as u64)),
         2 => o
             .zip(p(0))
             .zip(p(1))
-            .for_each(|((x, &a), &b)| *x = u16::from_le_bytes([a, b]) as i64),
+            .for_each(|((x, &a), &b)| *x = at(u16::from_le_bytes([a, b]) as u64)),
         3 => o
             .zip(p(0))
             .zip(p(1))
             .zip(p(2))
-            .for_each(|(((x, &a), &b), &c)| *x = u32::from_le_bytes([a, b, c, 0]) as i64),
+            .for_each(|(((x, &a), &b), &c)| *x = at(u32::from_le_bytes([a, b, c, 0]) as u64)),
         4 => o
             .zip(p(0))
             .zip(p(1))
             .zip(p(2))
             .zip(p(3))
-            .for_each(|((((x, &a), &b), &c), &d)| *x = u32::from_le_bytes([a, b, c, d]) as i64),
-        width => {
+            .for_each(|((((x, &a), &b), &c), &d)| *x = at(u32::from_le_bytes([a, b, c, d]) as u64)),
+        _ => {
             out.fill(0);
-            for (i, plane) in planes.iter().enumerate().take(width) {
+            for (i, plane) in planes.iter().enumerate() {
                 for (x, &b) in out.iter_mut().zip(&plane[range.clone()]) {
                     *x |= (b as i64) << (8 * i);
                 }
             }
+            out.iter_mut().for_each(|x| *x = at(*x as u64));
         }
     }
 }

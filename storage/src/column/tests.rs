@@ -272,6 +272,21 @@ fn forged_packed_payloads_are_errors_not_panics() {
 
 /// Integers of a width picked first, with a few outliers: full frames of
 /// every width (the unrolled unpack) and frames with exceptions.
+/// Integers of every width, small ones, and the ends of i64, whose
+/// differences wrap.
+fn edge_i64s() -> impl Strategy<Value = Vec<i64>> {
+    prop::collection::vec(
+        prop_oneof![
+            any::<i64>(),
+            (-40i64..40),
+            Just(i64::MIN),
+            Just(i64::MAX),
+            (0u32..64).prop_map(|b| 1i64 << b),
+        ],
+        0..700,
+    )
+}
+
 fn narrow_with_outliers() -> impl Strategy<Value = Vec<i64>> {
     (0u32..=60, 1usize..600).prop_flat_map(|(w, n)| {
         prop::collection::vec(
@@ -299,13 +314,7 @@ proptest! {
     /// differences at the ends of i64.
     #[test]
     fn packed_round_trips(
-        xs in prop::collection::vec(prop_oneof![
-            any::<i64>(),
-            (-40i64..40),
-            Just(i64::MIN),
-            Just(i64::MAX),
-            (0u32..64).prop_map(|b| 1i64 << b),
-        ], 0..700),
+        xs in edge_i64s(),
         order in 0u8..3,
     ) {
         let mut p = Vec::new();
@@ -426,7 +435,11 @@ fn gaussian_noise(n: usize, seed: u64, level: i64, spread: u64) -> Vec<i64> {
 #[test]
 fn golden_planes_payload() {
     let mut p = Vec::new();
-    assert!(planes::write(&[300, 301, 556], 0, usize::MAX, &mut p));
+    assert!(planes::write(
+        &packed::plan(&[300, 301, 556], 0),
+        usize::MAX,
+        &mut p
+    ));
     assert_eq!(
         p,
         [
@@ -437,7 +450,11 @@ fn golden_planes_payload() {
     planes::unpack(&p, 3, |f| out.extend_from_slice(f)).unwrap();
     assert_eq!(out, [300, 301, 556]);
     // A budget the estimate does not fit under writes nothing.
-    assert!(!planes::write(&[300, 301, 556], 0, 8, &mut Vec::new()));
+    assert!(!planes::write(
+        &packed::plan(&[300, 301, 556], 0),
+        8,
+        &mut Vec::new()
+    ));
 }
 
 /// Noise whose bytes above the lowest take few values is stored as byte
@@ -561,17 +578,11 @@ proptest! {
     /// cut short they are an error.
     #[test]
     fn planes_round_trip(
-        xs in prop::collection::vec(prop_oneof![
-            any::<i64>(),
-            (-40i64..40),
-            Just(i64::MIN),
-            Just(i64::MAX),
-            (0u32..64).prop_map(|b| 1i64 << b),
-        ], 0..700),
+        xs in edge_i64s(),
         order in 0u8..3,
     ) {
         let mut p = Vec::new();
-        prop_assert!(planes::write(&xs, order, usize::MAX, &mut p));
+        prop_assert!(planes::write(&packed::plan(&xs, order), usize::MAX, &mut p));
         let mut out = Vec::new();
         planes::unpack(&p, xs.len(), |f| out.extend_from_slice(f)).unwrap();
         prop_assert_eq!(out, xs.clone());
