@@ -18,11 +18,13 @@
 //! sample after it is in the WAL after the cut. A query sees every sample
 //! exactly once, whether a flush is running or not.
 //!
-//! Rollups ([`crate::rollup`]): every sample the head accepts is folded into
-//! the head's rollups under the same head lock; a flush takes them out with
-//! the chunks, writes them to a rollup file *before* the segment, and
-//! [`Storage::select_rollups`] merges rollup files, a flush in progress and
-//! the head under the same `state` -> `head` locks as [`Storage::select`].
+//! Rollups ([`crate::rollup`]): a flush folds the chunks it froze into
+//! 1-minute records and writes them to a rollup file *before* the segment, and
+//! [`Storage::select_rollups`] merges rollup files with what it folds from a
+//! flush in progress and the head, under the same `state` -> `head` locks as
+//! [`Storage::select`]. A chunk whose samples a rollup file already counts
+//! is marked [`MemChunk::rolled`](crate::head::MemChunk::rolled) and folded
+//! by neither.
 //!
 //! The methods of [`Storage`] live in child modules, one job each: `open`
 //! (and `replay`, the WAL replay at open), `append`, `flush` (with
@@ -499,6 +501,8 @@ mod retention;
 mod select;
 #[cfg(test)]
 pub(crate) use select::GROUP_READ_COST;
+#[cfg(test)]
+pub(crate) use select::unrolled_minutes;
 mod set_aside;
 mod upkeep;
 mod write;

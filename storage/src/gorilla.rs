@@ -158,6 +158,16 @@ impl GorillaEncoder {
         Self::default()
     }
 
+    /// An encoder whose buffer has room for `bytes` before it grows: a head
+    /// series sizes its next chunk by its last one, so that its open chunk
+    /// neither reallocates its way up nor holds twice what it needs.
+    pub fn with_capacity(bytes: usize) -> Self {
+        Self {
+            w: BitWriter::with_capacity(bytes),
+            ..Self::default()
+        }
+    }
+
     /// Number of samples encoded.
     pub fn count(&self) -> u32 {
         self.count

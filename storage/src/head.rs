@@ -41,7 +41,6 @@ use std::time::{Duration, Instant};
 
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
-use crate::rollup::{RollupDelta, RollupGroup, SeriesRollup};
 use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result};
 
@@ -80,6 +79,10 @@ pub struct MemChunk {
     pub max_ts: i64,
     pub count: u32,
     pub bytes: Arc<[u8]>,
+    /// Its samples are counted in the rollup files already: refilled from
+    /// the WAL below the rollup cut, or kept for the next flush after this
+    /// one's rollups were written. Rollups fold only the other chunks.
+    pub rolled: bool,
 }
 
 #[derive(Debug)]
@@ -94,10 +97,10 @@ struct HeadSeries {
     ooo: Vec<(i64, f64)>,
     /// Defined in the current WAL generation (by a series record or a checkpoint).
     logged: bool,
-    /// The series' gpu-level rollup group, computed once.
-    group: Arc<RollupGroup>,
-    /// Rollups of the samples accepted since the last freeze.
-    rollup: SeriesRollup,
+    /// The open chunk's and the out-of-order buffer's samples are counted in
+    /// the rollup files already (see [`MemChunk::rolled`]).
+    open_rolled: bool,
+    ooo_rolled: bool,
     /// Newest timestamp the series has in segments (or in a flush in
     /// progress); an older sample may duplicate a flushed one.
     flushed_max: Option<i64>,
@@ -114,14 +117,26 @@ impl HeadSeries {
             max_ts,
             count: self.open.count(),
             bytes: Arc::from(self.open.bytes()),
+            rolled: self.open_rolled,
         })
     }
 
-    fn seal_open(&mut self) {
-        if let Some(c) = self.open_chunk() {
-            self.closed.push(c);
-        }
-        self.open = GorillaEncoder::new();
+    /// Seals the open chunk, if it has samples. The next one starts with
+    /// room for as many bytes as this one took and an eighth more, when it
+    /// was full: series change slowly, so most chunks then fit without
+    /// growing (a doubling buffer holds a third more than it uses, on
+    /// average, and leaves its smaller copies behind in the allocator).
+    fn seal_open(&mut self, max_samples: u32) {
+        let Some(c) = self.open_chunk() else {
+            return;
+        };
+        let room = if c.count >= max_samples {
+            c.bytes.len() + c.bytes.len() / 8
+        } else {
+            0
+        };
+        self.closed.push(c);
+        self.open = GorillaEncoder::with_capacity(room);
     }
 
     /// The out-of-order buffer as a chunk, sorted by time.
@@ -140,6 +155,7 @@ impl HeadSeries {
             max_ts: sorted[sorted.len() - 1].0,
             count: e.count(),
             bytes: Arc::from(e.bytes()),
+            rolled: self.ooo_rolled,
         })
     }
 
@@ -259,8 +275,8 @@ impl Head {
         self.series.push(HeadSeries {
             r,
             active_period: self.period,
-            group: Arc::new(RollupGroup::of_series(&key)),
-            rollup: SeriesRollup::default(),
+            open_rolled: false,
+            ooo_rolled: false,
             flushed_max: None,
             key: key.clone(),
             closed: Vec::new(),
@@ -330,10 +346,10 @@ impl Head {
         r.0 < self.next_ref
     }
 
-    /// Ends a flush period (call at a flush, after [`Self::freeze`] and
-    /// [`Self::take_rollups`]) and evicts every series that stored no sample
-    /// since a flush at least `idle` before `now`, holding nothing unflushed
-    /// (no chunk, no out-of-order buffer, no rollup). With `idle` zero, that
+    /// Ends a flush period (call at a flush, after [`Self::freeze`]) and
+    /// evicts every series that stored no sample since a flush at least
+    /// `idle` before `now`, holding nothing unflushed (no chunk, no
+    /// out-of-order buffer). With `idle` zero, that
     /// is every series idle through the whole period before this one; a
     /// series created in the period ending now always stays. Returns how
     /// many left. Their refs are not reused; their samples are in segments.
@@ -363,10 +379,7 @@ impl Head {
         let before = self.series.len();
         let by_key = &mut self.by_key;
         self.series.retain(|s| {
-            let holds = !s.closed.is_empty()
-                || s.open.count() > 0
-                || !s.ooo.is_empty()
-                || !s.rollup.is_empty();
+            let holds = !s.closed.is_empty() || s.open.count() > 0 || !s.ooo.is_empty();
             let keep = s.active_period > idle_up_to || holds;
             if !keep {
                 by_key.remove(&s.key);
@@ -398,8 +411,9 @@ impl Head {
         self.append_with(r, ts_ms, value, true, |_, _| false)
     }
 
-    /// [`Self::append`], folding an accepted sample into the series' rollups
-    /// when `fold`. For a late sample at or before the series' newest flushed
+    /// [`Self::append`]; an accepted sample goes into a chunk marked
+    /// [`MemChunk::rolled`] unless `fold` (it is to be folded into the
+    /// rollups at the next flush). For a late sample at or before the series' newest flushed
     /// timestamp, `flushed(key, ts_ms)` says whether a segment (or a flush in
     /// progress) already holds that timestamp; if so it is a duplicate.
     pub(crate) fn append_with(
@@ -427,9 +441,10 @@ impl Head {
             {
                 return Appended::Duplicate;
             }
-            if fold {
-                s.rollup.add(ts_ms, value);
+            if !s.ooo.is_empty() && s.ooo_rolled == fold {
+                s.seal_ooo();
             }
+            s.ooo_rolled = !fold;
             s.ooo.push((ts_ms, value));
             if s.ooo.len() >= max as usize {
                 s.seal_ooo();
@@ -438,18 +453,18 @@ impl Head {
             self.samples += 1;
             return Appended::OutOfOrder;
         }
-        if s.open.count() >= max {
-            s.seal_open();
+        // A chunk's samples are all rolled or none: replay's switch from
+        // samples the rollup files hold to those they do not seals the chunk.
+        if s.open.count() >= max || (s.open.count() > 0 && s.open_rolled == fold) {
+            s.seal_open(max);
         }
         if s.open.count() == 0 {
             s.open_min_ts = ts_ms;
+            s.open_rolled = !fold;
         }
         s.open.append(ts_ms, value);
         s.last_ts = Some(ts_ms);
         s.active_period = period;
-        if fold {
-            s.rollup.add(ts_ms, value);
-        }
         self.samples += 1;
         Appended::InOrder
     }
@@ -481,7 +496,7 @@ impl Head {
     pub(crate) fn freeze(&mut self) -> Vec<FrozenSeries> {
         let mut out: Vec<FrozenSeries> = Vec::new();
         for s in &mut self.series {
-            s.seal_open();
+            s.seal_open(self.max_chunk_samples);
             s.seal_ooo();
             if let Some(m) = s.closed.iter().map(|c| c.max_ts).max() {
                 s.flushed_max = Some(s.flushed_max.map_or(m, |f| f.max(m)));
@@ -495,24 +510,21 @@ impl Head {
         out
     }
 
-    /// Takes the rollups of every series out of the head (with [`Self::freeze`],
-    /// under the same lock).
-    pub(crate) fn take_rollups(&mut self) -> RollupDelta {
-        self.series
-            .iter_mut()
-            .filter(|s| !s.rollup.is_empty())
-            .map(|s| (s.group.clone(), s.rollup.take()))
-            .collect()
-    }
-
-    /// Calls `f` with each series' gpu-level group and its rollups (minute
-    /// records); series without samples since the last freeze are skipped.
-    pub(crate) fn for_each_rollup(&self, mut f: impl FnMut(&RollupGroup, &SeriesRollup)) {
-        for s in &self.series {
-            if !s.rollup.is_empty() {
-                f(&s.group, &s.rollup);
-            }
-        }
+    /// How many samples of the series matching all `matchers` the rollup
+    /// files do not count yet (what a rollup read folds from the head).
+    pub(crate) fn unrolled_samples(&self, matchers: &[Matcher]) -> usize {
+        let mut n = 0;
+        self.matching(matchers, |s| {
+            let closed = s.closed.iter().filter(|c| !c.rolled);
+            n += closed.map(|c| c.count as usize).sum::<usize>();
+            n += if s.open_rolled {
+                0
+            } else {
+                s.open.count() as usize
+            };
+            n += if s.ooo_rolled { 0 } else { s.ooo.len() };
+        });
+        n
     }
 
     /// Calls `f` with each series that matches all `matchers` and a copy of
@@ -800,10 +812,14 @@ mod tests {
         );
     }
 
-    /// The rollup records of the head's only series.
+    /// The rollup records the head's series would add at a flush (those of
+    /// its chunks not `rolled`), in series order.
     fn rollups(h: &Head) -> Vec<crate::rollup::RollupRecord> {
         let mut out = Vec::new();
-        h.for_each_rollup(|_, r| out.extend(r.records().copied()));
+        let mut scratch = (Vec::new(), Vec::new());
+        h.for_each_series(&[], |_, chunks| {
+            crate::db::unrolled_minutes(&chunks, &mut scratch, |r| out.push(r)).unwrap();
+        });
         out
     }
 
@@ -854,12 +870,62 @@ mod tests {
                 (120_000, 1, 5.0, 5.0, 5.0, 120_000, 5.0, 120_000, 5.0),
             ]
         );
-        // A freeze takes the rollups out; the next sample starts afresh.
-        assert_eq!(h.take_rollups()[0].1.len(), 3);
+        // A freeze takes the chunks, and so the rollups, out; the next
+        // sample starts afresh.
+        assert_eq!(h.freeze().len(), 1);
         assert!(rollups(&h).is_empty());
         assert_eq!(h.append(a, 120_001, 7.0), Appended::InOrder);
         let r = rollups(&h);
         assert_eq!((r.len(), r[0].window_start_ms, r[0].count), (1, 120_000, 1));
+    }
+
+    /// Samples appended without `fold` (replayed from the WAL below the
+    /// rollup cut) go into chunks marked `rolled`, the switch to samples with
+    /// it seals the chunk, and the rollups fold only the others; the
+    /// out-of-order buffer likewise.
+    #[test]
+    fn samples_already_in_the_rollups_are_kept_apart() {
+        let mut h = Head::new(100, 10, 90_000);
+        let a = h.get_or_create(key("0")).unwrap();
+        let seen = |_: &SeriesKey, _| false;
+        for (t, v, fold) in [
+            (60_000, 1.0, false),
+            (60_010, 2.0, false),
+            (60_005, 50.0, false),
+            (60_020, 4.0, true),
+            (60_015, 8.0, true),
+            (120_000, 16.0, true),
+        ] {
+            let got = h.append_with(a, t, v, fold, seen);
+            assert!(
+                matches!(got, Appended::InOrder | Appended::OutOfOrder),
+                "{t}"
+            );
+        }
+        let r = rollups(&h);
+        let summary: Vec<_> = r
+            .iter()
+            .map(|r| (r.window_start_ms, r.count, r.sum, r.first, r.last))
+            .collect();
+        assert_eq!(
+            summary,
+            [(60_000, 2, 12.0, 8.0, 4.0), (120_000, 1, 16.0, 16.0, 16.0)]
+        );
+        let frozen = h.freeze();
+        let chunks = &frozen[0].1;
+        let flags: Vec<(bool, Vec<(i64, f64)>)> = chunks
+            .iter()
+            .map(|c| (c.rolled, decode_all(std::slice::from_ref(c))))
+            .collect();
+        assert_eq!(
+            flags,
+            [
+                (true, vec![(60_000, 1.0), (60_010, 2.0)]),
+                (true, vec![(60_005, 50.0)]),
+                (false, vec![(60_020, 4.0), (120_000, 16.0)]),
+                (false, vec![(60_015, 8.0)]),
+            ]
+        );
     }
 
     #[test]
@@ -905,12 +971,10 @@ mod tests {
         assert_eq!(visit(&h, None).len(), 3);
         // temp/0 goes idle and leaves; temp/1 and power/0 keep writing.
         h.freeze();
-        h.take_rollups();
         h.evict_idle(Instant::now(), Duration::ZERO);
         h.append(p0, 2, 0.0);
         h.append(t1, 2, 0.0);
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
         // (Only series holding samples are visited.)
         h.append(t1, 3, 0.0);
@@ -977,13 +1041,11 @@ mod tests {
         // Flush 1, then only every other series takes a sample: the rest
         // leave at flush 2, and the postings are rebuilt without them.
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
         for &r in refs.iter().step_by(2) {
             h.append(r, 2, 2.0);
         }
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 30);
         for &r in refs.iter().step_by(2) {
             h.append(r, 3, 3.0);
@@ -1002,12 +1064,10 @@ mod tests {
         h.append(a, 1, 1.0);
         // Flush 1: a took a sample, b is new: both stay.
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 0);
         h.append(a, 2, 2.0);
         // Flush 2: a is active, b took nothing since flush 1: b leaves.
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
         assert!(h.contains(a) && !h.contains(b) && h.was_issued(b));
         assert_eq!(h.lookup(&key("b")), None);
@@ -1042,14 +1102,12 @@ mod tests {
         assert_eq!(seen, [(key("c"), vec![(5, 5.0)])]);
         // Flush 3 and 4 with no samples: both leave; nothing is left.
         h.freeze();
-        h.take_rollups();
         assert_eq!(
             h.evict_idle(Instant::now(), Duration::ZERO),
             1,
             "a took no sample since flush 2"
         );
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 1);
         assert_eq!(h.num_series(), 0);
         let b2 = h.get_or_create(key("b")).unwrap();
@@ -1068,12 +1126,10 @@ mod tests {
         let at = |s: u64| t0 + Duration::from_secs(s);
         for s in [0, 1, 2, 300, 599] {
             h.freeze();
-            h.take_rollups();
             assert_eq!(h.evict_idle(at(s), idle), 0, "{s} s after");
         }
         // The sample came before the flush at 0 s; 600 s later it goes.
         h.freeze();
-        h.take_rollups();
         assert_eq!(h.evict_idle(at(600), idle), 1);
         assert!(!h.contains(a));
     }

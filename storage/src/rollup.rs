@@ -4,26 +4,18 @@
 //!
 //! # Where it sits
 //!
-//! Every sample the head *accepts* ([`crate::head`]) is folded, on the append
-//! path, into per-series 1-minute records at gpu level (the finest group). That
-//! is the only work on the hot path: the series' group key is computed once
-//! when the series is created, and the record of the series' newest minute is
-//! kept inline in the head series ([`SeriesRollup`]). A sample after every
-//! folded one and in that minute, the common case, updates its fields in place:
-//! count, sum, min, max and last, with no tie-break (`first` cannot change), no
-//! vector access and no hashing. A sample in a newer minute moves the current
-//! record to the series' vector of sealed minutes and starts a new one; a late
-//! sample goes to the current record, or binary-searches the few sealed records
-//! of the current flush period. Keeping the current record inline matters: on a
-//! fleet-shaped batch, reading the last element of a per-series heap vector was
-//! a cache miss per sample, about a third of the append's time
-//! (`docs/BENCHMARKS.md`). Coarser tiers and levels are merges of those
-//! records, done off the hot path: at flush time, when a flush writes them to a
-//! rollup file ([`file`], `docs/format/rollup.md`), and at query time for the
-//! part still in memory. This departs from the brief's "one delta per group and
-//! tier on the append path": keeping 15 deltas (3 tiers × 5 levels) per sample
-//! would cost 15 hash lookups per sample, and since every aggregate is
-//! mergeable the result is the same.
+//! Nothing is folded on the append path. The head keeps only its Gorilla
+//! chunks; a flush folds the frozen chunks, in time order, into per-series
+//! 1-minute records at gpu level (the finest group, [`fold_minutes`]), on the
+//! thread that writes the rollup file while another writes the segment, and
+//! merges them to every coarser tier and level ([`delta_tables`]) for the file
+//! ([`file`], `docs/format/rollup.md`). A query folds the part still in memory
+//! the same way. Until December 2026 every accepted sample was folded into its
+//! series' minute records in the head: 72 bytes a minute and series, about
+//! half the server's memory at a 10 s interval (`docs/BENCHMARKS.md`). Keeping
+//! 15 deltas (3 tiers × 5 levels) per sample, the brief's first idea, would
+//! cost 15 hash lookups per sample; since every aggregate is mergeable, folding
+//! the minutes and merging them gives the same result.
 //!
 //! # Invariant
 //!
@@ -396,108 +388,38 @@ impl RollupRecord {
     }
 }
 
-/// The 1-minute, gpu-level records of one head series: the newest minute's
-/// record inline (updated in place by in-order samples) and the older
-/// minutes, sealed, in a vector.
-#[derive(Debug, Clone)]
-pub(crate) struct SeriesRollup {
-    /// The record of the newest minute that has a sample; [`Self::EMPTY`]
-    /// (`count == 0`) when there is none.
-    current: RollupRecord,
-    /// Records of older minutes, in window order, all before `current`'s;
-    /// empty while `current` is.
-    sealed: Vec<RollupRecord>,
-}
-
-impl Default for SeriesRollup {
-    fn default() -> Self {
-        Self {
-            current: Self::EMPTY,
-            sealed: Vec::new(),
-        }
-    }
-}
-
-impl SeriesRollup {
-    /// No current record. `last_ts_ms` is `i64::MAX` so that no sample takes
-    /// the in-order path of [`Self::add`].
-    const EMPTY: RollupRecord = RollupRecord {
-        window_start_ms: i64::MIN,
-        count: 0,
-        sum: 0.0,
-        min: f64::INFINITY,
-        max: f64::NEG_INFINITY,
-        first: 0.0,
-        first_ts_ms: i64::MAX,
-        last: 0.0,
-        last_ts_ms: i64::MAX,
-    };
-
-    /// Folds one accepted sample. The common case, a sample after every
-    /// sample already folded and in the same minute, updates the current
-    /// record in place: `first` cannot change and `last` is the sample, so
-    /// no tie-breaks (this is [`RollupRecord::merge`] with those comparisons
-    /// decided).
-    #[inline]
-    pub(crate) fn add(&mut self, ts_ms: i64, value: f64) {
-        let c = &mut self.current;
-        if ts_ms > c.last_ts_ms && RollupTier::Minute.window_start(ts_ms) == c.window_start_ms {
-            c.count += 1;
-            c.sum += value;
-            c.min = c.min.min(value);
-            c.max = c.max.max(value);
-            c.last = value;
-            c.last_ts_ms = ts_ms;
-        } else {
-            self.add_other(ts_ms, value);
-        }
-    }
-
-    /// [`Self::add`] for a sample that starts a minute, or is late.
-    #[inline(never)]
-    fn add_other(&mut self, ts_ms: i64, value: f64) {
-        let ws = RollupTier::Minute.window_start(ts_ms);
-        if self.current.count == 0 {
-            self.current = RollupRecord::of_sample(ws, ts_ms, value);
-            return;
-        }
-        match ws.cmp(&self.current.window_start_ms) {
-            Ordering::Equal => self.current.add(ts_ms, value),
-            Ordering::Greater => {
-                self.sealed.push(self.current);
-                self.current = RollupRecord::of_sample(ws, ts_ms, value);
+/// Folds samples in time order, one per timestamp, into gpu-level 1-minute
+/// records, and passes each to `f` in window order. The rollups of the head
+/// and of raw segments are both folded this way, at a flush or a query, so
+/// a record sums its samples in time order wherever it came from.
+pub(crate) fn fold_minutes(ts_ms: &[i64], values: &[f64], mut f: impl FnMut(RollupRecord)) {
+    let mut current: Option<RollupRecord> = None;
+    for (&t, &v) in ts_ms.iter().zip(values) {
+        let ws = RollupTier::Minute.window_start(t);
+        match &mut current {
+            // In time order: `first` stays, the sample is `last`.
+            Some(c) if c.window_start_ms == ws => {
+                c.count += 1;
+                c.sum += v;
+                c.min = c.min.min(v);
+                c.max = c.max.max(v);
+                c.last = v;
+                c.last_ts_ms = t;
             }
-            Ordering::Less => match self.sealed.binary_search_by_key(&ws, |r| r.window_start_ms) {
-                Ok(i) => self.sealed[i].add(ts_ms, value),
-                Err(i) => self
-                    .sealed
-                    .insert(i, RollupRecord::of_sample(ws, ts_ms, value)),
-            },
+            _ => {
+                if let Some(done) = current.replace(RollupRecord::of_sample(ws, t, v)) {
+                    f(done);
+                }
+            }
         }
     }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.current.count == 0
-    }
-
-    /// The records, in window order.
-    pub(crate) fn records(&self) -> impl Iterator<Item = &RollupRecord> {
-        let current = (!self.is_empty()).then_some(&self.current);
-        self.sealed.iter().chain(current)
-    }
-
-    /// Takes the records out, in window order, leaving this empty.
-    pub(crate) fn take(&mut self) -> Vec<RollupRecord> {
-        let mut out = std::mem::take(&mut self.sealed);
-        if !self.is_empty() {
-            out.push(std::mem::replace(&mut self.current, Self::EMPTY));
-        }
-        out
+    if let Some(done) = current {
+        f(done);
     }
 }
 
-/// The in-memory rollups taken out of the head by a flush: per series, its
-/// gpu-level group and its minute records. Groups may repeat.
+/// The 1-minute records of a flush, folded from its frozen chunks: per
+/// series, its gpu-level group and its minute records. Groups may repeat.
 pub(crate) type RollupDelta = Vec<(Arc<RollupGroup>, Vec<RollupRecord>)>;
 
 /// Records of one (tier, level): group -> window start -> record.

@@ -9,12 +9,13 @@ use std::time::Instant;
 
 use tracing::{debug, error, info, warn};
 
+use super::select::unrolled_minutes;
 use super::{Storage, normalize};
 use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::rollup::{RollupLevel, RollupTier};
+use crate::rollup::{RollupDelta, RollupGroup, RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -73,7 +74,6 @@ impl Storage {
                 .unwrap_or_default();
             let mut head = lock!(self.head.write());
             let mut fresh = head.freeze();
-            let fresh_rollup = head.take_rollups();
             // Idle series leave before the checkpoint, so the next WAL
             // generation does not define them.
             let evicted = head.evict_idle(Instant::now(), self.config.series_idle) as u64;
@@ -87,16 +87,9 @@ impl Storage {
             } else if !fresh.is_empty() {
                 merge_frozen(&mut carried, &mut fresh);
             }
-            let mut rollup = state
-                .frozen_rollup
-                .take()
-                .map(|f| (*f).clone())
-                .unwrap_or_default();
-            rollup.extend(fresh_rollup);
-            state.frozen_rollup = (!rollup.is_empty()).then(|| Arc::new(rollup));
             if carried.is_empty() {
-                // Only rollups left over from a flush whose segment was set
-                // aside: nothing for a segment, the next flush writes them.
+                // Nothing for a segment; records left over from a flush that
+                // set some aside wait for the next one that has samples.
                 return Ok(None);
             }
             let frozen = Arc::new(carried);
@@ -118,7 +111,7 @@ impl Storage {
         // WAL below this file's cut is counted in it). Meanwhile a second
         // thread writes the segment's bytes to its temporary file, which is
         // no segment until its rename below, after the rollups are durable.
-        let (frozen_rollup, raw_cut) = {
+        let (left_over, raw_cut) = {
             let state = lock!(self.state.read());
             (state.frozen_rollup.clone(), state.raw_cut())
         };
@@ -132,17 +125,23 @@ impl Storage {
             let segment = std::thread::Builder::new()
                 .name("gpulse-flush-segment".into())
                 .spawn_scoped(scope, write_tmp);
-            let rollups = frozen_rollup.as_ref().map(|delta| {
+            // The head's rollups are folded here, from the frozen chunks
+            // they do not count yet, while the segment is written.
+            let delta = self.frozen_minutes(&frozen, left_over.as_deref());
+            let rollups = (!delta.is_empty()).then(|| {
                 // The gpu-level minutes of samples after the raw cut are
                 // folded from the segment when read; those before it (late
                 // samples) are written (see `RollupFile::raw_cut`).
-                let mut tables = crate::rollup::delta_tables(delta);
+                let mut tables = crate::rollup::delta_tables(&delta);
                 let gpu_minutes = &mut tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()];
                 gpu_minutes.retain_mut(|(_, records)| {
                     records.retain(|r| r.window_start_ms < raw_cut);
                     !records.is_empty()
                 });
-                self.write_rollups(cut, raw_cut, &tables, None)
+                (
+                    Arc::new(delta),
+                    self.write_rollups(cut, raw_cut, &tables, None),
+                )
             });
             let encoded = match segment {
                 Ok(handle) => handle
@@ -153,7 +152,11 @@ impl Storage {
             };
             (rollups, encoded)
         });
-        if let (Some(delta), Some(rollups)) = (frozen_rollup, rollups) {
+        // From here on the frozen chunks (in the state, for queries, and
+        // kept for the next flush if this one fails) are counted in the
+        // rollup files or in the records left over: they are `rolled`.
+        let mut frozen = frozen;
+        if let Some((delta, rollups)) = rollups {
             if rollups.is_err() {
                 let _ = fs::remove_file(&tmp);
             }
@@ -162,10 +165,18 @@ impl Storage {
                     let mut state = lock!(self.state.write());
                     state.rollups.push(Arc::new(file));
                     state.frozen_rollup = None;
+                    frozen = mark_rolled(&frozen);
+                    state.frozen = Some(frozen.clone());
                 }
                 Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
-                    self.set_aside_rollups(&delta, &e)?;
+                    let keep = self.set_aside_rollups(&delta, &e)?;
+                    {
+                        let mut state = lock!(self.state.write());
+                        state.frozen_rollup = (!keep.is_empty()).then(|| Arc::new(keep));
+                        frozen = mark_rolled(&frozen);
+                        state.frozen = Some(frozen.clone());
+                    }
                     // The raw samples behind refused records would fail the
                     // segment next: set aside those a segment cannot hold now,
                     // so that the next flush writes the rest.
@@ -212,6 +223,32 @@ impl Storage {
         Ok(Some(summary))
     }
 
+    /// A flush's gpu-level 1-minute records: those folded from the frozen
+    /// chunks that the rollup files do not count yet, and the records left
+    /// over from a flush that set some aside. A chunk that does not decode
+    /// is logged and counted (`chunk_read_errors`), and its series' records
+    /// left out (the segment writer then refuses it too).
+    fn frozen_minutes(
+        &self,
+        frozen: &[FrozenSeries],
+        left_over: Option<&RollupDelta>,
+    ) -> RollupDelta {
+        let mut delta: RollupDelta = left_over.cloned().unwrap_or_default();
+        let mut scratch = (Vec::new(), Vec::new());
+        for (key, chunks) in frozen {
+            let mut minutes = Vec::new();
+            match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
+                Ok(()) if minutes.is_empty() => {}
+                Ok(()) => delta.push((Arc::new(RollupGroup::of_series(key)), minutes)),
+                Err(e) => {
+                    error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
+                    self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        delta
+    }
+
     fn truncate_wal(&self, cut: u64) {
         if let Err(e) = self.wal.truncate(cut) {
             warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
@@ -228,6 +265,18 @@ fn failure_cause(e: &Error) -> String {
         Error::Corrupt { kind, .. } => format!("corrupt: {kind}"),
         e => e.to_string(),
     }
+}
+
+/// `frozen` with every chunk marked [`MemChunk::rolled`].
+fn mark_rolled(frozen: &[FrozenSeries]) -> Arc<Vec<FrozenSeries>> {
+    let marked = frozen.iter().map(|(key, chunks)| {
+        let chunks = chunks.iter().map(|c| MemChunk {
+            rolled: true,
+            ..c.clone()
+        });
+        (key.clone(), chunks.collect())
+    });
+    Arc::new(marked.collect())
 }
 
 /// Appends `fresh` (newer) chunks to `carried` (older, from a failed flush),

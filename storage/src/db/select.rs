@@ -11,9 +11,11 @@ use tracing::error;
 use super::{State, Storage, normalize};
 use crate::Result;
 use crate::error::Error;
-use crate::gorilla::GorillaDecoder;
+use crate::gorilla::{DecodeError, GorillaDecoder};
 use crate::head::{MemChunk, Newest};
-use crate::rollup::{Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
+use crate::rollup::{
+    Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, fold_minutes,
+};
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
 
@@ -228,7 +230,9 @@ impl Storage {
     /// also fold raw samples), in raw samples' worth, so that a caller that
     /// could read raw samples instead weighs it against their count: each
     /// group it decodes from the rollup files counts [`GROUP_READ_COST`],
-    /// each head series whose current rollups it visits one.
+    /// each sample of the metric it folds from memory (the head and a flush
+    /// in progress, those the files do not count yet) one, and each record
+    /// left from a flush that set some aside one.
     pub fn rollup_read_cost(
         &self,
         tier: RollupTier,
@@ -237,15 +241,30 @@ impl Storage {
         min_ts: i64,
         max_ts: i64,
     ) -> usize {
+        let by_metric: Vec<Matcher> = metric
+            .map(|m| Matcher::equal(METRIC_NAME_LABEL, m))
+            .into_iter()
+            .collect();
         let state = lock!(self.state.read());
         let files: usize = state
             .rollups
             .iter()
             .map(|f| f.groups_read(tier, level, tier.window_start(min_ts), max_ts, metric))
             .sum();
-        let frozen = state.frozen_rollup.as_ref().map_or(0, |d| d.len());
-        drop(state);
-        files * GROUP_READ_COST + frozen + lock!(self.head.read()).num_series()
+        let set_aside: usize = state
+            .frozen_rollup
+            .as_ref()
+            .map_or(0, |d| d.iter().map(|(_, r)| r.len()).sum());
+        let frozen: usize = state.frozen.as_ref().map_or(0, |f| {
+            f.iter()
+                .filter(|(key, _)| by_metric.iter().all(|m| m.matches(key)))
+                .flat_map(|(_, chunks)| chunks)
+                .filter(|c| !c.rolled)
+                .map(|c| c.count as usize)
+                .sum()
+        });
+        let head = lock!(self.head.read()).unrolled_samples(&by_metric);
+        files * GROUP_READ_COST + set_aside + frozen + head
     }
 
     /// Groups matching `filter` with their records whose window overlaps
@@ -313,7 +332,17 @@ impl Storage {
                 q.add_minutes(g, minutes.iter().filter(below));
             }
         }
-        lock!(self.head.read()).for_each_rollup(|g, r| q.add_minutes(g, r.records().filter(below)));
+        // The windows the query reads, in its tier, and before the cut.
+        let from = tier.window_start(min_ts);
+        let to = tier
+            .window_start(max_ts)
+            .saturating_add(tier.window_ms() - 1)
+            .min(memory_below.saturating_sub(1));
+        if from <= to {
+            self.for_each_unrolled(&state, (filter, level), (from, to), |g, minutes| {
+                q.add_minutes(g, minutes.iter().filter(below))
+            });
+        }
         drop(state);
         q.finish()
     }
@@ -354,23 +383,92 @@ impl Storage {
                 self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
                 continue;
             }
-            let mut current: Option<RollupRecord> = None;
-            for (&t, &v) in ts.iter().zip(&vals) {
-                let ws = RollupTier::Minute.window_start(t);
-                match &mut current {
-                    Some(r) if r.window_start_ms == ws => r.add(t, v),
-                    _ => {
-                        if let Some(done) = current.replace(RollupRecord::of_sample(ws, t, v)) {
-                            f(&group, done);
-                        }
-                    }
+            fold_minutes(&ts, &vals, |r| f(&group, r));
+        }
+    }
+
+    /// Calls `f` with the gpu-level group and 1-minute records of each series
+    /// in memory (a flush in progress and the head) whose group, projected to
+    /// `level`, `filter` matches, folded from its samples that the rollup files do not count
+    /// yet (chunks not [`MemChunk::rolled`]) in the chunks that overlap
+    /// `[min_ts, max_ts]`. The chunks are gathered under the locks and
+    /// decoded after the head's is released. A chunk that does not decode is
+    /// logged and counted (`chunk_read_errors`), and its series left out.
+    fn for_each_unrolled(
+        &self,
+        state: &State,
+        (filter, level): (&RollupFilter, RollupLevel),
+        (min_ts, max_ts): (i64, i64),
+        mut f: impl FnMut(&RollupGroup, &[RollupRecord]),
+    ) {
+        let by_metric: Vec<Matcher> = filter
+            .metric
+            .iter()
+            .map(|m| Matcher::equal(METRIC_NAME_LABEL, m.as_str()))
+            .collect();
+        let mut found: Vec<(Arc<SeriesKey>, Vec<MemChunk>)> = Vec::new();
+        let mut gather = |key: &Arc<SeriesKey>, chunks: &mut dyn Iterator<Item = MemChunk>| {
+            let chunks: Vec<MemChunk> = chunks
+                .filter(|c| !c.rolled && c.min_ts <= max_ts && c.max_ts >= min_ts)
+                .collect();
+            if !chunks.is_empty() {
+                found.push((key.clone(), chunks));
+            }
+        };
+        if let Some(frozen) = &state.frozen {
+            for (key, chunks) in frozen.iter() {
+                if by_metric.iter().all(|m| m.matches(key)) {
+                    gather(key, &mut chunks.iter().cloned());
                 }
             }
-            if let Some(done) = current {
-                f(&group, done);
+        }
+        lock!(self.head.read()).for_each_series(&by_metric, |key, chunks| {
+            gather(key, &mut chunks.into_iter())
+        });
+        let mut scratch = (Vec::new(), Vec::new());
+        let mut minutes = Vec::new();
+        for (key, chunks) in found {
+            let group = RollupGroup::of_series(&key);
+            if !filter.matches_at(&group, level) {
+                continue;
+            }
+            minutes.clear();
+            match unrolled_minutes(&chunks, &mut scratch, |r| minutes.push(r)) {
+                Ok(()) => f(&group, &minutes),
+                Err(e) => {
+                    error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
+                    self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
+                }
             }
         }
     }
+}
+
+/// Folds the samples of `chunks` not yet in the rollup files (those not
+/// [`MemChunk::rolled`]) into gpu-level 1-minute records, passed to `f` in
+/// window order. `scratch` holds the decoded samples.
+pub(crate) fn unrolled_minutes(
+    chunks: &[MemChunk],
+    (ts, vals): &mut (Vec<i64>, Vec<f64>),
+    f: impl FnMut(RollupRecord),
+) -> std::result::Result<(), DecodeError> {
+    ts.clear();
+    vals.clear();
+    for c in chunks.iter().filter(|c| !c.rolled) {
+        for s in GorillaDecoder::new(&c.bytes, c.count) {
+            let (t, v) = s?;
+            ts.push(t);
+            vals.push(v);
+        }
+    }
+    if ts.is_empty() {
+        return Ok(());
+    }
+    // Out-of-order chunks overlap the others in time (the head stores no
+    // timestamp twice, so only the order needs fixing).
+    normalize(ts, vals, 0);
+    fold_minutes(ts, vals, f);
+    Ok(())
 }
 
 #[derive(Debug, Clone)]

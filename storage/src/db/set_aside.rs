@@ -49,9 +49,14 @@ impl Storage {
         Ok(empty)
     }
 
-    /// As [`Self::set_aside_samples`], for the frozen rollup records: those
-    /// that no rollup file may hold, or all of them.
-    pub(super) fn set_aside_rollups(&self, delta: &Arc<RollupDelta>, why: &Error) -> Result<()> {
+    /// As [`Self::set_aside_samples`], for a flush's rollup records: sets
+    /// aside those that no rollup file may hold, or all of them, and returns
+    /// the rest, for the caller to keep for the next flush.
+    pub(super) fn set_aside_rollups(
+        &self,
+        delta: &RollupDelta,
+        why: &Error,
+    ) -> Result<RollupDelta> {
         let (mut keep, mut lines) = (Vec::new(), Vec::new());
         for (g, minutes) in delta.iter() {
             let (good, bad): (Vec<RollupRecord>, Vec<RollupRecord>) = minutes
@@ -73,8 +78,7 @@ impl Storage {
             .rollup_records_set_aside
             .fetch_add(lines.len() as u64, Relaxed);
         error!(file = %path.display(), records = lines.len(), error = %why, "set aside rollup records that a rollup file cannot hold");
-        lock!(self.state.write()).frozen_rollup = (!keep.is_empty()).then(|| Arc::new(keep));
-        Ok(())
+        Ok(keep)
     }
 
     fn write_set_aside(&self, what: &str, why: &Error, lines: &[String]) -> Result<PathBuf> {
@@ -155,6 +159,7 @@ fn split_frozen(frozen: &[FrozenSeries]) -> (Vec<FrozenSeries>, Vec<String>, u64
                     max_ts: hi,
                     count: enc.count(),
                     bytes: Arc::from(enc.bytes()),
+                    rolled: c.rolled,
                 });
             }
         }

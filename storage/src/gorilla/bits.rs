@@ -13,6 +13,13 @@ pub(crate) struct BitWriter {
 }
 
 impl BitWriter {
+    pub(crate) fn with_capacity(bytes: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(bytes),
+            free: 0,
+        }
+    }
+
     /// Writes the low `nbits` bits of `value` (`nbits` in 0..=64).
     #[inline]
     pub(crate) fn write_bits(&mut self, value: u64, mut nbits: u8) {

@@ -481,9 +481,11 @@ fn tier_timing() {
 }
 
 /// The tier answers where it reads less than raw evaluation would: 48 hours
-/// of one series at 10 s (17,280 samples) against 2,000 other series in the
-/// head (visited by every tier read), and not for the last two of those
-/// hours (under 1,500 samples). Either way every hour holds 360 samples of 2.
+/// of one series at 10 s (17,280 samples) flushed to the rollup files,
+/// against the 1,500 samples of another series of the metric in the head
+/// (folded by every tier read of the metric), and not for the last two of
+/// those hours (about 1,000 raw samples). Either way every hour holds 360
+/// samples of 2.
 #[test]
 fn the_tier_answers_where_it_reads_less_than_raw_samples() {
     let dir = tempfile::tempdir().unwrap();
@@ -494,14 +496,13 @@ fn the_tier_answers_where_it_reads_less_than_raw_samples() {
     let ts: Vec<i64> = (0..48 * 360).map(|i| T0 + 5_000 + i * 10_000).collect();
     st.append(&vec![r; ts.len()], &ts, &vec![2.0; ts.len()])
         .unwrap();
-    for gpu in 0..2000 {
-        let r = st
-            .series_ref(key("other", "h1", &gpu.to_string(), None))
-            .unwrap();
-        st.append(&[r], &[T0], &[1.0]).unwrap();
-    }
+    st.flush().unwrap();
+    let other = st.series_ref(key("m0", "h1", "1", None)).unwrap();
+    let ts: Vec<i64> = (0..1500).map(|i| T0 + i * 1_000).collect();
+    st.append(&vec![other; ts.len()], &ts, &vec![1.0; ts.len()])
+        .unwrap();
     let tiered = PromEngine::new(st.clone());
-    let q = "sum_over_time(m0[1h])";
+    let q = r#"sum_over_time(m0{gpu="0"}[1h])"#;
     let answered = || tiered.metrics().rollup_tier_answers.load(Relaxed);
     // One series (its labels aside) with 720 at every hour.
     let expect = |from: i64, to: i64| -> Points {
