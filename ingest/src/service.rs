@@ -241,7 +241,8 @@ struct StreamState {
     refs: HashMap<u32, SeriesRef>,
     /// Stream-local series id -> its key, to resolve a series again after it
     /// left the head (idle through a flush: `storage::Error::SeriesEvicted`).
-    keys: HashMap<u32, SeriesKey>,
+    /// The head's own copy, shared.
+    keys: HashMap<u32, Arc<SeriesKey>>,
 }
 
 impl IngestService {
@@ -495,11 +496,14 @@ impl IngestService {
         }
         if !keys.is_empty() {
             let (ids, keys): (Vec<u32>, Vec<SeriesKey>) = keys.into_iter().unzip();
-            state
-                .keys
-                .extend(ids.iter().copied().zip(keys.iter().cloned()));
-            let refs = self.storage.series_refs(keys).map_err(WriteError::from)?;
-            state.refs.extend(ids.into_iter().zip(refs));
+            let resolved = self
+                .storage
+                .series_refs_with_keys(keys)
+                .map_err(WriteError::from)?;
+            for (id, (r, key)) in ids.into_iter().zip(resolved) {
+                state.keys.insert(id, key);
+                state.refs.insert(id, r);
+            }
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
         // The series above are defined even for a duplicate: later batches of
@@ -519,9 +523,15 @@ impl IngestService {
             let mut ids = batch.series_ids.clone();
             ids.sort_unstable();
             ids.dedup();
-            let keys = ids.iter().map(|id| state.keys[id].clone()).collect();
-            let fresh = self.storage.series_refs(keys).map_err(WriteError::from)?;
-            state.refs.extend(ids.into_iter().zip(fresh));
+            let keys = ids.iter().map(|id| (*state.keys[id]).clone()).collect();
+            let fresh = self
+                .storage
+                .series_refs_with_keys(keys)
+                .map_err(WriteError::from)?;
+            for (id, (r, key)) in ids.into_iter().zip(fresh) {
+                state.keys.insert(id, key);
+                state.refs.insert(id, r);
+            }
             let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
             out = self
                 .storage
@@ -630,4 +640,96 @@ fn inventory(hello: &Hello) -> Vec<GpuRecord> {
             last_seen_ms: 0,
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use gpulse_proto::v1::{Label as PLabel, SeriesDef};
+    use storage::{Matcher, StorageConfig};
+
+    use super::*;
+
+    /// A stream's series that left the head (idle through a flush) are
+    /// resolved again from the keys the stream keeps, the head's own: the
+    /// batch after the eviction is stored whole, under the same series.
+    #[test]
+    fn a_stream_resolves_its_evicted_series_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = StorageConfig::new(dir.path());
+        config.series_idle = Duration::ZERO;
+        let storage = Arc::new(Storage::open(config).unwrap());
+        let service = IngestService::new(storage.clone(), crate::IngestConfig::default());
+        let t = now_ms() - 60_000;
+        let def = |id: u32, gpu: &str| SeriesDef {
+            id,
+            metric: "DCGM_FI_DEV_GPU_TEMP".into(),
+            labels: vec![PLabel {
+                name: "gpu".into(),
+                value: gpu.into(),
+            }],
+        };
+        let batch =
+            |seq: u64, new_series: Vec<SeriesDef>, ts: i64, values: [f64; 2]| AgentMessage {
+                msg: Some(agent_message::Msg::Batch(Batch {
+                    seq,
+                    new_series,
+                    series_ids: vec![0, 1],
+                    timestamps_ms: vec![ts, ts],
+                    values: values.to_vec(),
+                    epoch: 0,
+                })),
+            };
+        let hello = AgentMessage {
+            msg: Some(agent_message::Msg::Hello(Hello {
+                agent_id: "agent-a".into(),
+                host: "host-1".into(),
+                ..Default::default()
+            })),
+        };
+        let first = batch(1, vec![def(0, "0"), def(1, "1")], t, [40.0, 41.0]);
+        let second = batch(2, Vec::new(), t + 10_000, [50.0, 51.0]);
+        // Two flushes between the batches: the first ends the period in
+        // which the series took their sample, the second evicts them.
+        let mut flushes = 0;
+        let messages = [Some(hello), Some(first), None, None, Some(second)]
+            .into_iter()
+            .filter_map(|m| {
+                if m.is_none() {
+                    storage.flush().unwrap();
+                    flushes += 1;
+                    if flushes == 2 {
+                        assert_eq!(storage.stats().head_series, 0, "both evicted");
+                    }
+                }
+                m
+            });
+        let (replies, ended) = service.run_messages(messages);
+        ended.unwrap();
+        let accepted: Vec<u32> = replies
+            .iter()
+            .map(|r| match &r.reply {
+                Some(ingest_reply::Reply::Ack(a)) => a.accepted,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(accepted, [2, 2]);
+        assert_eq!(storage.stats().head_series, 2);
+        let temp = [Matcher::equal("__name__", "DCGM_FI_DEV_GPU_TEMP")];
+        let mut got = Vec::new();
+        for s in storage.select(&temp, t - 1, t + 20_000) {
+            let (mut ts, mut vs) = (Vec::new(), Vec::new());
+            s.read_into(t - 1, t + 20_000, &mut ts, &mut vs).unwrap();
+            let gpu = s.key.labels().iter().find(|l| l.name == "gpu").unwrap();
+            got.push((gpu.value.clone(), ts, vs));
+        }
+        assert_eq!(
+            got,
+            [
+                ("0".into(), vec![t, t + 10_000], vec![40.0, 50.0]),
+                ("1".into(), vec![t, t + 10_000], vec![41.0, 51.0]),
+            ]
+        );
+    }
 }

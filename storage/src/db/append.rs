@@ -1,7 +1,7 @@
 //! The write path: [`Storage::series_ref`] and [`Storage::append`].
 
-use std::sync::RwLockReadGuard;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, RwLockReadGuard};
 
 use super::{AppendOutcome, BatchOrigin, OUT_OF_RANGE, State, Storage};
 use crate::Result;
@@ -29,10 +29,28 @@ impl Storage {
     /// [`Error::SeriesLimit`] when the head is full (the series created before
     /// it are kept and logged), or the WAL write failed.
     pub fn series_refs(&self, keys: Vec<SeriesKey>) -> Result<Vec<SeriesRef>> {
-        let mut out: Vec<Option<SeriesRef>> = {
+        let refs = self.series_refs_with_keys(keys)?;
+        Ok(refs.into_iter().map(|(r, _)| r).collect())
+    }
+
+    /// [`Self::series_refs`], each with the head's own copy of its key: a
+    /// caller that keeps the keys (an ingest stream, to resolve a series
+    /// again after it left the head) shares them with the head instead of
+    /// holding a second copy of every label string.
+    ///
+    /// # Errors
+    /// As [`Self::series_refs`].
+    pub fn series_refs_with_keys(
+        &self,
+        keys: Vec<SeriesKey>,
+    ) -> Result<Vec<(SeriesRef, Arc<SeriesKey>)>> {
+        let mut out: Vec<Option<(SeriesRef, Arc<SeriesKey>)>> = {
             let head = lock!(self.head.read());
             keys.iter()
-                .map(|k| head.lookup(k).filter(|&r| head.is_logged(r)))
+                .map(|k| {
+                    let r = head.lookup(k).filter(|&r| head.is_logged(r))?;
+                    Some((r, head.key_arc(r).clone()))
+                })
                 .collect()
         };
         if out.iter().all(Option::is_some) {
@@ -65,7 +83,7 @@ impl Storage {
                         record::encode_series(&mut buf, r.0, head.key(r));
                         logged_now.push(r);
                     }
-                    *slot = Some(r);
+                    *slot = Some((r, head.key_arc(r).clone()));
                 }
                 Err(e) => {
                     failed = Some(e);

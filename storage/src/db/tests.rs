@@ -101,6 +101,27 @@ fn head_segments_and_reopen_answer_the_same() {
     assert_eq!(all.len(), 2);
 }
 
+/// `series_refs_with_keys` hands out the head's own key, for a new series
+/// and for one the head has, so that a caller keeping keys shares them.
+#[test]
+fn series_refs_share_the_heads_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Storage::open(StorageConfig::new(dir.path())).unwrap();
+    let first = st
+        .series_refs_with_keys(vec![key("temp", 0), key("temp", 1)])
+        .unwrap();
+    let again = st
+        .series_refs_with_keys(vec![key("temp", 1), key("temp", 0)])
+        .unwrap();
+    assert_eq!((first[0].0, first[1].0), (again[1].0, again[0].0));
+    assert_ne!(first[0].0, first[1].0);
+    assert_eq!(*first[0].1, key("temp", 0));
+    assert!(Arc::ptr_eq(&first[0].1, &again[1].1));
+    assert!(Arc::ptr_eq(&first[1].1, &again[0].1));
+    let head = st.head.read().unwrap();
+    assert!(Arc::ptr_eq(&first[0].1, head.key_arc(first[0].0)));
+}
+
 #[test]
 fn bad_batches_are_rejected_whole() {
     let dir = tempfile::tempdir().unwrap();
