@@ -501,8 +501,10 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
 /// window, so they are read in place, and merging two groups is one pass
 /// over both; a tier's windows are runs of minutes, merged in order. Same
 /// tables as [`add_to_tables`] for every series (checked by a test against
-/// it).
-pub(crate) fn delta_tables(delta: &RollupDelta) -> RunTables {
+/// it), except that the gpu-level 1-minute table holds only the windows
+/// before `gpu_minutes_below`: a flush writes none after the raw cut, and
+/// building them would double the flush's memory for nothing.
+pub(crate) fn delta_tables(delta: &RollupDelta, gpu_minutes_below: i64) -> RunTables {
     let mut tables = RunTables::default();
     let mut gpus: HashMap<&RollupGroup, std::borrow::Cow<'_, [RollupRecord]>> = HashMap::new();
     for (g, minutes) in delta {
@@ -522,7 +524,7 @@ pub(crate) fn delta_tables(delta: &RollupDelta) -> RunTables {
     }
     add_level(
         &mut tables,
-        RollupLevel::Gpu,
+        (RollupLevel::Gpu, gpu_minutes_below),
         gpus.iter().map(|(g, m)| (*g, &**m)),
     );
     let mut below: HashMap<RollupGroup, Vec<RollupRecord>> = HashMap::new();
@@ -538,7 +540,7 @@ pub(crate) fn delta_tables(delta: &RollupDelta) -> RunTables {
     ] {
         add_level(
             &mut tables,
-            level,
+            (level, i64::MAX),
             below.iter().map(|(g, m)| (g, m.as_slice())),
         );
         let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
@@ -554,11 +556,12 @@ pub(crate) fn delta_tables(delta: &RollupDelta) -> RunTables {
 }
 
 /// Files each group's minute records (in window order, one per window)
-/// under `level` in every tier; the level's tables must be empty. The groups
-/// are sorted once; each table is their runs, in that order.
+/// under `level` in every tier, in the 1-minute tier only those of windows
+/// before `minutes_below`; the level's tables must be empty. The groups are
+/// sorted once; each table is their runs, in that order.
 fn add_level<'a>(
     tables: &mut RunTables,
-    level: RollupLevel,
+    (level, minutes_below): (RollupLevel, i64),
     groups: impl Iterator<Item = (&'a RollupGroup, &'a [RollupRecord])>,
 ) {
     let mut groups: Vec<_> = groups.collect();
@@ -566,9 +569,17 @@ fn add_level<'a>(
     for tier in RollupTier::ALL {
         let table = &mut tables[tier.index()][level.index()];
         debug_assert!(table.is_empty());
+        let below = if tier == RollupTier::Minute {
+            minutes_below
+        } else {
+            i64::MAX
+        };
         *table = groups
             .iter()
-            .map(|&(g, minutes)| {
+            .filter_map(|&(g, minutes)| {
+                // Window order: the ones before the cut are a prefix.
+                let n = minutes.partition_point(|r| r.window_start_ms < below);
+                let minutes = minutes.get(..n).filter(|m| !m.is_empty())?;
                 let mut windows: Vec<RollupRecord> = Vec::with_capacity(match tier {
                     RollupTier::Minute => minutes.len(),
                     _ => 2,
@@ -580,7 +591,7 @@ fn add_level<'a>(
                         _ => windows.push(r),
                     }
                 }
-                (g.clone(), windows)
+                Some((g.clone(), windows))
             })
             .collect();
     }

@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::rollup::{RollupDelta, RollupGroup, RollupLevel, RollupTier};
+use crate::rollup::{RollupDelta, RollupGroup};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -132,12 +132,7 @@ impl Storage {
                 // The gpu-level minutes of samples after the raw cut are
                 // folded from the segment when read; those before it (late
                 // samples) are written (see `RollupFile::raw_cut`).
-                let mut tables = crate::rollup::delta_tables(&delta);
-                let gpu_minutes = &mut tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()];
-                gpu_minutes.retain_mut(|(_, records)| {
-                    records.retain(|r| r.window_start_ms < raw_cut);
-                    !records.is_empty()
-                });
+                let tables = crate::rollup::delta_tables(&delta, raw_cut);
                 (
                     Arc::new(delta),
                     self.write_rollups(cut, raw_cut, &tables, None),

@@ -1285,7 +1285,7 @@ proptest! {
                 (group, minutes.into_values().collect())
             })
             .collect();
-        let runs = delta_tables(&delta);
+        let runs = delta_tables(&delta, i64::MAX);
         // Groups and windows in order, as the encoder needs them.
         for table in runs.iter().flatten() {
             prop_assert!(table.windows(2).all(|w| w[0].0 < w[1].0), "groups in order");
@@ -1305,7 +1305,24 @@ proptest! {
                     .collect()
             })
         });
-        prop_assert_eq!(as_maps, delta_tables_by_series(&delta));
+        let mut want = delta_tables_by_series(&delta);
+        prop_assert_eq!(&as_maps, &want);
+        // With a cut, the gpu-level minutes before it only; the rest as is.
+        let cut = 100 * 60_000;
+        let gpu_minutes = &mut want[RollupTier::Minute.index()][RollupLevel::Gpu.index()];
+        gpu_minutes.retain(|_, windows| {
+            windows.retain(|&ws, _| ws < cut);
+            !windows.is_empty()
+        });
+        let cut_maps: Tables = delta_tables(&delta, cut).map(|levels| {
+            levels.map(|table| {
+                table
+                    .into_iter()
+                    .map(|(g, w)| (g, w.into_iter().map(|r| (r.window_start_ms, r)).collect()))
+                    .collect()
+            })
+        });
+        prop_assert_eq!(cut_maps, want);
     }
 }
 
@@ -1333,7 +1350,7 @@ fn delta_tables_timing() {
         })
         .collect();
     let t = std::time::Instant::now();
-    let tables = delta_tables(&delta);
+    let tables = delta_tables(&delta, i64::MAX);
     let built = t.elapsed();
     drop(tables);
     eprintln!(
@@ -1591,9 +1608,8 @@ fn rollup_file_timing() {
             (g, minutes)
         })
         .collect();
-    let mut tables = delta_tables(&delta);
     // As a flush writes them: the gpu-level minutes are folded from raw data.
-    tables[RollupTier::Minute.index()][RollupLevel::Gpu.index()].clear();
+    let tables = delta_tables(&delta, i64::MIN);
     for _ in 0..3 {
         let t = std::time::Instant::now();
         let bytes = file::encode(1, i64::MIN, &[(1, 1)], &tables);
