@@ -30,6 +30,9 @@ impl Storage {
             }
         }
         let segments_expired = self.retention_locked(now_ms);
+        if matches!(flush, Ok(Some(_))) || compactions > 0 || segments_expired > 0 {
+            super::flush::release_free_memory();
+        }
         UpkeepReport {
             flush,
             compactions,
