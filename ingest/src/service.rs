@@ -496,14 +496,7 @@ impl IngestService {
         }
         if !keys.is_empty() {
             let (ids, keys): (Vec<u32>, Vec<SeriesKey>) = keys.into_iter().unzip();
-            let resolved = self
-                .storage
-                .series_refs_with_keys(keys)
-                .map_err(WriteError::from)?;
-            for (id, (r, key)) in ids.into_iter().zip(resolved) {
-                state.keys.insert(id, key);
-                state.refs.insert(id, r);
-            }
+            self.resolve(state, ids, keys)?;
         }
         let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
         // The series above are defined even for a duplicate: later batches of
@@ -524,14 +517,7 @@ impl IngestService {
             ids.sort_unstable();
             ids.dedup();
             let keys = ids.iter().map(|id| (*state.keys[id]).clone()).collect();
-            let fresh = self
-                .storage
-                .series_refs_with_keys(keys)
-                .map_err(WriteError::from)?;
-            for (id, (r, key)) in ids.into_iter().zip(fresh) {
-                state.keys.insert(id, key);
-                state.refs.insert(id, r);
-            }
+            self.resolve(state, ids, keys)?;
             let refs: Vec<SeriesRef> = batch.series_ids.iter().map(|id| state.refs[id]).collect();
             out = self
                 .storage
@@ -548,6 +534,25 @@ impl IngestService {
 }
 
 impl IngestService {
+    /// Finds or creates the storage series of `keys` and maps the stream's
+    /// ids `ids` to them, keeping the head's copy of each key.
+    fn resolve(
+        &self,
+        state: &mut StreamState,
+        ids: Vec<u32>,
+        keys: Vec<SeriesKey>,
+    ) -> Result<(), WriteError> {
+        let resolved = self
+            .storage
+            .series_refs_with_keys(keys)
+            .map_err(WriteError::from)?;
+        for (id, (r, key)) in ids.into_iter().zip(resolved) {
+            state.keys.insert(id, key);
+            state.refs.insert(id, r);
+        }
+        Ok(())
+    }
+
     /// Test seam for the `ingest_stream` fuzz target (fuzz/): runs one agent
     /// stream over `messages` with no network, as [`Ingest::stream`] does:
     /// the first message must be a hello, then batches are stored and
