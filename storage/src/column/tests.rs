@@ -9,12 +9,18 @@ fn ts_round_trip(ts: &[i64]) -> Vec<i64> {
     out
 }
 
-fn val_round_trip(vals: &[f64]) -> (Vec<f64>, Vec<u8>) {
+/// A value block made by `encode` (a rollup file's or a segment's), and its
+/// decoding.
+fn round_trip_with(encode: fn(&[f64], &mut Vec<u8>), vals: &[f64]) -> (Vec<f64>, Vec<u8>) {
     let mut b = Vec::new();
-    encode_values(vals, &mut b);
+    encode(vals, &mut b);
     let mut out = Vec::new();
     decode_values(&b, vals.len(), &mut out).expect("decode values");
     (out, b)
+}
+
+fn val_round_trip(vals: &[f64]) -> (Vec<f64>, Vec<u8>) {
+    round_trip_with(encode_values, vals)
 }
 
 fn bits(v: &[f64]) -> Vec<u64> {
@@ -404,11 +410,7 @@ fn varint_blocks_of_every_order_and_length_decode() {
 
 /// A segment's value block, and its decoding.
 fn segment_round_trip(vals: &[f64]) -> (Vec<f64>, Vec<u8>) {
-    let mut b = Vec::new();
-    encode_segment_values(vals, &mut b);
-    let mut out = Vec::new();
-    decode_values(&b, vals.len(), &mut out).expect("decode segment values");
-    (out, b)
+    round_trip_with(encode_segment_values, vals)
 }
 
 /// Gaussian-like noise (the sum of four uniforms) around a level, like a
