@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
-use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{KeyParts, METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result};
 
 /// Handle of a series in the head. Valid while the series is in the head;
@@ -204,6 +204,9 @@ pub(crate) struct Head {
     /// name under `__name__`. A selector visits the series its equality and
     /// regex matchers pick through them, not every series.
     postings: Postings,
+    /// The metric names and label sets of the live series' keys, one copy
+    /// each; swept when series leave.
+    parts: KeyParts,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -223,6 +226,7 @@ impl Head {
             slots: RefMap::default(),
             by_key: HashMap::new(),
             postings: Postings::new(),
+            parts: KeyParts::default(),
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
@@ -252,7 +256,7 @@ impl Head {
     }
 
     /// Returns the series' handle, creating the series if it is new.
-    pub(crate) fn get_or_create(&mut self, key: SeriesKey) -> Result<SeriesRef> {
+    pub(crate) fn get_or_create(&mut self, mut key: SeriesKey) -> Result<SeriesRef> {
         if let Some(r) = self.by_key.get(&key) {
             return Ok(*r);
         }
@@ -270,6 +274,7 @@ impl Head {
         };
         let r = SeriesRef(self.next_ref);
         self.next_ref = next;
+        self.parts.share(&mut key);
         let key = Arc::new(key);
         self.slots.insert(r.0, self.series.len() as u32);
         self.series.push(HeadSeries {
@@ -398,6 +403,7 @@ impl Head {
             for s in &self.series {
                 index(&mut self.postings, &s.key, s.r);
             }
+            self.parts.sweep();
         }
         evicted
     }
@@ -1051,6 +1057,38 @@ mod tests {
             h.append(r, 3, 3.0);
         }
         check(&h);
+    }
+
+    /// The series of one GPU share one label set and the series of a metric
+    /// one name; what no live key uses leaves the sets when series leave.
+    #[test]
+    fn keys_share_names_and_label_sets() {
+        let mut h = Head::new(100, 1000, 0);
+        let named = |m: &str, g: &str| SeriesKey::new(m, vec![Label::new("gpu", g)]).unwrap();
+        let t0 = h.get_or_create(named("temp", "0")).unwrap();
+        let p0 = h.get_or_create(named("power", "0")).unwrap();
+        let t1 = h.get_or_create(named("temp", "1")).unwrap();
+        let parts = |r| {
+            let (m, l) = h.key(r).parts();
+            (m.clone(), l.clone())
+        };
+        let ((m_t0, l_t0), (m_p0, l_p0), (m_t1, l_t1)) = (parts(t0), parts(p0), parts(t1));
+        assert!(Arc::ptr_eq(&l_t0, &l_p0) && !Arc::ptr_eq(&l_t0, &l_t1));
+        assert!(Arc::ptr_eq(&m_t0, &m_t1) && !Arc::ptr_eq(&m_t0, &m_p0));
+        assert_eq!(*h.key(t1), named("temp", "1"));
+        assert_eq!(h.parts.len(), (2, 2));
+        drop((m_t0, l_t0, m_p0, l_p0, m_t1, l_t1));
+        // gpu 1 and power stay idle through two flushes and leave.
+        h.append(t0, 1, 1.0);
+        h.freeze();
+        h.evict_idle(Instant::now(), Duration::ZERO);
+        h.append(t0, 2, 1.0);
+        h.freeze();
+        assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 2);
+        assert_eq!(h.parts.len(), (1, 1));
+        // A new series of gpu 0 gets its label set again.
+        let c0 = h.get_or_create(named("clock", "0")).unwrap();
+        assert!(Arc::ptr_eq(h.key(c0).parts().1, h.key(t0).parts().1));
     }
 
     /// Issue #14: a series idle through a flush leaves the head at the next

@@ -39,7 +39,7 @@ use crate::codec::{self, Reader};
 use crate::column;
 use crate::error::Corruption;
 use crate::postings::Postings;
-use crate::series::{Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{KeyParts, Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
 use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
@@ -521,6 +521,8 @@ fn parse_index(
         ));
     }
     let mut out = Vec::with_capacity(n);
+    // The series of one GPU repeat one label set: one copy of it.
+    let mut parts = KeyParts::default();
     for _ in 0..n {
         let at = r.offset();
         let metric = r.string("metric name")?;
@@ -532,7 +534,8 @@ fn parse_index(
                 r.string("label value")?,
             ));
         }
-        let key = SeriesKey::new(metric, labels).map_err(|e| (at, Corruption::BadSeries(e)))?;
+        let mut key = SeriesKey::new(metric, labels).map_err(|e| (at, Corruption::BadSeries(e)))?;
+        parts.share(&mut key);
         let nc = r.len("chunk count", buf.len())?;
         let mut chunks = Vec::with_capacity(nc.min(1024));
         for _ in 0..nc {

@@ -1,7 +1,10 @@
 //! Series identity: a metric name plus a label set sorted by name (the
 //! Prometheus data model), and the label matchers used to select series.
 
+use std::collections::HashSet;
 use std::fmt;
+use std::hash::Hash;
+use std::sync::Arc;
 
 /// The reserved label name that matchers use for the metric name.
 pub const METRIC_NAME_LABEL: &str = "__name__";
@@ -36,10 +39,14 @@ pub enum InvalidSeries {
 }
 
 /// A series: metric name and labels sorted by name, with unique names.
+///
+/// Both halves are shared: a clone costs two reference counts, and a
+/// [`KeyParts`] gives the series of one GPU (same labels, another metric) one
+/// label set and every series of a metric one name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
-    metric: String,
-    labels: Vec<Label>,
+    metric: Arc<str>,
+    labels: Arc<[Label]>,
 }
 
 impl SeriesKey {
@@ -67,7 +74,16 @@ impl SeriesKey {
                 return Err(InvalidSeries::DuplicateLabel(l.name.clone()));
             }
         }
-        Ok(Self { metric, labels })
+        Ok(Self {
+            metric: metric.into(),
+            labels: labels.into(),
+        })
+    }
+
+    /// The shared metric name and label set.
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (&Arc<str>, &Arc<[Label]>) {
+        (&self.metric, &self.labels)
     }
 
     pub fn metric(&self) -> &str {
@@ -88,6 +104,50 @@ impl SeriesKey {
             .binary_search_by(|l| l.name.as_str().cmp(name))
             .ok()
             .map(|i| self.labels[i].value.as_str())
+    }
+}
+
+/// One copy of each metric name and label set, shared by the keys given to
+/// [`Self::share`]: the series of one GPU differ only in the metric, so a
+/// key then owns no strings of its own. The head keeps one for its live
+/// series, a segment's index one while it is parsed.
+#[derive(Debug, Default)]
+pub(crate) struct KeyParts {
+    names: HashSet<Arc<str>>,
+    label_sets: HashSet<Arc<[Label]>>,
+}
+
+impl KeyParts {
+    /// Points `key` at this set's copies of its name and labels, adding
+    /// them if the set has none.
+    pub(crate) fn share(&mut self, key: &mut SeriesKey) {
+        key.metric = shared(&mut self.names, &key.metric);
+        key.labels = shared(&mut self.label_sets, &key.labels);
+    }
+
+    /// Drops what no key uses any more (held by the set alone).
+    pub(crate) fn sweep(&mut self) {
+        self.names.retain(|n| Arc::strong_count(n) > 1);
+        self.label_sets.retain(|l| Arc::strong_count(l) > 1);
+        self.names.shrink_to_fit();
+        self.label_sets.shrink_to_fit();
+    }
+
+    /// The names and label sets held.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> (usize, usize) {
+        (self.names.len(), self.label_sets.len())
+    }
+}
+
+/// The set's copy of `x`, added if the set has none.
+fn shared<T: ?Sized + Eq + Hash>(set: &mut HashSet<Arc<T>>, x: &Arc<T>) -> Arc<T> {
+    match set.get(x) {
+        Some(copy) => copy.clone(),
+        None => {
+            set.insert(x.clone());
+            x.clone()
+        }
     }
 }
 

@@ -368,3 +368,18 @@ fn shared_timestamp_blocks_read_back_after_any_other_read() {
         assert_eq!(got, want, "segment shifted by {shift}, series {ord}");
     }
 }
+
+/// Parsing the index shares one copy of a metric name (and of a label set)
+/// between the series that repeat it.
+#[test]
+fn parsed_keys_share_their_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let seg = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
+    let temp = seg.select(&[Matcher::equal("__name__", "DCGM_FI_DEV_GPU_TEMP")]);
+    let names: Vec<Arc<str>> = temp
+        .iter()
+        .map(|&o| seg.series_key(o).parts().0.clone())
+        .collect();
+    assert_eq!(names.len(), 3);
+    assert!(names.iter().all(|n| Arc::ptr_eq(n, &names[0])));
+}
