@@ -1,5 +1,6 @@
 //! Opening a rollup file and decoding every block must never panic: every
-//! malformed input is a located `Error`.
+//! malformed input is a located `Error`, at the open or (version 5 blocks)
+//! at the first read of the block.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -12,11 +13,13 @@ fuzz_target!(|data: &[u8]| {
     for tier in RollupTier::ALL {
         for level in RollupLevel::ALL {
             let mut n = 0u64;
-            f.for_each(tier, level, i64::MIN, i64::MAX, |_, r| {
+            let read = f.for_each(tier, level, i64::MIN, i64::MAX, |_, r| {
                 assert!(r.count >= 1 && r.first_ts_ms <= r.last_ts_ms);
                 n += 1;
-            })
-            .expect("a file that opened decodes");
+            });
+            if f.version() < 5 {
+                read.expect("a file of version 1 to 4 that opened decodes");
+            }
             let _ = n;
         }
     }

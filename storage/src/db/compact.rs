@@ -15,7 +15,7 @@ use crate::rollup::{RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
-use crate::{Result, SegmentId};
+use crate::{Error, Result, SegmentId};
 
 impl Storage {
     /// Merges `sources` into one new rollup file, dropping the records that
@@ -32,7 +32,12 @@ impl Storage {
         let started = Instant::now();
         let mut tables = crate::rollup::empty_tables();
         for f in sources {
-            f.merge_into(&mut tables)?;
+            if let Err(e) = f.merge_into(&mut tables) {
+                if matches!(e, Error::Corrupt { .. }) {
+                    self.quarantine_rollups(f, &e);
+                }
+                return Err(e);
+            }
         }
         for tier in RollupTier::ALL {
             for level in RollupLevel::ALL {
@@ -69,6 +74,28 @@ impl Storage {
             "merged rollup files"
         );
         Ok(())
+    }
+
+    /// Takes a rollup file that failed to read out of the store and moves it
+    /// to `quarantine/`, as opening does with one that fails to validate: a
+    /// block found corrupt at its first read (version 5 files check their
+    /// blocks then) would otherwise fail every merge of its window.
+    fn quarantine_rollups(&self, f: &Arc<RollupFile>, why: &Error) {
+        lock!(self.state.write())
+            .rollups
+            .retain(|g| !Arc::ptr_eq(f, g));
+        let q = self.config.data_dir.join(files::QUARANTINE_DIR);
+        let name = files::rollup_file_name(f.id());
+        let moved = fs::create_dir_all(&q).and_then(|()| fs::rename(f.path(), q.join(&name)));
+        if let Err(e) = moved {
+            error!(file = %f.path().display(), error = %e, "could not move a corrupt rollup file to quarantine/; deleting it");
+            f.delete_when_unused();
+        } else {
+            let note = format!("{name} failed to read when merged: {why}\n");
+            let _ = fs::write(files::quarantine_note_path(&q, &name), note);
+        }
+        error!(file = %f.path().display(), error = %why, "quarantined a corrupt rollup file; its records are lost");
+        self.metrics.rollup_files_quarantined.fetch_add(1, Relaxed);
     }
 
     /// Merges the rollup files of the oldest finished compaction window (by

@@ -105,10 +105,12 @@ impl Storage {
                 std::io::Error::other("injected fault: rollup file open"),
             ))
         } else {
-            RollupFile::open(&dst, id)
+            RollupFile::open(&dst, id).and_then(|f| f.verify().map(|()| f))
         };
+        // Every block checked now, not at its first read: the WAL behind
+        // these records is about to be cut.
         #[cfg(not(test))]
-        let opened = RollupFile::open(&dst, id);
+        let opened = RollupFile::open(&dst, id).and_then(|f| f.verify().map(|()| f));
         opened.inspect_err(|e| {
             if !self.withdraw(&dst, &files::rollup_file_name(id), e) {
                 *lock!(self.retry_rollup_id.lock()) = Some(id);

@@ -11,15 +11,20 @@
 //! | payload length, window range, crc32c of header+payload), then   |
 //! | groups and their records                                        |
 //! +---------------------------------------------------------------+
-//! | covers: the ids of the files merged into this one (ranges)      |
+//! | covers: the ids of the files merged into this one (ranges), then  |
+//! | (v5) the block directory: each block's group count, metric range |
 //! +---------------------------------------------------------------+
 //! | footer  offsets, counts, wal_cut, time range, raw_cut (v4),     | 72 B
 //! |         crc32cs, magic                                          |
 //! +---------------------------------------------------------------+
 //! ```
 //!
-//! Opening checks every checksum and parses every block, so a file that
-//! opens decodes; any failure is [`Error::Corrupt`] with path and offset.
+//! Opening a version 5 file checks its header, footer, covers and directory
+//! and walks the block headers; each block's checksum and payload are checked
+//! the first time it is read (and all of them by [`RollupFile::verify`], which
+//! a flush calls on the file it wrote). Opening versions 1 to 4 checks every
+//! checksum and parses every block. Any failure is [`Error::Corrupt`] with
+//! path and offset.
 
 use std::fs::{self, File};
 use std::io::{BufWriter, Write};
@@ -38,18 +43,26 @@ use crate::{Error, Result};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSROL1";
 pub(crate) const FOOTER_MAGIC: &[u8; 8] = b"GPLREND1";
-/// Version 4 adds `raw_cut` to the footer: gpu-level 1-minute records are
+/// Version 5 adds the block directory after the covers (each block's group
+/// count and metric range), so that opening a file reads its block headers
+/// and directory only; a block's checksum and payload are checked when it is
+/// first read ([`RollupFile::verify`] checks them all). Version 4 adds
+/// `raw_cut` to the footer: gpu-level 1-minute records are
 /// no longer written for samples that raw segments still hold (see
 /// [`RollupFile::raw_cut`]). Version 3 stores a block's records as columns
 /// (the values as column blocks, `docs/format/column.md`); version 2 added
 /// zstd-compressed block payloads (block flag bit 0). Versions 1 (flags all
-/// 0) and 2, whose records are rows, and 3 are still read.
-pub(crate) const VERSION: u32 = 4;
+/// 0) and 2, whose records are rows, 3 and 4 are still read, and validated
+/// whole when opened.
+pub(crate) const VERSION: u32 = 5;
 /// First version whose blocks hold columns.
 const COLUMNAR: u32 = 3;
 /// First version with `raw_cut` in its footer, and without gpu-level
 /// minute records of samples still in raw segments.
 pub(crate) const RAW_CUT: u32 = 4;
+/// First version with the block directory, whose blocks are checked when
+/// first read.
+const DIRECTORY: u32 = 5;
 /// Block flag: the payload is `uvarint raw_len` + a zstd frame of `raw_len` bytes.
 const FLAG_ZSTD: u16 = 1;
 /// Largest decompressed block accepted: a block closes once it passes
@@ -77,7 +90,7 @@ pub(crate) const MAX_BLOCK_RECORDS: usize = 1 << 20;
 /// A block is closed once its payload passes this size (see `encode_table`).
 const MAX_BLOCK_PAYLOAD: usize = 64 << 20;
 
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 struct BlockInfo {
     tier: RollupTier,
     level: RollupLevel,
@@ -97,6 +110,11 @@ struct BlockInfo {
     metrics: Option<(Box<str>, Box<str>)>,
     /// How many groups the block holds (counted when the file is opened).
     groups: usize,
+    /// Its checksum matched and its payload parsed into `groups` groups of
+    /// the metrics in `metrics`: when the file was opened (versions 1 to 4),
+    /// or when the block was first read (from version 5, whose directory
+    /// gives `groups` and `metrics`).
+    checked: AtomicBool,
 }
 
 impl BlockInfo {
@@ -246,6 +264,49 @@ pub(crate) fn check_tables<T: TableView>(
         }
     }
     Ok(())
+}
+
+/// Checks a block's CRC (its header's first 24 bytes and its stored payload).
+fn check_crc(file: &[u8], b: &BlockInfo) -> ReadResult<()> {
+    let pos = b.start - BLOCK_HEADER_LEN;
+    let h = &file[pos..b.start];
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..24]), &file[b.start..b.start + b.len]);
+    if u32_at(h, 24) != crc {
+        return Err((
+            pos as u64,
+            Corruption::ChecksumMismatch {
+                section: "block",
+                expected: u32_at(h, 24),
+                actual: crc,
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// The groups a block's payload holds and their smallest and largest metric,
+/// counted while it is parsed: what a version 5 directory entry says.
+#[derive(Debug, Default, PartialEq)]
+struct BlockContents {
+    groups: usize,
+    metrics: Option<(Box<str>, Box<str>)>,
+}
+
+impl BlockContents {
+    /// Counts `g`; always `false`, so that a parse to count copies nothing.
+    fn add(&mut self, g: &GroupRef<'_>) -> bool {
+        // Min and max rather than first and last: pruning must not depend on
+        // the groups being sorted (nothing checks that).
+        let m = g.metric;
+        self.groups += 1;
+        match &mut self.metrics {
+            None => self.metrics = Some((m.into(), m.into())),
+            Some((lo, _)) if m < &**lo => *lo = m.into(),
+            Some((_, hi)) if m > &**hi => *hi = m.into(),
+            Some(_) => {}
+        }
+        false
+    }
 }
 
 /// Parses one block's payload, calling `f` per record of the groups that
@@ -579,9 +640,44 @@ impl RollupFile {
                 .ok_or_else(|| bad(r.offset(), Corruption::OutOfBounds { what: "covers" }))?;
             covers.push((lo, hi));
         }
+        // Version 5: each block's group count and metric range, in file order.
+        let mut directory = Vec::new();
+        if version >= DIRECTORY {
+            let n = r
+                .len("directory count", cl / 3)
+                .map_err(|e| corrupt(path, e))?;
+            if n as u64 != n_blocks {
+                return Err(bad(
+                    r.offset(),
+                    Corruption::OutOfBounds {
+                        what: "directory count",
+                    },
+                ));
+            }
+            for _ in 0..n {
+                let at = r.offset();
+                let entry = (|| {
+                    let groups = r.len("directory groups", MAX_BLOCK_GROUPS)?;
+                    let lo: Box<str> = r.str("directory metric")?.into();
+                    let hi: Box<str> = r.str("directory metric")?.into();
+                    Ok((groups, lo, hi))
+                })()
+                .map_err(|e| corrupt(path, e))?;
+                if entry.0 == 0 || entry.1 > entry.2 {
+                    return Err(bad(
+                        at,
+                        Corruption::OutOfBounds {
+                            what: "directory entry",
+                        },
+                    ));
+                }
+                directory.push(entry);
+            }
+        }
         if !r.is_empty() {
             return Err(bad(r.offset(), Corruption::OutOfBounds { what: "covers" }));
         }
+        let mut directory = directory.into_iter();
 
         let mut blocks = Vec::new();
         let mut pos = HEADER_LEN;
@@ -625,17 +721,6 @@ impl RollupFile {
                     },
                 ));
             }
-            let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..24]), &b[start..start + plen]);
-            if u32_at(h, 24) != crc {
-                return Err(bad(
-                    pos as u64,
-                    Corruption::ChecksumMismatch {
-                        section: "block",
-                        expected: u32_at(h, 24),
-                        actual: crc,
-                    },
-                ));
-            }
             let mut info = BlockInfo {
                 tier,
                 level,
@@ -647,32 +732,31 @@ impl RollupFile {
                 columnar: version >= COLUMNAR,
                 metrics: None,
                 groups: 0,
+                checked: AtomicBool::new(false),
             };
-            let mut metrics: Option<(Box<str>, Box<str>)> = None;
-            let mut groups = 0;
-            let raw = payload(&b[start..start + plen], &info).map_err(|e| corrupt(path, e))?;
-            decode_payload(
-                &raw,
-                start as u64,
-                &info,
-                |g| {
-                    // Min and max rather than first and last: pruning must not
-                    // depend on the groups being sorted (nothing checks that).
-                    let m = g.metric;
-                    groups += 1;
-                    match &mut metrics {
-                        None => metrics = Some((m.into(), m.into())),
-                        Some((lo, _)) if m < &**lo => *lo = m.into(),
-                        Some((_, hi)) if m > &**hi => *hi = m.into(),
-                        Some(_) => {}
-                    }
-                    false
-                },
-                |_, _| {},
-            )
-            .map_err(|e| corrupt(path, e))?;
-            info.metrics = metrics;
-            info.groups = groups;
+            if version >= DIRECTORY {
+                // Checked when first read (`RollupFile::read_block`).
+                let Some((groups, lo, hi)) = directory.next() else {
+                    return Err(bad(
+                        fo as u64 + 16,
+                        Corruption::OutOfBounds {
+                            what: "block count",
+                        },
+                    ));
+                };
+                info.groups = groups;
+                info.metrics = Some((lo, hi));
+            } else {
+                let mut seen = BlockContents::default();
+                check_crc(b, &info)
+                    .and_then(|()| {
+                        let raw = payload(&b[start..start + plen], &info)?;
+                        decode_payload(&raw, start as u64, &info, |g| seen.add(g), |_, _| {})
+                    })
+                    .map_err(|e| corrupt(path, e))?;
+                (info.groups, info.metrics) = (seen.groups, seen.metrics);
+                info.checked = AtomicBool::new(true);
+            }
             blocks.push(info);
             pos = start + plen;
         }
@@ -792,13 +876,72 @@ impl RollupFile {
         mut f: impl FnMut(&RollupGroup, RollupRecord),
     ) -> Result<()> {
         for b in &self.blocks {
-            if !b.is_read(tier, level, min_ws, max_ws, filter.metric.as_deref()) {
-                continue;
+            if b.is_read(tier, level, min_ws, max_ws, filter.metric.as_deref()) {
+                self.read_block(b, |g| filter.matches_ref(g), &mut f)?;
             }
-            let raw = payload(&self.map[b.start..b.start + b.len], b)
-                .map_err(|e| corrupt(&self.path, e))?;
-            decode_payload(&raw, b.start as u64, b, |g| filter.matches_ref(g), &mut f)
-                .map_err(|e| corrupt(&self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Checks every block not yet checked: its CRC, its payload, and that it
+    /// holds what the directory says. Opening a version 5 file checks its
+    /// header, footer, covers and directory only; queries check the blocks
+    /// they read, the first time they read them.
+    ///
+    /// # Errors
+    /// [`Error::Corrupt`] for the first block that fails.
+    pub fn verify(&self) -> Result<()> {
+        for b in &self.blocks {
+            if !b.checked.load(Ordering::Acquire) {
+                self.read_block(b, |_| false, |_, _| {})?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Parses one block, calling `f` per record of the groups `keep`
+    /// accepts; the first read of a block of a version 5 file checks it as
+    /// opening an earlier version does.
+    fn read_block(
+        &self,
+        b: &BlockInfo,
+        mut keep: impl FnMut(&GroupRef<'_>) -> bool,
+        f: impl FnMut(&RollupGroup, RollupRecord),
+    ) -> Result<()> {
+        let first = !b.checked.load(Ordering::Acquire);
+        if first {
+            check_crc(&self.map, b).map_err(|e| corrupt(&self.path, e))?;
+        }
+        let mut seen = BlockContents::default();
+        let raw =
+            payload(&self.map[b.start..b.start + b.len], b).map_err(|e| corrupt(&self.path, e))?;
+        decode_payload(
+            &raw,
+            b.start as u64,
+            b,
+            |g| {
+                if first {
+                    seen.add(g);
+                }
+                keep(g)
+            },
+            f,
+        )
+        .map_err(|e| corrupt(&self.path, e))?;
+        if first {
+            if seen.groups != b.groups || seen.metrics != b.metrics {
+                let at = (b.start - BLOCK_HEADER_LEN) as u64;
+                return Err(corrupt(
+                    &self.path,
+                    (
+                        at,
+                        Corruption::OutOfBounds {
+                            what: "block directory entry",
+                        },
+                    ),
+                ));
+            }
+            b.checked.store(true, Ordering::Release);
         }
         Ok(())
     }
@@ -860,16 +1003,18 @@ impl Drop for RollupFile {
     }
 }
 
+/// Appends the blocks of one table to `out`, and each block's directory
+/// entry (group count, smallest and largest metric) to `directory`.
 fn encode_table(
     table: &impl TableView,
     tier: RollupTier,
     level: RollupLevel,
     out: &mut Vec<u8>,
-) -> usize {
+    directory: &mut Vec<(usize, String, String)>,
+) {
     let mut groups = table.groups().filter(|(_, w)| w.len() > 0).peekable();
     // A group whose windows did not all fit in the previous block.
     let mut pending = None;
-    let mut n_blocks = 0;
     let w = tier.window_ms();
     // Reused from block to block: fresh buffers of a block's size (megabytes
     // for a flush of many series) cost their page faults every time.
@@ -971,9 +1116,11 @@ fn encode_table(
         h.extend_from_slice(&crc.to_le_bytes());
         out.extend_from_slice(&h);
         out.extend_from_slice(&payload);
-        n_blocks += 1;
+        let metrics = block_groups.iter().map(|(m, _)| m.as_str());
+        let lo = metrics.clone().min().unwrap_or_default();
+        let hi = metrics.max().unwrap_or_default();
+        directory.push((n_groups, lo.to_owned(), hi.to_owned()));
     }
-    n_blocks
 }
 
 /// Encodes `tables` as a rollup file's bytes.
@@ -987,7 +1134,7 @@ pub(crate) fn encode<T: TableView>(
     out.extend_from_slice(MAGIC);
     out.extend_from_slice(&VERSION.to_le_bytes());
     out.extend_from_slice(&crc32c::crc32c(&out).to_le_bytes());
-    let mut n_blocks = 0u64;
+    let mut directory = Vec::new();
     let (mut min_ts, mut max_ts) = (i64::MAX, i64::MIN);
     for tier in RollupTier::ALL {
         for level in RollupLevel::ALL {
@@ -996,7 +1143,7 @@ pub(crate) fn encode<T: TableView>(
                 min_ts = min_ts.min(r.first_ts_ms);
                 max_ts = max_ts.max(r.last_ts_ms);
             }
-            n_blocks += encode_table(t, tier, level, &mut out) as u64;
+            encode_table(t, tier, level, &mut out, &mut directory);
         }
     }
     let covers_off = out.len() as u64;
@@ -1006,12 +1153,18 @@ pub(crate) fn encode<T: TableView>(
         put_uvarint(&mut c, lo);
         put_uvarint(&mut c, hi - lo);
     }
+    put_uvarint(&mut c, directory.len() as u64);
+    for (groups, lo, hi) in &directory {
+        put_uvarint(&mut c, *groups as u64);
+        put_str(&mut c, lo);
+        put_str(&mut c, hi);
+    }
     out.extend_from_slice(&c);
     let fo = out.len();
     for v in [
         covers_off,
         c.len() as u64,
-        n_blocks,
+        directory.len() as u64,
         wal_cut,
         min_ts as u64,
         max_ts as u64,

@@ -547,6 +547,61 @@ fn corrupt_rollup_file_is_quarantined_not_a_panic() {
     assert_eq!(st.rollup_files(), 0);
 }
 
+/// A version 5 file opens without reading its blocks: a block corrupted on
+/// disk is found by the first query that reads it (counted and skipped), and
+/// by the merge of its compaction window, which quarantines the file rather
+/// than fail every round.
+#[test]
+fn a_corrupt_block_is_found_when_read_and_quarantined_when_merged() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let st = Storage::open(cfg.clone()).unwrap();
+    let r = st.series_ref(key_of(0)).unwrap();
+    // Two files in the first 6-hour window, a third that finishes it.
+    for ts in [1_000, 61_000, 7 * 3_600_000] {
+        st.append(&[r], &[ts], &[1.0]).unwrap();
+        st.flush().unwrap();
+    }
+    assert_eq!(st.rollup_files(), 3);
+    drop(st);
+    let path = crate::files::rollup_path(dir.path(), 1);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Inside the first block's payload (a host-level minute block).
+    assert_eq!(bytes[file::HEADER_LEN..file::HEADER_LEN + 2], [0, 1]);
+    bytes[file::HEADER_LEN + file::BLOCK_HEADER_LEN + 4] ^= 0x10;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let st = Storage::open(cfg).unwrap();
+    let m = st.metrics();
+    assert_eq!(m.rollup_files_quarantined.load(Relaxed), 0);
+    assert_eq!(st.rollup_files(), 3);
+    let host_minutes = |st: &Storage| {
+        st.select_rollups(
+            RollupTier::Minute,
+            RollupLevel::Host,
+            &RollupFilter::default(),
+            0,
+            i64::MAX,
+        )
+        .iter()
+        .flat_map(|(_, rs)| rs.iter().map(|r| r.window_start_ms))
+        .collect::<Vec<_>>()
+    };
+    // The corrupt block is skipped: minute 0 is missing, the others are there.
+    assert_eq!(host_minutes(&st), [60_000, 7 * 3_600_000]);
+    assert_eq!(m.rollup_read_errors.load(Relaxed), 1);
+    st.compact().unwrap();
+    assert_eq!(m.rollup_files_quarantined.load(Relaxed), 1);
+    assert_eq!(st.rollup_files(), 2);
+    let q = dir.path().join("quarantine");
+    assert!(q.join(crate::files::rollup_file_name(1)).exists());
+    assert_eq!(host_minutes(&st), [60_000, 7 * 3_600_000]);
+    // The next round has nothing left to merge in that window, and no error.
+    st.compact().unwrap();
+    assert_eq!(m.rollup_files_quarantined.load(Relaxed), 1);
+}
+
 /// Every truncation and every bit flip is an error, never a panic.
 #[test]
 fn every_truncation_and_flip_is_detected() {
@@ -568,22 +623,35 @@ fn every_truncation_and_flip_is_detected() {
     let f = file::RollupFile::from_bytes(&bytes).unwrap();
     assert_eq!(f.wal_cut(), 7);
     assert_eq!(f.covers(), [(4, 4)]);
+    // Opening checks the header, footer, covers and directory; a block's
+    // checksum and payload are checked when it is first read.
+    let check = |b: &[u8]| file::RollupFile::from_bytes(b).and_then(|f| f.verify());
+    f.verify().unwrap();
     for n in 0..bytes.len() {
-        assert!(
-            file::RollupFile::from_bytes(&bytes[..n]).is_err(),
-            "truncated at {n}"
-        );
+        assert!(check(&bytes[..n]).is_err(), "truncated at {n}");
     }
+    let mut payload_flips_open = 0;
     for i in 0..bytes.len() {
         for bit in 0..8 {
             let mut b = bytes.clone();
             b[i] ^= 1 << bit;
-            assert!(
-                file::RollupFile::from_bytes(&b).is_err(),
-                "flip at {i} bit {bit}"
-            );
+            assert!(check(&b).is_err(), "flip at {i} bit {bit}");
+            if file::RollupFile::from_bytes(&b).is_ok() {
+                payload_flips_open += 1;
+                // Found by the first read of the block, whatever reads it.
+                let f = file::RollupFile::from_bytes(&b).unwrap();
+                let read = RollupTier::ALL.iter().try_for_each(|&t| {
+                    RollupLevel::ALL
+                        .iter()
+                        .try_for_each(|&l| f.for_each(t, l, i64::MIN, i64::MAX, |_, _| {}))
+                });
+                assert!(read.is_err(), "flip at {i} bit {bit} read");
+            }
         }
     }
+    // The flips that opening leaves to the first read are those of the
+    // block payloads and of the checksums over them.
+    assert!(payload_flips_open > 0);
 }
 
 /// The rollup format is stable: the same tables encode to exactly the
@@ -620,12 +688,23 @@ fn encoding_matches_the_committed_golden_file() {
     let committed = crate::golden::check("rollup_open", "golden.groll", &bytes);
     let f = file::RollupFile::from_bytes(&committed).unwrap();
     assert_eq!((f.wal_cut(), f.covers()), (9, &[(3, 5)][..]));
-    assert_eq!((f.version(), f.raw_cut()), (4, 180_000));
+    assert_eq!((f.version(), f.raw_cut()), (5, 180_000));
+    let seed = |name: &str| {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/rollup_open");
+        std::fs::read(dir.join(name)).unwrap()
+    };
+    // The golden file of version 4 (before the directory) reads as the same
+    // records, and is the current file less its directory.
+    let v4 = seed("golden-v4.groll");
+    assert_eq!(v4[8..12], 4u32.to_le_bytes());
+    let old = file::RollupFile::from_bytes(&v4).unwrap();
+    assert_eq!((old.version(), old.raw_cut()), (4, 180_000));
+    assert_eq!(read_all(&v4), read_all(&committed));
+    assert_eq!(as_version(&committed, 4), v4);
     // The golden file of version 3 (before `raw_cut`) reads as the same
     // records, with no raw cut.
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz/seeds/rollup_open/golden-v3.groll");
-    let v3 = std::fs::read(path).unwrap();
+    let v3 = seed("golden-v3.groll");
     assert_eq!(v3[8..12], 3u32.to_le_bytes());
     let old = file::RollupFile::from_bytes(&v3).unwrap();
     assert_eq!(
@@ -636,20 +715,41 @@ fn encoding_matches_the_committed_golden_file() {
     assert_eq!(
         as_version(&committed, 3),
         v3,
-        "a v4 file less its raw cut is v3"
+        "a v5 file less its directory and raw cut is v3"
     );
 }
 
-/// Rewrites a current file as version 3 wrote it: the same blocks, the
-/// footer without `raw_cut` (`docs/format/rollup.md`), checksums recomputed.
-pub(crate) fn as_version(v4: &[u8], version: u32) -> Vec<u8> {
-    let mut out = v4[..8].to_vec();
+/// Rewrites a current file as an earlier `version` wrote it: the same
+/// blocks, the covers without the block directory (before version 5), the
+/// footer without `raw_cut` (before version 4; `docs/format/rollup.md`),
+/// offsets and checksums recomputed.
+pub(crate) fn as_version(cur: &[u8], version: u32) -> Vec<u8> {
+    use crate::codec::put_uvarint;
+    let covers = file::RollupFile::from_bytes(cur).unwrap().covers().to_vec();
+    let mut out = cur[..8].to_vec();
     out.extend_from_slice(&version.to_le_bytes());
     let crc = crc32c::crc32c(&out);
     out.extend_from_slice(&crc.to_le_bytes());
-    let fo = v4.len() - file::FOOTER_LEN;
-    out.extend_from_slice(&v4[file::HEADER_LEN..fo]);
-    out.extend_from_slice(&earlier_footer(&v4[fo..]));
+    let fo = cur.len() - file::FOOTER_LEN;
+    let co = u64::from_le_bytes(cur[fo..fo + 8].try_into().unwrap()) as usize;
+    out.extend_from_slice(&cur[file::HEADER_LEN..co]);
+    let mut c = Vec::new();
+    put_uvarint(&mut c, covers.len() as u64);
+    for (lo, hi) in covers {
+        put_uvarint(&mut c, lo);
+        put_uvarint(&mut c, hi - lo);
+    }
+    out.extend_from_slice(&c);
+    let mut footer = cur[fo..].to_vec();
+    footer[8..16].copy_from_slice(&(c.len() as u64).to_le_bytes());
+    footer[56..60].copy_from_slice(&crc32c::crc32c(&c).to_le_bytes());
+    let crc = crc32c::crc32c(&footer[..60]);
+    footer[60..64].copy_from_slice(&crc.to_le_bytes());
+    if version >= file::RAW_CUT {
+        out.extend_from_slice(&footer);
+    } else {
+        out.extend_from_slice(&earlier_footer(&footer));
+    }
     out
 }
 
@@ -1016,8 +1116,9 @@ fn matches_at_is_matches_of_the_projection() {
 /// own, not the file module's), raw (version 1, flags 0) or under zstd
 /// (version 2); checksums and offsets recomputed. Expects one block per tier
 /// and level, as small tables have.
-fn as_rows(v4: &[u8], version: u32) -> Vec<u8> {
-    let v3 = v4;
+fn as_rows(cur: &[u8], version: u32) -> Vec<u8> {
+    let v4 = as_version(cur, 4);
+    let v3 = &v4[..];
     use crate::codec::{put_str, put_uvarint, put_varint};
     let u64_at = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
     let f = file::RollupFile::from_bytes(v3).unwrap();
