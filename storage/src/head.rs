@@ -296,6 +296,15 @@ impl Head {
         Ok(r)
     }
 
+    /// Cuts the series' sealed chunks to one byte each, so that they no
+    /// longer decode (tests of the readers' error paths).
+    #[cfg(test)]
+    pub(crate) fn corrupt_sealed_chunks(&mut self, r: SeriesRef) {
+        for c in &mut self.get_mut(r).closed {
+            c.bytes = Arc::from(&c.bytes[..1]);
+        }
+    }
+
     pub(crate) fn key(&self, r: SeriesRef) -> &SeriesKey {
         &self.get(r).key
     }

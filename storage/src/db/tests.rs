@@ -122,6 +122,43 @@ fn series_refs_share_the_heads_keys() {
     assert!(Arc::ptr_eq(&first[0].1, head.key_arc(first[0].0)));
 }
 
+/// A head chunk that does not decode fails the flush with a located error
+/// and is counted, whichever thread decodes it; it neither hangs the flush
+/// (the segment writer takes the decoded samples from a queue) nor loses the
+/// other series.
+#[test]
+fn a_head_chunk_that_does_not_decode_fails_the_flush_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.max_chunk_samples = 4;
+    let st = Storage::open(cfg).unwrap();
+    // Many good series before and after the bad one in key order (gpu
+    // "1000" sorts between "100" and "101"): more than the queue holds.
+    let good: Vec<Vec<(i64, f64)>> = (0..300).map(|g| fill(&st, "temp", g, 1_000, 10)).collect();
+    let bad = st.series_ref(key("temp", 1000)).unwrap();
+    for i in 0..10 {
+        st.append(&[bad], &[1_000 + i * 1000], &[i as f64]).unwrap();
+    }
+    st.head.write().unwrap().corrupt_sealed_chunks(bad);
+    let e = st.flush().unwrap_err();
+    assert!(
+        matches!(&e, Error::ChunkDecode { series, .. } if series.contains("\"1000\"")),
+        "{e}"
+    );
+    assert_eq!(st.metrics.chunk_read_errors.load(Relaxed), 1);
+    for (g, want) in good.iter().enumerate() {
+        let sel = st.select(
+            &[
+                Matcher::equal("gpu", g.to_string()),
+                Matcher::equal("__name__", "temp"),
+            ],
+            i64::MIN,
+            i64::MAX,
+        );
+        assert_eq!(read(&sel[0]), *want, "gpu {g}");
+    }
+}
+
 #[test]
 fn bad_batches_are_rejected_whole() {
     let dir = tempfile::tempdir().unwrap();
