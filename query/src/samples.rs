@@ -148,6 +148,9 @@ impl SamplesTable {
     }
 }
 
+/// Most storage selections one scan makes (see [`Pushdown::matcher_sets`]).
+const MAX_MATCHER_SETS: usize = 4;
+
 /// What a scan's filters allow it to skip.
 #[derive(Debug, Clone, Default, PartialEq)]
 struct Pushdown {
@@ -207,6 +210,37 @@ impl Pushdown {
             .collect()
     }
 
+    /// [`Self::matchers`] and the columns that may be one of several labels
+    /// (`host` is `Hostname` or `hostname`) too: one set of matchers per
+    /// combination of their names, each answered from the postings, where
+    /// leaving them out selected, say, GPU 3 of every host to keep one. At
+    /// most [`MAX_MATCHER_SETS`] sets; a column that would make more is left
+    /// to [`Self::accepts`].
+    fn matcher_sets(&self) -> Vec<Vec<Matcher>> {
+        let mut sets = vec![Vec::new()];
+        for (col, v) in &self.equal {
+            let names: &[&str] = match col {
+                Col::Metric => &["__name__"],
+                Col::Label(_, names) => names,
+                _ => continue,
+            };
+            if names.is_empty() || sets.len() * names.len() > MAX_MATCHER_SETS {
+                continue;
+            }
+            sets = sets
+                .into_iter()
+                .flat_map(|set| {
+                    names.iter().map(move |name| {
+                        let mut set = set.clone();
+                        set.push(Matcher::equal(*name, v.clone()));
+                        set
+                    })
+                })
+                .collect();
+        }
+        sets
+    }
+
     fn accepts(&self, key: &SeriesKey) -> bool {
         self.equal
             .iter()
@@ -253,22 +287,32 @@ impl TableProvider for SamplesTable {
             None => (0..COLUMNS.len()).collect(),
         };
         let schema = Arc::new(self.schema.project(&cols)?);
-        let selection = self
-            .source
-            .select(
-                &pushdown.matchers(),
-                pushdown.time.min_ts,
-                pushdown.time.max_ts,
-            )
-            .await
-            .map_err(|e| DataFusionError::External(Box::new(e)))?;
-        crate::cluster::report_sql_warnings(selection.warnings)
-            .map_err(crate::cluster::refuse_unseen)?;
-        let series: Vec<ClusterSeries> = selection
-            .series
-            .into_iter()
-            .filter(|s| pushdown.accepts(&s.key))
-            .collect();
+        let sets = pushdown.matcher_sets();
+        let mut series: Vec<ClusterSeries> = Vec::new();
+        let mut warnings = Vec::new();
+        for matchers in &sets {
+            let selection = self
+                .source
+                .select(matchers, pushdown.time.min_ts, pushdown.time.max_ts)
+                .await
+                .map_err(|e| DataFusionError::External(Box::new(e)))?;
+            warnings.extend(selection.warnings);
+            series.extend(
+                selection
+                    .series
+                    .into_iter()
+                    .filter(|s| pushdown.accepts(&s.key)),
+            );
+        }
+        if sets.len() > 1 {
+            // A series with both names (`Hostname` and `hostname` equal)
+            // is in two selections.
+            series.sort_by(|a, b| a.key.cmp(&b.key));
+            series.dedup_by(|a, b| a.key == b.key);
+            warnings.sort();
+            warnings.dedup();
+        }
+        crate::cluster::report_sql_warnings(warnings).map_err(crate::cluster::refuse_unseen)?;
 
         // Spread series over the session's partitions, balancing by sample count.
         let n = state

@@ -154,6 +154,43 @@ async fn time_and_label_filters_return_exact_rows() {
     assert_eq!(rows(&to_json(&r).unwrap())[0][0], 2 * 2 * 40);
 }
 
+/// `host` is `Hostname` (dcgm-exporter) or `hostname`: a filter on it finds
+/// both, through one storage selection per name, and a series that has both
+/// once.
+#[tokio::test]
+async fn host_filters_find_either_label_name_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = Arc::new(Storage::open(StorageConfig::new(dir.path())).unwrap());
+    let series = [
+        ("upper", vec![Label::new("Hostname", "n1")]),
+        ("lower", vec![Label::new("hostname", "n1")]),
+        (
+            "both",
+            vec![Label::new("Hostname", "n1"), Label::new("hostname", "n1")],
+        ),
+        ("other", vec![Label::new("Hostname", "n2")]),
+    ];
+    for (i, (metric, labels)) in series.iter().enumerate() {
+        let r = st
+            .series_ref(SeriesKey::new(*metric, labels.clone()).unwrap())
+            .unwrap();
+        st.append(&[r], &[T0], &[i as f64]).unwrap();
+    }
+    let engine = QueryEngine::new(st);
+    let r = engine
+        .sql("SELECT metric, value FROM samples WHERE host = 'n1' ORDER BY metric")
+        .await
+        .unwrap();
+    assert_eq!(
+        rows(&to_json(&r).unwrap()),
+        [
+            [serde_json::json!("both"), serde_json::json!(2.0)],
+            [serde_json::json!("lower"), serde_json::json!(1.0)],
+            [serde_json::json!("upper"), serde_json::json!(0.0)],
+        ]
+    );
+}
+
 #[tokio::test]
 async fn queries_are_read_only_and_errors_are_bad_queries() {
     let (_dir, st, _) = fixture();
@@ -202,8 +239,31 @@ fn pushdown_extracts_time_bounds_and_labels() {
             (Col::by_name("host").unwrap(), "h".into())
         ]
     );
-    // host maps to two label names, so only the metric becomes a storage matcher.
+    // host maps to two label names, so only the metric becomes a storage
+    // matcher of its own; a scan selects once per name of host.
     assert_eq!(p.matchers(), vec![Matcher::equal("__name__", "m")]);
+    let name = |n: &str| Matcher::equal("__name__", n);
+    assert_eq!(
+        p.matcher_sets(),
+        [
+            vec![name("m"), Matcher::equal("Hostname", "h")],
+            vec![name("m"), Matcher::equal("hostname", "h")],
+        ]
+    );
+    // Two columns of two names each make four sets; a third is left to
+    // the filter.
+    let p = Pushdown::from_filters(&[
+        col("host").eq(lit("h")),
+        col("uuid").eq(lit("u")),
+        col("gpu").eq(lit("0")),
+        col("host").eq(lit("h2")),
+    ]);
+    let sets = p.matcher_sets();
+    assert_eq!(sets.len(), 4);
+    assert!(sets.iter().all(|s| s.contains(&Matcher::equal("gpu", "0"))));
+    for name in ["Hostname", "hostname"] {
+        assert!(!sets.iter().any(|s| s.contains(&Matcher::equal(name, "h2"))));
+    }
 
     let table = SamplesTable::new(Arc::new(
         Storage::open(StorageConfig::new(tempfile::tempdir().unwrap().path())).unwrap(),
