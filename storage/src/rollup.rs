@@ -650,10 +650,45 @@ pub(crate) struct Query<'a> {
     pub(crate) filter: &'a RollupFilter,
     pub(crate) min_ts: i64,
     pub(crate) max_ts: i64,
-    pub(crate) out: Table,
+    out: Table,
+    /// The group of the records added last, and those records: a file's
+    /// records come group by group, so the table is looked up once per run
+    /// of a group rather than once per record (string comparisons down a
+    /// B-tree: two thirds of a 225,000-record query).
+    run_group: Option<RollupGroup>,
+    run: Vec<RollupRecord>,
 }
 
-impl Query<'_> {
+impl<'a> Query<'a> {
+    pub(crate) fn new(
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &'a RollupFilter,
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Self {
+        Self {
+            tier,
+            level,
+            filter,
+            min_ts,
+            max_ts,
+            out: Table::new(),
+            run_group: None,
+            run: Vec::new(),
+        }
+    }
+
+    /// Merges the current run of records into the table.
+    fn end_run(&mut self) {
+        if let Some(g) = self.run_group.take() {
+            let w = self.out.entry(g).or_default();
+            for r in self.run.drain(..) {
+                merge_into(w, r);
+            }
+        }
+    }
+
     /// Whether the window starting at `ws` (of this query's tier) overlaps the range.
     pub(crate) fn overlaps(&self, ws: i64) -> bool {
         ws <= self.max_ts && ws.saturating_add(self.tier.window_ms() - 1) >= self.min_ts
@@ -681,6 +716,7 @@ impl Query<'_> {
         if picked.peek().is_none() {
             return;
         }
+        self.end_run();
         let w = self.out.entry(group.at_level(self.level)).or_default();
         for r in picked {
             merge_into(w, r);
@@ -689,13 +725,15 @@ impl Query<'_> {
 
     /// Adds a record already in this query's tier and level (from a file).
     pub(crate) fn add_record(&mut self, group: &RollupGroup, r: RollupRecord) {
-        match self.out.get_mut(group) {
-            Some(w) => merge_into(w, r),
-            None => merge_into(self.out.entry(group.clone()).or_default(), r),
+        if self.run_group.as_ref() != Some(group) {
+            self.end_run();
+            self.run_group = Some(group.clone());
         }
+        self.run.push(r);
     }
 
-    pub(crate) fn finish(self) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
+    pub(crate) fn finish(mut self) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
+        self.end_run();
         self.out
             .into_iter()
             .map(|(g, w)| (g, w.into_values().collect()))

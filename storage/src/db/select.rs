@@ -283,14 +283,7 @@ impl Storage {
         min_ts: i64,
         max_ts: i64,
     ) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
-        let mut q = Query {
-            tier,
-            level,
-            filter,
-            min_ts,
-            max_ts,
-            out: Default::default(),
-        };
+        let mut q = Query::new(tier, level, filter, min_ts, max_ts);
         if min_ts > max_ts {
             return Vec::new();
         }
