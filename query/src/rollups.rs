@@ -555,38 +555,62 @@ impl RollupBatches {
     }
 }
 
-fn group_field(g: &RollupGroup, col: &str) -> Option<String> {
-    let v = match col {
-        "metric" => &g.metric,
-        "cluster" => &g.cluster,
-        "row" => &g.row,
-        "rack" => &g.rack,
-        "host" => &g.host,
-        _ => &g.gpu,
-    };
-    (!v.is_empty()).then(|| v.clone())
+/// What a projected column holds, resolved once per batch rather than by
+/// name for every row.
+#[derive(Clone, Copy)]
+enum Col {
+    Ts,
+    Level,
+    Tier,
+    /// A group field.
+    Group(fn(&RollupGroup) -> &str),
+    Count,
+    Float(fn(&RollupRecord) -> f64),
+}
+
+impl Col {
+    fn of(i: usize) -> Self {
+        match COLUMNS.get(i).copied() {
+            None => Col::Tier,
+            Some("ts") => Col::Ts,
+            Some("level") => Col::Level,
+            Some("count") => Col::Count,
+            Some("sum") => Col::Float(|r| r.sum),
+            Some("min") => Col::Float(|r| r.min),
+            Some("max") => Col::Float(|r| r.max),
+            Some("first") => Col::Float(|r| r.first),
+            Some("last") => Col::Float(|r| r.last),
+            Some("avg") => Col::Float(RollupRecord::avg),
+            Some("metric") => Col::Group(|g| &g.metric),
+            Some("cluster") => Col::Group(|g| &g.cluster),
+            Some("row") => Col::Group(|g| &g.row),
+            Some("rack") => Col::Group(|g| &g.rack),
+            Some("host") => Col::Group(|g| &g.host),
+            Some(_) => Col::Group(|g| &g.gpu),
+        }
+    }
 }
 
 impl Iterator for RollupBatches {
     type Item = Result<RecordBatch>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut builders: Vec<(usize, Builder)> = self
+        let mut builders: Vec<(Col, Builder)> = self
             .cols
             .iter()
             .map(|&i| {
-                let b = match COLUMNS.get(i).copied() {
-                    Some("ts") => Builder::Ts(
+                let col = Col::of(i);
+                let b = match col {
+                    Col::Ts => Builder::Ts(
                         TimestampMillisecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC"),
                     ),
-                    Some("count") => Builder::Count(Int64Builder::with_capacity(BATCH_ROWS)),
-                    Some("level" | "metric" | "cluster" | "row" | "rack" | "host" | "gpu")
-                    | None => {
+                    Col::Count => Builder::Count(Int64Builder::with_capacity(BATCH_ROWS)),
+                    Col::Level | Col::Tier | Col::Group(_) => {
                         Builder::Text(StringBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8))
                     }
-                    Some(_) => Builder::Float(Float64Builder::with_capacity(BATCH_ROWS)),
+                    Col::Float(_) => Builder::Float(Float64Builder::with_capacity(BATCH_ROWS)),
                 };
-                (i, b)
+                (col, b)
             })
             .collect();
         let tier_label = self.tier_label.unwrap_or_default();
@@ -595,25 +619,20 @@ impl Iterator for RollupBatches {
             let Some((level, g, r)) = self.next_record() else {
                 break;
             };
-            let level = level.name();
-            for (i, b) in &mut builders {
-                match (COLUMNS.get(*i).copied(), b) {
-                    (_, Builder::Ts(b)) => b.append_value(r.window_start_ms),
-                    (_, Builder::Count(b)) => {
+            for (col, b) in &mut builders {
+                match (*col, b) {
+                    (Col::Ts, Builder::Ts(b)) => b.append_value(r.window_start_ms),
+                    (Col::Count, Builder::Count(b)) => {
                         b.append_value(i64::try_from(r.count).unwrap_or(i64::MAX))
                     }
-                    (Some("level"), Builder::Text(b)) => b.append_value(level),
-                    (None, Builder::Text(b)) => b.append_value(tier_label),
-                    (Some(col), Builder::Text(b)) => b.append_option(group_field(g, col)),
-                    (Some(col), Builder::Float(b)) => b.append_value(match col {
-                        "sum" => r.sum,
-                        "min" => r.min,
-                        "max" => r.max,
-                        "first" => r.first,
-                        "last" => r.last,
-                        _ => r.avg(),
-                    }),
-                    (None, Builder::Float(_)) => unreachable!("BUG: tier is text"),
+                    (Col::Level, Builder::Text(b)) => b.append_value(level.name()),
+                    (Col::Tier, Builder::Text(b)) => b.append_value(tier_label),
+                    (Col::Group(field), Builder::Text(b)) => {
+                        let v = field(g);
+                        b.append_option((!v.is_empty()).then_some(v))
+                    }
+                    (Col::Float(get), Builder::Float(b)) => b.append_value(get(&r)),
+                    _ => unreachable!("BUG: a column's builder is made for its kind"),
                 }
             }
             rows += 1;
