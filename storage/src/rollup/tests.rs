@@ -1968,3 +1968,64 @@ fn read_cost_counts_the_groups_decoded_and_the_head_samples() {
     assert_eq!(cost(Some("m3"), T, day), head);
     assert_eq!(cost(Some("m1"), T + 3_600_000, day), 0);
 }
+
+proptest! {
+    /// A query's records, added run by run in any order (files, a flush in
+    /// progress, memory), come out one per window in window order, each the
+    /// fold of every record of its window, as computed here field by field.
+    #[test]
+    fn query_merges_records_added_in_any_order(
+        adds in prop::collection::vec((0usize..3, 0i64..8, 0i64..50, 0u64..4), 0..60),
+    ) {
+        let groups: Vec<RollupGroup> = (0..3)
+            .map(|i| RollupGroup {
+                metric: "m".into(),
+                rack: format!("k{i}"),
+                ..Default::default()
+            })
+            .collect();
+        let filter = RollupFilter::default();
+        let mut q = Query::new(RollupTier::Minute, RollupLevel::Rack, &filter, i64::MIN, i64::MAX);
+        // (group, window) -> (count, sum, min, max, (first_ts, first), (last_ts, last))
+        type Fold = (u64, f64, f64, f64, (i64, f64), (i64, f64));
+        let mut want: BTreeMap<(usize, i64), Fold> = BTreeMap::new();
+        for &(g, w, v, c) in &adds {
+            let ws = w * 60_000;
+            let (ts, v) = (ws + v * 1000, v as f64);
+            let r = RollupRecord {
+                window_start_ms: ws,
+                count: c + 1,
+                sum: v * (c + 1) as f64,
+                min: v,
+                max: v,
+                first: v,
+                first_ts_ms: ts,
+                last: v,
+                last_ts_ms: ts,
+            };
+            q.add_record(&groups[g], r);
+            let e = want.entry((g, ws)).or_insert((0, 0.0, f64::MAX, f64::MIN, (i64::MAX, 0.0), (i64::MIN, 0.0)));
+            e.0 += c + 1;
+            e.1 += v * (c + 1) as f64;
+            e.2 = e.2.min(v);
+            e.3 = e.3.max(v);
+            if (ts, v) < e.4 {
+                e.4 = (ts, v);
+            }
+            if (ts, v) > e.5 {
+                e.5 = (ts, v);
+            }
+        }
+        let got: Vec<((usize, i64), Fold)> = q
+            .finish()
+            .into_iter()
+            .flat_map(|(g, records)| {
+                let gi = groups.iter().position(|x| *x == g).unwrap();
+                records.into_iter().map(move |r| {
+                    ((gi, r.window_start_ms), (r.count, r.sum, r.min, r.max, (r.first_ts_ms, r.first), (r.last_ts_ms, r.last)))
+                })
+            })
+            .collect();
+        prop_assert_eq!(got, want.into_iter().collect::<Vec<_>>());
+    }
+}
