@@ -20,9 +20,11 @@
 //! Pushdown: `level = …` and `level IN (…)`, equality on `metric` and the
 //! topology columns, and time bounds on `ts` select the (tier, level) blocks,
 //! groups and windows that storage reads; nothing else is decoded. `EXPLAIN`
-//! shows what was pushed in the `RollupScanExec` line. The filters are also
-//! applied by DataFusion (`Inexact`), since a window *overlapping* a time
-//! bound is read but its `ts` (the window start) may lie outside it.
+//! shows what was pushed in the `RollupScanExec` line. Storage applies the
+//! level and group filters exactly (a non-empty string compared with `=`),
+//! so DataFusion does not test them again; time bounds it applies again
+//! (`Inexact`), since a window *overlapping* a bound is read but its `ts`
+//! (the window start) may lie outside it.
 //!
 //! `rollup(start, end, step)` returns the same columns plus `tier` (`1m`,
 //! `1h` or `1d`): the rows of windows that start in `[start, end)` from the
@@ -306,6 +308,26 @@ fn level_set(e: &Expr) -> Option<[bool; 5]> {
     }
 }
 
+/// Whether storage selects exactly the rows `e` (a filter [`Pushdown`]
+/// absorbs) keeps, so that DataFusion need not test it again: conditions on
+/// `level` (each level is read apart), and equalities of a group column with
+/// a non-empty string (storage matches the group's field; an empty field is
+/// NULL in SQL, which no `=` keeps). Time bounds are not: storage reads the
+/// windows that overlap them.
+fn is_exact(e: &Expr) -> bool {
+    if level_set(e).is_some() {
+        return true;
+    }
+    let (cmps, all) = comparisons(e);
+    all && cmps.iter().all(|c| {
+        matches!(
+            c.column,
+            "level" | "metric" | "cluster" | "row" | "rack" | "host" | "gpu"
+        ) && c.op == Operator::Eq
+            && string_of(c.literal).is_some_and(|v| !v.is_empty())
+    })
+}
+
 fn one_level(name: &str) -> [bool; 5] {
     let mut allowed = [false; 5];
     if let Some(l) = RollupLevel::by_name(name) {
@@ -331,10 +353,12 @@ impl TableProvider for RollupTable {
         Ok(filters
             .iter()
             .map(|f| {
-                if Pushdown::default().absorb(f) {
-                    TableProviderFilterPushDown::Inexact
-                } else {
+                if !Pushdown::default().absorb(f) {
                     TableProviderFilterPushDown::Unsupported
+                } else if is_exact(f) {
+                    TableProviderFilterPushDown::Exact
+                } else {
+                    TableProviderFilterPushDown::Inexact
                 }
             })
             .collect())

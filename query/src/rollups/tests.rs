@@ -279,13 +279,20 @@ fn pushdown_reads_levels_fields_and_time() {
         RollupTier::Hour,
     );
     let or = col("level").eq(lit("rack")).or(col("rack").eq(lit("k1")));
-    let eq = col("host").eq(lit("h"));
+    let eq = col("host").eq(lit("h")).and(col("level").eq(lit("host")));
+    let levels = col("level").in_list(vec![lit("rack"), lit("row")], false);
+    let empty = col("host").eq(lit(""));
+    let time = col("ts").gt_eq(ms(10));
+    let not_eq = col("metric").gt(lit("m"));
+    use TableProviderFilterPushDown::{Exact, Inexact, Unsupported};
     assert_eq!(
-        table.supports_filters_pushdown(&[&or, &eq]).unwrap(),
-        [
-            TableProviderFilterPushDown::Unsupported,
-            TableProviderFilterPushDown::Inexact
-        ]
+        table
+            .supports_filters_pushdown(&[&or, &eq, &levels, &empty, &time, &not_eq])
+            .unwrap(),
+        // Storage keeps exactly the groups an equality or a level names; an
+        // empty field is NULL in SQL, which no `=` keeps, and a time bound
+        // reads the windows overlapping it.
+        [Unsupported, Exact, Exact, Inexact, Inexact, Unsupported]
     );
 }
 
