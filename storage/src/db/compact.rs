@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use tracing::{error, info};
 
+use super::set_aside::move_to_quarantine;
 use super::{Storage, normalize};
 use crate::files;
 use crate::rollup::file::RollupFile;
@@ -86,13 +87,10 @@ impl Storage {
             .retain(|g| !Arc::ptr_eq(f, g));
         let q = self.config.data_dir.join(files::QUARANTINE_DIR);
         let name = files::rollup_file_name(f.id());
-        let moved = fs::create_dir_all(&q).and_then(|()| fs::rename(f.path(), q.join(&name)));
-        if let Err(e) = moved {
+        let note = format!("{name} failed to read when merged: {why}\n");
+        if let Err(e) = move_to_quarantine(&q, f.path(), &name, Some(&note)) {
             error!(file = %f.path().display(), error = %e, "could not move a corrupt rollup file to quarantine/; deleting it");
             f.delete_when_unused();
-        } else {
-            let note = format!("{name} failed to read when merged: {why}\n");
-            let _ = fs::write(files::quarantine_note_path(&q, &name), note);
         }
         error!(file = %f.path().display(), error = %why, "quarantined a corrupt rollup file; its records are lost");
         self.metrics.rollup_files_quarantined.fetch_add(1, Relaxed);

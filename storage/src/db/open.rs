@@ -14,6 +14,7 @@ use tracing::{error, info, warn};
 #[cfg(test)]
 use super::faults::Faults;
 use super::replay::replay_wal;
+use super::set_aside::move_to_quarantine;
 use super::{Producers, State, Storage, StorageConfig, StorageMetrics};
 use crate::Result;
 use crate::error::Error;
@@ -76,9 +77,7 @@ impl Storage {
                 Ok(s) => segments.push(Arc::new(s)),
                 Err(e @ Error::Corrupt { .. }) => {
                     error!(error = %e, "quarantining corrupt segment");
-                    fs::create_dir_all(&q_dir).map_err(|e| Error::io(&q_dir, e))?;
-                    let dst = q_dir.join(files::segment_file_name(id));
-                    fs::rename(&path, &dst).map_err(|e| Error::io(&path, e))?;
+                    move_to_quarantine(&q_dir, &path, &files::segment_file_name(id), None)?;
                     metrics.segments_quarantined.fetch_add(1, Relaxed);
                 }
                 Err(e) => return Err(e),
@@ -300,9 +299,7 @@ fn open_rollups(
             Ok(f) => out.push(Arc::new(f)),
             Err(e @ Error::Corrupt { .. }) => {
                 error!(error = %e, "quarantining corrupt rollup file");
-                fs::create_dir_all(q_dir).map_err(|e| Error::io(q_dir, e))?;
-                let dst = q_dir.join(files::rollup_file_name(id));
-                fs::rename(&path, &dst).map_err(|e| Error::io(&path, e))?;
+                move_to_quarantine(q_dir, &path, &files::rollup_file_name(id), None)?;
                 metrics.rollup_files_quarantined.fetch_add(1, Relaxed);
             }
             Err(e) => return Err(e),

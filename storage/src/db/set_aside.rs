@@ -195,6 +195,28 @@ fn describe_frozen(frozen: &[FrozenSeries]) -> (Vec<String>, u64) {
     (lines, n)
 }
 
+/// Moves the file at `path` into the quarantine directory `q_dir` as
+/// `name`, writes `note` beside it (`<name>.why`) when there is one, and
+/// syncs the directory the file left, so that a restart does not find it
+/// there again. The one way every corrupt or unusable file leaves the store.
+///
+/// # Errors
+/// I/O errors of the move or the sync; a note that cannot be written is not
+/// one (the move stands without it).
+pub(super) fn move_to_quarantine(
+    q_dir: &Path,
+    path: &Path,
+    name: &str,
+    note: Option<&str>,
+) -> Result<()> {
+    fs::create_dir_all(q_dir).map_err(|e| Error::io(q_dir, e))?;
+    fs::rename(path, q_dir.join(name)).map_err(|e| Error::io(path, e))?;
+    if let Some(note) = note {
+        let _ = fs::write(files::quarantine_note_path(q_dir, name), note);
+    }
+    crate::segment::writer::sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
 /// Writes (and fsyncs) `quarantine/set-aside-<unix ms>-<n>.txt`: what was
 /// set aside, why, then one tab-separated line per sample or record.
 pub(super) fn write_set_aside(

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering::Relaxed;
 use tracing::error;
 
 use super::Storage;
+use super::set_aside::move_to_quarantine;
 use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR};
 use crate::rollup::file::{self as rollup_file, RollupFile};
@@ -45,17 +46,12 @@ impl Storage {
     fn withdraw(&self, path: &Path, name: &str, why: &Error) -> bool {
         let q = self.config.data_dir.join(QUARANTINE_DIR);
         let dir = path.parent().unwrap_or(Path::new("."));
-        let moved = fs::create_dir_all(&q)
-            .and_then(|()| fs::rename(path, q.join(name)))
-            .map_err(|e| Error::io(path, e))
-            .and_then(|()| crate::segment::writer::sync_dir(dir));
-        match moved {
+        let note = format!(
+            "{name} failed to open right after it was written: {why}\n\
+             Its data stayed in memory and was written again by a later flush or merge.\n"
+        );
+        match move_to_quarantine(&q, path, name, Some(&note)) {
             Ok(()) => {
-                let note = format!(
-                    "{name} failed to open right after it was written: {why}\n\
-                     Its data stayed in memory and was written again by a later flush or merge.\n"
-                );
-                let _ = fs::write(files::quarantine_note_path(&q, name), note);
                 error!(file = %path.display(), error = %why, "a file failed to open right after it was written; moved to quarantine/, its data is retried");
                 true
             }
