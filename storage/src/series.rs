@@ -165,11 +165,16 @@ impl fmt::Display for SeriesKey {
 }
 
 /// A regular expression anchored at both ends, as Prometheus matchers are:
-/// `gpu=~"1|2"` matches `1` and `2`, not `12`.
+/// `gpu=~"1|2"` matches `1` and `2`, not `12`. As in Prometheus 3 and
+/// VictoriaMetrics, `.` matches a newline too, so `.*` matches every value
+/// (Prometheus 2 compiled without the `s` flag).
 #[derive(Debug, Clone)]
 pub struct Pattern {
     source: String,
-    re: regex::Regex,
+    /// `None` for `.*`, which Grafana sends for a variable at "All": every
+    /// value matches, the empty one (an absent label) too, so nothing is
+    /// compiled, no label looked up and no automaton run.
+    re: Option<regex::Regex>,
 }
 
 impl Pattern {
@@ -178,12 +183,20 @@ impl Pattern {
     pub fn new(source: &str) -> Result<Self, regex::Error> {
         Ok(Self {
             source: source.to_string(),
-            re: regex::Regex::new(&format!("^(?:{source})$"))?,
+            re: match source {
+                ".*" => None,
+                _ => Some(regex::Regex::new(&format!("^(?s:{source})$"))?),
+            },
         })
     }
 
     pub fn is_match(&self, s: &str) -> bool {
-        self.re.is_match(s)
+        self.re.as_ref().is_none_or(|re| re.is_match(s))
+    }
+
+    /// Whether every string matches (the pattern is `.*`).
+    pub fn matches_everything(&self) -> bool {
+        self.re.is_none()
     }
 
     /// The pattern as written, without the anchors.
@@ -257,7 +270,16 @@ impl Matcher {
         }
     }
 
+    /// Whether every series matches: `name=~".*"`. A selector may leave
+    /// such a matcher out.
+    pub fn matches_everything(&self) -> bool {
+        matches!(self, Self::Regex { pattern, .. } if pattern.matches_everything())
+    }
+
     pub fn matches(&self, key: &SeriesKey) -> bool {
+        if self.matches_everything() {
+            return true;
+        }
         let v = key.get(self.name()).unwrap_or("");
         match self {
             Self::Equal { value, .. } => v == value,
@@ -346,5 +368,22 @@ mod tests {
         );
         assert!(!Matcher::not_regex("gpu", "[0-9]").unwrap().matches(&k));
         assert!(Matcher::regex("gpu", "(").is_err());
+    }
+
+    #[test]
+    fn dot_star_matches_every_value_newlines_too() {
+        let odd =
+            SeriesKey::new("m", vec![Label::new("a", "x\ny"), Label::new("b", "\n")]).unwrap();
+        for name in ["a", "b", "absent", "__name__"] {
+            let all = Matcher::regex(name, ".*").unwrap();
+            assert!(all.matches_everything());
+            assert!(all.matches(&odd), "{name}");
+            assert!(!Matcher::not_regex(name, ".*").unwrap().matches(&odd));
+        }
+        // The fast path is the automaton's answer: `.` takes a newline.
+        assert!(Matcher::regex("a", "x.y").unwrap().matches(&odd));
+        assert!(Matcher::regex("b", ".").unwrap().matches(&odd));
+        assert!(!Matcher::regex("a", ".+").unwrap().matches_everything());
+        assert!(!Matcher::regex("a", ".*x").unwrap().matches_everything());
     }
 }

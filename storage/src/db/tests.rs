@@ -574,7 +574,9 @@ fn newest_is_the_last_sample_of_a_merged_read() {
         (lcg >> 33) % n
     };
     let mut t_now = [0i64; 5];
-    let mut phase = |st: &Storage, model: &mut std::collections::BTreeMap<_, _>| {
+    let mut phase = |st: &Storage,
+                     model: &mut std::collections::BTreeMap<_, _>,
+                     next: &mut dyn FnMut(u64) -> u64| {
         for _ in 0..60 {
             let gpu = next(5) as u32;
             let r = st.series_ref(key("temp", gpu)).unwrap();
@@ -592,52 +594,60 @@ fn newest_is_the_last_sample_of_a_merged_read() {
             }
         }
     };
-    phase(&st, &mut model);
+    // Every range checked against a merged read and the model, at each
+    // stage: segments alone (the head and the flush in progress empty, as
+    // after a restart), then all four sources.
+    let temp = [Matcher::equal("__name__", "temp")];
+    let check = |st: &Storage,
+                 model: &std::collections::BTreeMap<(u32, i64), f64>,
+                 next: &mut dyn FnMut(u64) -> u64| {
+        let end = *model.keys().map(|(_, t)| t).max().unwrap();
+        let mut ranges = vec![(i64::MIN, i64::MAX), (0, end), (end - 300_000, end)];
+        for _ in 0..200 {
+            let lo = next(end as u64 + 1) as i64;
+            ranges.push((lo, lo + next(400_000) as i64));
+        }
+        for (lo, hi) in ranges {
+            let mut got: Vec<(String, i64, f64)> = st
+                .newest(&temp, lo, hi)
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), n.ts_ms, n.value))
+                .collect();
+            got.sort_by(|a, b| a.0.cmp(&b.0));
+            let merged: Vec<(String, i64, f64)> = st
+                .select(&temp, lo, hi)
+                .iter()
+                .filter_map(|s| {
+                    let &(t, v) = read_range(s, lo, hi).last()?;
+                    Some((s.key.to_string(), t, v))
+                })
+                .collect();
+            assert_eq!(got, merged, "range [{lo}, {hi}]");
+            let mut modelled: Vec<(String, i64, f64)> = (0..5)
+                .filter_map(|gpu| {
+                    let (&(_, t), &v) = model.range((gpu, lo)..=(gpu, hi)).next_back()?;
+                    Some((key("temp", gpu).to_string(), t, v))
+                })
+                .collect();
+            modelled.sort_by(|a, b| a.0.cmp(&b.0));
+            assert_eq!(got, modelled, "range [{lo}, {hi}]");
+        }
+    };
+    phase(&st, &mut model, &mut next);
     st.flush().unwrap().expect("first segment");
-    phase(&st, &mut model);
+    check(&st, &model, &mut next);
+    phase(&st, &mut model, &mut next);
     st.flush().unwrap().expect("second segment");
-    phase(&st, &mut model);
+    check(&st, &model, &mut next);
+    phase(&st, &mut model, &mut next);
     st.faults.segment_open.store(1, Relaxed);
     st.flush().unwrap_err();
-    phase(&st, &mut model);
+    phase(&st, &mut model, &mut next);
     assert!(
         lock!(st.state.read()).frozen.is_some(),
         "a flush in progress"
     );
     assert_eq!(st.stats().segments, 2);
-
-    let end = *model.keys().map(|(_, t)| t).max().unwrap();
-    let temp = [Matcher::equal("__name__", "temp")];
-    let mut ranges = vec![(i64::MIN, i64::MAX), (0, end), (end - 300_000, end)];
-    for _ in 0..200 {
-        let lo = next(end as u64 + 1) as i64;
-        ranges.push((lo, lo + next(400_000) as i64));
-    }
-    for (lo, hi) in ranges {
-        let mut got: Vec<(String, i64, f64)> = st
-            .newest(&temp, lo, hi)
-            .into_iter()
-            .map(|(k, n)| (k.to_string(), n.ts_ms, n.value))
-            .collect();
-        got.sort_by(|a, b| a.0.cmp(&b.0));
-        let merged: Vec<(String, i64, f64)> = st
-            .select(&temp, lo, hi)
-            .iter()
-            .filter_map(|s| {
-                let &(t, v) = read_range(s, lo, hi).last()?;
-                Some((s.key.to_string(), t, v))
-            })
-            .collect();
-        assert_eq!(got, merged, "range [{lo}, {hi}]");
-        let modelled: Vec<(String, i64, f64)> = (0..5)
-            .filter_map(|gpu| {
-                let (&(_, t), &v) = model.range((gpu, lo)..=(gpu, hi)).next_back()?;
-                Some((key("temp", gpu).to_string(), t, v))
-            })
-            .collect();
-        let mut modelled = modelled;
-        modelled.sort_by(|a, b| a.0.cmp(&b.0));
-        assert_eq!(got, modelled, "range [{lo}, {hi}]");
-    }
+    check(&st, &model, &mut next);
     assert_eq!(st.metrics.chunk_read_errors.load(Relaxed), 0);
 }
