@@ -339,6 +339,9 @@ impl<'a> Evaluator<'a> {
                 MatchOp::NotRe(_) => Matcher::not_regex(m.name.as_str(), &m.value).map_err(bad)?,
             });
         }
+        // `label=~".*"` (Grafana's "All") selects nothing away: left out,
+        // it costs no label lookup per series.
+        out.retain(|m| !m.matches_everything());
         Ok(out)
     }
 

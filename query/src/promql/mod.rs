@@ -33,6 +33,8 @@ pub(crate) use pushdown::{Plan as PushdownPlan, partials as pushdown_partials};
 
 use std::sync::Arc;
 
+use promql_parser::parser::Expr;
+
 use storage::Storage;
 
 use crate::cluster::{ClusterError, ClusterReader, Selection, Source};
@@ -171,6 +173,35 @@ pub struct PromEngine {
     limits: PromLimits,
     metrics: Arc<crate::QueryMetrics>,
     guard: Arc<crate::limits::QueryGuard>,
+    parsed: Arc<ParseCache>,
+}
+
+/// Expressions parsed before, by query text: a dashboard sends the same
+/// queries at every refresh, and parsing one (its regular expressions
+/// compiled) took an eighth of an instant `sum` over 1,000 series. Holds at
+/// most [`ParseCache::CAPACITY`] entries and starts over when full, so a
+/// client that never repeats a query costs one lookup and one clone more.
+#[derive(Debug, Default)]
+struct ParseCache(std::sync::Mutex<std::collections::HashMap<String, Arc<Expr>>>);
+
+impl ParseCache {
+    const CAPACITY: usize = 512;
+
+    fn parse(&self, query: &str) -> Result<Arc<Expr>, PromError> {
+        let lock = || self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(expr) = lock().get(query) {
+            return Ok(expr.clone());
+        }
+        // Shared, not cloned: a clone of a parsed regular expression
+        // builds it a new matching cache.
+        let expr = Arc::new(parse(query)?);
+        let mut cache = lock();
+        if cache.len() >= Self::CAPACITY {
+            cache.clear();
+        }
+        cache.insert(query.to_owned(), expr.clone());
+        Ok(expr)
+    }
 }
 
 impl PromEngine {
@@ -186,6 +217,7 @@ impl PromEngine {
             limits,
             metrics: Arc::default(),
             guard: Arc::default(),
+            parsed: Arc::default(),
         }
     }
 
@@ -201,6 +233,7 @@ impl PromEngine {
             limits,
             metrics: Arc::default(),
             guard: Arc::default(),
+            parsed: Arc::default(),
         }
     }
 
@@ -266,9 +299,9 @@ impl PromEngine {
     }
 
     /// Parses `query` within the length and depth limits.
-    pub(crate) fn parse(&self, query: &str) -> Result<promql_parser::parser::Expr, PromError> {
+    pub(crate) fn parse(&self, query: &str) -> Result<Arc<Expr>, PromError> {
         self.guard.check_length(query).map_err(PromError::Refused)?;
-        let expr = parse(query)?;
+        let expr = self.parsed.parse(query)?;
         self.guard.check_promql(&expr).map_err(PromError::Refused)?;
         Ok(expr)
     }

@@ -911,3 +911,33 @@ fn range_functions_over_steps_beyond_the_data_answer_from_their_windows() {
         }
     }
 }
+
+#[test]
+fn a_repeated_query_answers_as_the_first_time() {
+    // temp{g=~".*"} keeps all four series (the matcher is left out of the
+    // select); sum = 10 + 20 + 40 + 70.
+    let f = gauges();
+    for _ in 0..3 {
+        assert_vec(&f, r#"sum(temp{g=~".*", h=~".*"})"#, T0, &[("{}", 140.0)]);
+        assert_vec(&f, r#"sum(temp{g=~"a|d"})"#, T0, &[("{}", 80.0)]);
+    }
+    // A parse error is not remembered as an answer.
+    for _ in 0..2 {
+        assert!(matches!(
+            f.engine.instant("sum(temp", T0),
+            Err(PromError::BadData(_))
+        ));
+    }
+}
+
+#[test]
+fn the_parse_cache_starts_over_when_full() {
+    let cache = ParseCache::default();
+    for i in 0..=ParseCache::CAPACITY {
+        cache.parse(&format!("m{i}")).unwrap();
+    }
+    // The 513th query found it full: it is alone in the new one.
+    let held = cache.0.lock().unwrap();
+    assert_eq!(held.len(), 1);
+    assert!(held.contains_key(&format!("m{}", ParseCache::CAPACITY)));
+}
