@@ -5,9 +5,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use promql_parser::parser::{AggregateExpr, LabelModifier};
+use promql_parser::parser::{AggregateExpr, Expr, LabelModifier};
 
-use super::eval::{Evaluator, Operand, SelectedPoints, unsupported};
+use super::eval::{Evaluator, Keep, Operand, SelectedPoints, unsupported};
 use super::value::{
     Elem, METRIC_NAME, Val, Vector, format_value, key_of, set_label, valid_label_name,
 };
@@ -29,9 +29,22 @@ impl Evaluator<'_> {
         // The operators that fold each group's values one at a time take
         // their operand series by series where it can be made that way.
         let folding = Op::parse(&op).filter(|o| *o != Op::Quantile);
-        let operand = match folding {
-            Some(_) => self.operand(&a.expr)?,
-            None => None,
+        let mut bare = &*a.expr;
+        while let Expr::Paren(p) = bare {
+            bare = &p.expr;
+        }
+        // Straight over a selector on one node, each series is read with
+        // only the labels of its group: the keys differ, so the label sets
+        // need no check for duplicates.
+        let projected =
+            folding.is_some() && matches!(bare, Expr::VectorSelector(_)) && self.engine.is_local();
+        let operand = match (folding, bare) {
+            (Some(_), Expr::VectorSelector(vs)) if projected => {
+                let keep = Keep::Group { by, names: &names };
+                Some(Operand::Series(self.selector_points(vs, false, keep)?))
+            }
+            (Some(_), _) => self.operand(&a.expr)?,
+            (None, _) => None,
         };
         let input = match (folding, operand) {
             (Some(fold), Some(Operand::Series(series))) => {
@@ -40,7 +53,11 @@ impl Evaluator<'_> {
                 {
                     return Ok(Val::Vector(out));
                 }
-                super::functions::into_steps(self, series)?
+                if projected {
+                    super::functions::into_steps_unchecked(self, series)
+                } else {
+                    super::functions::into_steps(self, series)?
+                }
             }
             (_, Some(Operand::Steps(v))) => v,
             _ => match self.eval(&a.expr)? {

@@ -63,6 +63,44 @@ pub(super) struct Evaluator<'a> {
     pub(super) deadline: crate::limits::Deadline,
 }
 
+/// Which labels a read gives each series.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Keep<'a> {
+    /// All of them, `__name__` too.
+    Named,
+    /// All but `__name__` (for a function that drops it).
+    Unnamed,
+    /// Only those an aggregation's groups are made of: the `by` names, or
+    /// all but the `without` names and `__name__`. For an aggregation
+    /// straight over a selector on one node, whose series' keys differ (so
+    /// no duplicate check needs their whole label sets), the strings of the
+    /// other labels are then never copied.
+    Group { by: bool, names: &'a [String] },
+}
+
+impl Keep<'_> {
+    fn labels(self, key: &storage::SeriesKey) -> LabelSet {
+        let (by, names) = match self {
+            Self::Named => return labels_of(key),
+            Self::Unnamed => return super::unnamed_labels_of(key),
+            Self::Group { by, names } => (by, names),
+        };
+        let listed = |n: &str| names.iter().any(|x| x == n);
+        // A key's labels are sorted by name, each name once.
+        let mut out: LabelSet = key
+            .labels()
+            .iter()
+            .filter(|l| listed(&l.name) == by)
+            .map(|l| (l.name.clone(), l.value.clone()))
+            .collect();
+        if by && listed(METRIC_NAME) {
+            let at = out.partition_point(|(n, _)| n.as_str() < METRIC_NAME);
+            out.insert(at, (METRIC_NAME.to_string(), key.metric().to_string()));
+        }
+        out
+    }
+}
+
 pub(super) fn unsupported(what: &str) -> PromError {
     PromError::Execution(format!("{what} is not supported by gpulse's PromQL engine"))
 }
@@ -352,7 +390,7 @@ impl<'a> Evaluator<'a> {
         min_ts: i64,
         max_ts: i64,
         keep_stale: bool,
-        named: bool,
+        keep: Keep<'_>,
     ) -> Result<Vec<RawSeries>> {
         let selection = self.engine.select(matchers, min_ts, max_ts)?;
         crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
@@ -383,13 +421,8 @@ impl<'a> Evaluator<'a> {
             if ts.is_empty() {
                 return Ok(None);
             }
-            let labels = if named {
-                labels_of(&s.key)
-            } else {
-                super::unnamed_labels_of(&s.key)
-            };
             Ok(Some(RawSeries {
-                labels: Arc::new(labels),
+                labels: Arc::new(keep.labels(&s.key)),
                 ts,
                 vs,
             }))
@@ -411,6 +444,7 @@ impl<'a> Evaluator<'a> {
         matchers: &[Matcher],
         min_ts: i64,
         max_ts: i64,
+        keep: Keep<'_>,
     ) -> Result<Option<Vec<RawSeries>>> {
         let Some(mut newest) = self.engine.newest(matchers, min_ts, max_ts) else {
             return Ok(None);
@@ -421,7 +455,7 @@ impl<'a> Evaluator<'a> {
             newest
                 .into_iter()
                 .map(|(key, n)| RawSeries {
-                    labels: Arc::new(labels_of(&key)),
+                    labels: Arc::new(keep.labels(&key)),
                     ts: vec![n.ts_ms],
                     vs: vec![n.value],
                 })
@@ -439,7 +473,7 @@ impl<'a> Evaluator<'a> {
         sample_time: bool,
     ) -> Result<Vec<Vector>> {
         let mut out: Vec<Vector> = vec![Vec::new(); self.steps.len()];
-        for (labels, points) in self.selector_points(vs, sample_time)? {
+        for (labels, points) in self.selector_points(vs, sample_time, Keep::Named)? {
             for (i, v) in points {
                 out[i as usize].push(Elem {
                     labels: labels.clone(),
@@ -452,10 +486,11 @@ impl<'a> Evaluator<'a> {
 
     /// A vector selector's value, series by series: each matching series'
     /// label set and its (step index, value) points, steps ascending.
-    fn selector_points(
+    pub(super) fn selector_points(
         &self,
         vs: &VectorSelector,
         sample_time: bool,
+        keep: Keep<'_>,
     ) -> Result<Vec<SelectedPoints>> {
         let matchers = Self::matchers(vs)?;
         let off = offset_ms(&vs.offset);
@@ -467,12 +502,14 @@ impl<'a> Evaluator<'a> {
         // One reference time (an instant query, or `@`): each series' newest
         // sample is all that is read.
         let newest = match refs.first() {
-            Some(&r) if refs.iter().all(|&x| x == r) => self.load_newest(&matchers, lo, hi)?,
+            Some(&r) if refs.iter().all(|&x| x == r) => {
+                self.load_newest(&matchers, lo, hi, keep)?
+            }
             _ => None,
         };
         let series = match newest {
             Some(series) => series,
-            None => self.load(&matchers, lo, hi, true, true)?,
+            None => self.load(&matchers, lo, hi, true, keep)?,
         };
         // The steps of a range query ascend: each series' position then
         // moves forward over its samples instead of a search per step.
@@ -518,7 +555,7 @@ impl<'a> Evaluator<'a> {
     /// (a cluster's answer can), which [`Self::to_matrix`] merges.
     fn selector_matrix(&self, vs: &VectorSelector) -> Result<Option<Vec<Series>>> {
         self.deadline.check().map_err(PromError::Refused)?;
-        let mut series = self.selector_points(vs, false)?;
+        let mut series = self.selector_points(vs, false, Keep::Named)?;
         series.retain(|(_, points)| !points.is_empty());
         series.sort_by(|a, b| a.0.cmp(&b.0));
         if series.windows(2).any(|w| w[0].0 == w[1].0) {
@@ -552,7 +589,11 @@ impl<'a> Evaluator<'a> {
         self.deadline.check().map_err(PromError::Refused)?;
         match expr {
             Expr::Paren(p) => self.operand(&p.expr),
-            Expr::VectorSelector(vs) => Ok(Some(Operand::Series(self.selector_points(vs, false)?))),
+            Expr::VectorSelector(vs) => Ok(Some(Operand::Series(self.selector_points(
+                vs,
+                false,
+                Keep::Named,
+            )?))),
             Expr::Binary(b) => self.scalar_operand(b),
             Expr::Call(c) if super::functions::is_range_function(c.func.name) => {
                 Ok(Some(
@@ -592,7 +633,13 @@ impl<'a> Evaluator<'a> {
                 let lo = refs.clone().min().unwrap_or(0) - range_ms;
                 let hi = refs.max().unwrap_or(0);
                 Ok(RangeInput {
-                    series: self.load(&matchers, lo, hi, false, named)?,
+                    series: self.load(
+                        &matchers,
+                        lo,
+                        hi,
+                        false,
+                        if named { Keep::Named } else { Keep::Unnamed },
+                    )?,
                     range_ms,
                     offset_ms: off,
                     at_ms: at,

@@ -675,6 +675,15 @@ pub(super) enum RangeValue {
 /// Series-major points as a vector per step, checked for label sets met
 /// twice at one step.
 pub(super) fn into_steps(ev: &Evaluator<'_>, series: Vec<SelectedPoints>) -> Result<Vec<Vector>> {
+    let out = into_steps_unchecked(ev, series);
+    check_unique_steps(&out, &mut LabelSetIds::default())?;
+    Ok(out)
+}
+
+/// [`into_steps`] without the check that no step holds one label set twice,
+/// for series that are distinct though their label sets may not be (read
+/// with only their group's labels, [`super::eval::Keep::Group`]).
+pub(super) fn into_steps_unchecked(ev: &Evaluator<'_>, series: Vec<SelectedPoints>) -> Vec<Vector> {
     let mut out: Vec<Vector> = vec![Vec::new(); ev.steps.len()];
     for (labels, points) in series {
         for (i, v) in points {
@@ -684,8 +693,7 @@ pub(super) fn into_steps(ev: &Evaluator<'_>, series: Vec<SelectedPoints>) -> Res
             });
         }
     }
-    check_unique_steps(&out, &mut LabelSetIds::default())?;
-    Ok(out)
+    out
 }
 
 fn range_function(ev: &Evaluator<'_>, name: &str, args: &[Box<Expr>]) -> Result<Val> {

@@ -253,6 +253,12 @@ impl PromEngine {
         }
     }
 
+    /// Whether this engine reads one node's storage (not a cluster, whose
+    /// answer can hold two series with one label set).
+    pub(crate) fn is_local(&self) -> bool {
+        matches!(self.source, Source::Local(_))
+    }
+
     /// Selects series for a query (this node's storage, or the cluster).
     pub(crate) fn select(
         &self,

@@ -941,3 +941,41 @@ fn the_parse_cache_starts_over_when_full() {
     assert_eq!(held.len(), 1);
     assert!(held.contains_key(&format!("m{}", ParseCache::CAPACITY)));
 }
+
+#[test]
+fn aggregations_over_a_selector_group_by_the_labels_they_name() {
+    // Read with only their groups' labels: the groups must be those of the
+    // whole label sets. used{gpu=0,1} = 30, 50; total{gpu=0,1} = 100, 200.
+    let f = gauges();
+    assert_vec(
+        &f,
+        r#"sum by (__name__) ({__name__=~"used|total"})"#,
+        T0,
+        &[("{__name__=used}", 80.0), ("{__name__=total}", 300.0)],
+    );
+    assert_vec(
+        &f,
+        r#"count without (gpu) ({__name__=~"used|total"})"#,
+        T0,
+        &[("{host=h1}", 4.0)],
+    );
+    assert_vec(
+        &f,
+        "max by (host, gpu) (used)",
+        T0,
+        &[("{gpu=0,host=h1}", 30.0), ("{gpu=1,host=h1}", 50.0)],
+    );
+    assert_vec(
+        &f,
+        "min by (gpu, __name__) (total)",
+        T0,
+        &[
+            ("{__name__=total,gpu=0}", 100.0),
+            ("{__name__=total,gpu=1}", 200.0),
+        ],
+    );
+    // (10 + 20 + 40 + 70) / 4; `g` alone told the series apart.
+    assert_vec(&f, "avg without (g) (temp)", T0, &[("{}", 35.0)]);
+    // Two series with one group are not two series with one label set.
+    assert_vec(&f, "group by (host) (used)", T0, &[("{host=h1}", 1.0)]);
+}
