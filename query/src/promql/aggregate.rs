@@ -36,15 +36,15 @@ impl Evaluator<'_> {
         // Straight over a selector on one node, each series is read with
         // only the labels of its group: the keys differ, so the label sets
         // need no check for duplicates.
-        let projected =
-            folding.is_some() && matches!(bare, Expr::VectorSelector(_)) && self.engine.is_local();
+        let mut projected = false;
         let operand = match (folding, bare) {
-            (Some(_), Expr::VectorSelector(vs)) if projected => {
+            (None, _) => None,
+            (Some(_), Expr::VectorSelector(vs)) if self.engine.is_local() => {
+                projected = true;
                 let keep = Keep::Group { by, names: &names };
                 Some(Operand::Series(self.selector_points(vs, false, keep)?))
             }
             (Some(_), _) => self.operand(&a.expr)?,
-            (None, _) => None,
         };
         let input = match (folding, operand) {
             (Some(fold), Some(Operand::Series(series))) => {

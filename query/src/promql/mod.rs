@@ -180,7 +180,8 @@ pub struct PromEngine {
 /// queries at every refresh, and parsing one (its regular expressions
 /// compiled) took an eighth of an instant `sum` over 1,000 series. Holds at
 /// most [`ParseCache::CAPACITY`] entries and starts over when full, so a
-/// client that never repeats a query costs one lookup and one clone more.
+/// client that never repeats a query costs one lookup and a copy of its
+/// text more.
 #[derive(Debug, Default)]
 struct ParseCache(std::sync::Mutex<std::collections::HashMap<String, Arc<Expr>>>);
 
