@@ -471,7 +471,7 @@ const OUT_OF_RANGE: &str =
 /// timestamps, keeping the first occurrence (the earliest write: chunks are
 /// read oldest first). A no-op, after one check, when they are in order.
 pub(crate) fn normalize(ts: &mut Vec<i64>, vals: &mut Vec<f64>, start: usize) {
-    if ts[start..].windows(2).all(|w| w[0] < w[1]) {
+    if strictly_ascending(&ts[start..]) {
         return;
     }
     let mut pairs: Vec<(i64, f64)> = ts[start..]
@@ -487,6 +487,20 @@ pub(crate) fn normalize(ts: &mut Vec<i64>, vals: &mut Vec<f64>, start: usize) {
         ts.push(t);
         vals.push(v);
     }
+}
+
+/// Whether every timestamp is above the one before it. Checked a block
+/// at a time without stopping at the first miss, which the compiler turns
+/// into vector compares (`windows(2).all(..)` stops early and runs a
+/// sample at a time: 2 % of a 1,000-series `rate` query, `perf`).
+fn strictly_ascending(ts: &[i64]) -> bool {
+    const BLOCK: usize = 64;
+    let Some(next) = ts.get(1..) else {
+        return true;
+    };
+    ts.chunks(BLOCK)
+        .zip(next.chunks(BLOCK))
+        .all(|(a, b)| a.iter().zip(b).fold(true, |ok, (x, y)| ok & (x < y)))
 }
 
 mod append;

@@ -511,37 +511,40 @@ impl SelectedSeries {
         ts_ms: &mut Vec<i64>,
         values: &mut Vec<f64>,
     ) -> Result<()> {
-        thread_local! {
-            /// A chunk that the range cuts is decoded here first, once per
-            /// thread rather than into new buffers for every series.
-            static SCRATCH: std::cell::RefCell<(Vec<i64>, Vec<f64>)> =
-                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-        }
         let start = ts_ms.len();
         for (i, c) in self.chunks.iter().enumerate() {
             match c {
                 ChunkSource::Segment(seg, r) if r.min_ts >= min_ts && r.max_ts <= max_ts => {
                     seg.read_chunk(r, ts_ms, values)?;
                 }
-                ChunkSource::Segment(seg, r) => SCRATCH.with_borrow_mut(|(t_buf, v_buf)| {
-                    t_buf.clear();
-                    v_buf.clear();
-                    seg.read_chunk(r, t_buf, v_buf)?;
-                    if t_buf.len() == v_buf.len() && t_buf.is_sorted() {
-                        let lo = t_buf.partition_point(|&t| t < min_ts);
-                        let hi = t_buf.partition_point(|&t| t <= max_ts).max(lo);
-                        ts_ms.extend_from_slice(&t_buf[lo..hi]);
-                        values.extend_from_slice(&v_buf[lo..hi]);
-                        return Ok(());
-                    }
-                    for (&t, &v) in t_buf.iter().zip(v_buf.iter()) {
-                        if t >= min_ts && t <= max_ts {
-                            ts_ms.push(t);
-                            values.push(v);
+                ChunkSource::Segment(seg, r) => {
+                    // A chunk that the range cuts is decoded in place and
+                    // trimmed: a cut at the end (a query up to now) costs
+                    // a truncation, one at the start a move of the rest.
+                    let at = ts_ms.len();
+                    seg.read_chunk(r, ts_ms, values)?;
+                    let (t_new, v_new) = (&ts_ms[at..], &values[at..]);
+                    if t_new.len() == v_new.len() && t_new.is_sorted() {
+                        let lo = at + t_new.partition_point(|&t| t < min_ts);
+                        let hi = (at + t_new.partition_point(|&t| t <= max_ts)).max(lo);
+                        ts_ms.truncate(hi);
+                        values.truncate(hi);
+                        ts_ms.drain(at..lo);
+                        values.drain(at..lo);
+                    } else {
+                        let mut kept = at;
+                        for j in at..ts_ms.len().min(values.len()) {
+                            let t = ts_ms[j];
+                            if t >= min_ts && t <= max_ts {
+                                ts_ms[kept] = t;
+                                values[kept] = values[j];
+                                kept += 1;
+                            }
                         }
+                        ts_ms.truncate(kept);
+                        values.truncate(kept);
                     }
-                    Ok::<(), Error>(())
-                })?,
+                }
                 ChunkSource::Mem(m) => {
                     for s in GorillaDecoder::new(&m.bytes, m.count) {
                         let (t, v) = s.map_err(|source| Error::ChunkDecode {

@@ -631,6 +631,25 @@ fn newest_is_the_last_sample_of_a_merged_read() {
                 .collect();
             modelled.sort_by(|a, b| a.0.cmp(&b.0));
             assert_eq!(got, modelled, "range [{lo}, {hi}]");
+            // The merged read itself, whole, against the model: chunks cut
+            // by the range at either end or both are trimmed to it.
+            let read: std::collections::BTreeMap<String, Vec<(i64, f64)>> = st
+                .select(&temp, lo, hi)
+                .iter()
+                .map(|s| (s.key.to_string(), read_range(s, lo, hi)))
+                .filter(|(_, samples)| !samples.is_empty())
+                .collect();
+            let want: std::collections::BTreeMap<String, Vec<(i64, f64)>> = (0..5)
+                .map(|gpu| {
+                    let samples = model
+                        .range((gpu, lo)..=(gpu, hi))
+                        .map(|(&(_, t), &v)| (t, v))
+                        .collect::<Vec<_>>();
+                    (key("temp", gpu).to_string(), samples)
+                })
+                .filter(|(_, samples)| !samples.is_empty())
+                .collect();
+            assert_eq!(read, want, "range [{lo}, {hi}]");
         }
     };
     phase(&st, &mut model, &mut next);
@@ -650,4 +669,24 @@ fn newest_is_the_last_sample_of_a_merged_read() {
     assert_eq!(st.stats().segments, 2);
     check(&st, &model, &mut next);
     assert_eq!(st.metrics.chunk_read_errors.load(Relaxed), 0);
+}
+
+/// The blockwise order check of `normalize` agrees with a pairwise one on
+/// every prefix of ascending timestamps with one placed out of order or
+/// repeated, across the blocks.
+#[test]
+fn the_order_check_agrees_with_a_pairwise_one() {
+    let pairwise = |ts: &[i64]| ts.windows(2).all(|p| p[0] < p[1]);
+    let ascending: Vec<i64> = (0..200).map(|i| i * 10).collect();
+    for len in 0..ascending.len() {
+        assert!(strictly_ascending(&ascending[..len]), "len {len}");
+        for at in 1..len {
+            for odd in [ascending[at - 1], ascending[at - 1] - 1] {
+                let mut ts = ascending[..len].to_vec();
+                ts[at] = odd;
+                assert!(!pairwise(&ts));
+                assert_eq!(strictly_ascending(&ts), pairwise(&ts), "len {len} at {at}");
+            }
+        }
+    }
 }
