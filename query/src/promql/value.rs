@@ -350,9 +350,58 @@ pub(super) fn push_value<const N: usize>(b: &mut Ascii<N>, v: f64) -> bool {
         }
         b.push_u64(i.unsigned_abs());
     } else {
-        return push_short_decimal(b, v);
+        return push_short_decimal(b, v) || push_shortest(b, v);
     }
     true
+}
+
+/// The shortest digits that read back as finite `v`, by `zmij` (a fifth
+/// the time of `{}`'s Grisu and the formatter around it, `perf` of a
+/// 1,000-series `rate`), where it writes them as `{}` does: in positional
+/// notation and not whole (`zmij` switches to an exponent outside about
+/// 1e-5..1e16 and writes whole values with `.0`; those go to `{}`), and
+/// where no two shortest decimals can be equally near `v`, a tie the two
+/// formatters break differently (1903930524158801.25 is `.2` to `zmij`,
+/// `.3` to `{}`). A tie needs `v` to be the midpoint of two decimals of at
+/// most 17 digits, so its exact decimal has at most 18; that of
+/// `odd * 2^-f` has `f + floor(log10 |v|) + 1` (its last digit, the 5 of
+/// 5^f, sits f places after the point). A rate or a mean has 40 or more.
+fn push_shortest<const N: usize>(b: &mut Ascii<N>, v: f64) -> bool {
+    if exact_digits_at_least(v) < 19 {
+        return false;
+    }
+    let mut digits = zmij::Buffer::new();
+    let s = digits.format_finite(v).as_bytes();
+    if s.len() > VALUE_MAX || s.contains(&b'e') || s.ends_with(b".0") {
+        return false;
+    }
+    b.extend(s);
+    true
+}
+
+/// A lower bound of the significant digits of the exact decimal of finite,
+/// non-whole `v` (see [`push_shortest`]); 0 for whole values.
+fn exact_digits_at_least(v: f64) -> i64 {
+    let bits = v.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i64;
+    let fraction = bits & ((1 << 52) - 1);
+    let (mantissa, exp) = if biased == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | 1 << 52, biased - 1075)
+    };
+    if mantissa == 0 {
+        return 0;
+    }
+    // v = odd * 2^-f
+    let f = -(exp + i64::from(mantissa.trailing_zeros()));
+    if f <= 0 {
+        return 0;
+    }
+    // floor(log10 |v|) >= floor(e2 * log10 2), computed to within one.
+    let e2 = exp + 63 - i64::from(mantissa.leading_zeros());
+    let log10_floor = (e2 as f64 * std::f64::consts::LOG10_2).floor() as i64 - 1;
+    f + log10_floor + 1
 }
 
 /// Most fractions the DCGM fields carry have a few decimal digits (power
@@ -521,10 +570,30 @@ mod tests {
             1.0000000000000002e-5,
             9.999999999999998e15,
             1e16 + 2.0,
+            1903930524158801.0 + 0.25,
+            (1u64 << 49) as f64 - 0.0625,
+            (1u64 << 49) as f64 + 0.125,
         ]);
+        // Doubles with few binary places just below and above 2^49, where
+        // ties between shortest decimals begin.
+        for k in 0..20_000u64 {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            let v = ((1u64 << 53) - 1 - (x >> 12)) as f64 / f64::from(1u32 << (k % 8));
+            cases.extend([v, -v]);
+        }
+        let mut by_zmij = 0;
         for v in cases {
             assert_eq!(format_value(v), format!("{v}"), "{v:e}");
+            by_zmij += usize::from(push_shortest(&mut Ascii::<64>::new(), v));
         }
+        // The shortest-digits path took most of the random doubles, and
+        // left the ties alone.
+        assert!(by_zmij > 30_000, "{by_zmij}");
+        for tie in [1903930524158801.0 + 0.25, 11861722957775.0 + 0.5625] {
+            assert!(exact_digits_at_least(tie) < 19);
+            assert!(!push_shortest(&mut Ascii::<64>::new(), tie));
+        }
+        assert!(exact_digits_at_least(700.0 / 3.0) >= 19);
     }
 
     /// The name goes, once per set: the same set gets the same result
