@@ -666,10 +666,10 @@ fn api_parsing_and_rendering() {
 /// its own answer and the series their order.
 #[test]
 fn series_split_across_cores_keep_their_own_answers() {
-    const SERIES: i64 = 64;
+    const SERIES: i64 = 128;
     const SAMPLES: i64 = 600;
     assert!((SERIES * SAMPLES) as usize >= super::parallel::MIN_PARALLEL_SAMPLES);
-    let gpus: Vec<String> = (0..SERIES).map(|g| format!("{g:02}")).collect();
+    let gpus: Vec<String> = (0..SERIES).map(|g| format!("{g:03}")).collect();
     let samples: Vec<Vec<(i64, f64)>> = (0..SERIES)
         .map(|g| (0..SAMPLES).map(|i| (i, (1000 * g + i) as f64)).collect())
         .collect();
@@ -978,4 +978,90 @@ fn aggregations_over_a_selector_group_by_the_labels_they_name() {
     assert_vec(&f, "avg without (g) (temp)", T0, &[("{}", 35.0)]);
     // Two series with one group are not two series with one label set.
     assert_vec(&f, "group by (host) (used)", T0, &[("{host=h1}", 1.0)]);
+}
+
+#[test]
+fn aggregations_over_a_range_function_group_by_the_labels_they_name() {
+    // Energy counters rising 1, 2 and 4 J/s, sampled every 15 s from 0 to
+    // 300 s: at 300 s, a 5 m window holds 0..=300, so each rate is its
+    // slope exactly, and the last value 300 times it.
+    let series: Vec<Vec<(i64, f64)>> = [1.0, 2.0, 4.0]
+        .iter()
+        .map(|slope| {
+            (0..=20)
+                .map(|i| (15 * i, slope * (15 * i) as f64))
+                .collect()
+        })
+        .collect();
+    let labels: [&[(&str, &str)]; 3] = [
+        &[("host", "h1"), ("gpu", "0"), ("rack", "r1")],
+        &[("host", "h1"), ("gpu", "1"), ("rack", "r1")],
+        &[("host", "h2"), ("gpu", "0"), ("rack", "r2")],
+    ];
+    let mut specs: Vec<Spec<'_>> = (0..3).map(|i| ("e", labels[i], &series[i][..])).collect();
+    // Another metric with the same labels, which no query below selects.
+    specs.push(("f", labels[0], &series[2][..]));
+    let f = fixture(&specs);
+    let t = T0 + 300 * S;
+    assert_vec(
+        &f,
+        "sum by (host) (rate(e[5m]))",
+        t,
+        &[("{host=h1}", 3.0), ("{host=h2}", 4.0)],
+    );
+    assert_vec(
+        &f,
+        r#"sum without (gpu, rack) (increase({__name__="e"}[5m]))"#,
+        t,
+        &[("{host=h1}", 900.0), ("{host=h2}", 1200.0)],
+    );
+    assert_vec(
+        &f,
+        "max by (rack) ((max_over_time(e[5m])))",
+        t,
+        &[("{rack=r1}", 600.0), ("{rack=r2}", 1200.0)],
+    );
+    // The name that `rate` drops makes no group; `last_over_time` keeps it,
+    // and `without` drops it from the groups.
+    assert_vec(&f, "sum by (__name__) (rate(e[5m]))", t, &[("{}", 7.0)]);
+    assert_vec(
+        &f,
+        "sum by (__name__) (last_over_time(e[5m]))",
+        t,
+        &[("{__name__=e}", 2100.0)],
+    );
+    assert_vec(
+        &f,
+        "sum without (gpu) (last_over_time(e[5m]))",
+        t,
+        &[("{host=h1,rack=r1}", 900.0), ("{host=h2,rack=r2}", 1200.0)],
+    );
+    assert_vec(
+        &f,
+        "count by (gpu) (quantile_over_time(0.5, e[5m]))",
+        t,
+        &[("{gpu=0}", 2.0), ("{gpu=1}", 1.0)],
+    );
+    // A range query gives each step its own sums. At 150 s the window
+    // [-150 s, 150 s] holds the rise over 0..=150 s, not extrapolated
+    // before 0 s (the counters start at zero there): half the slope.
+    let m = match f
+        .engine
+        .range("sum by (host) (rate(e[5m]))", T0 + 150 * S, t, 150 * S)
+        .unwrap()
+    {
+        PromValue::Matrix(m) => m,
+        other => panic!("{other:?}"),
+    };
+    let got: Vec<(String, Vec<f64>)> = m
+        .iter()
+        .map(|s| (show(&s.labels), s.points.iter().map(|p| p.1).collect()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("{host=h1}".to_string(), vec![1.5, 3.0]),
+            ("{host=h2}".to_string(), vec![2.0, 4.0])
+        ]
+    );
 }
