@@ -44,6 +44,25 @@ impl Evaluator<'_> {
                 let keep = Keep::Group { by, names: &names };
                 Some(Operand::Series(self.selector_points(vs, false, keep)?))
             }
+            // The same over a range function of a matrix selector of one
+            // metric (`sum by (host) (rate(energy[5m]))`): the series'
+            // label sets are distinct without their name, as the function
+            // gives them.
+            (Some(_), Expr::Call(c)) if self.engine.is_local() && groups_of_one_metric(c) => {
+                projected = true;
+                let keep = Keep::Group { by, names: &names };
+                Some(
+                    match super::functions::range_series(
+                        self,
+                        c.func.name,
+                        &c.args.args,
+                        Some(keep),
+                    )? {
+                        super::functions::RangeValue::Steps(v) => Operand::Steps(v),
+                        super::functions::RangeValue::Series(s) => Operand::Series(s),
+                    },
+                )
+            }
             (Some(_), _) => self.operand(&a.expr)?,
         };
         let input = match (folding, operand) {
@@ -132,6 +151,32 @@ impl Evaluator<'_> {
             other => Err(unsupported(&format!("aggregation {other}"))),
         }
     }
+}
+
+/// Whether an aggregation's groups can be read straight from the series of
+/// range function call `c`: its range argument is a matrix selector of one
+/// metric name (so its series differ in their other labels, which the
+/// function keeps). A group's `__name__` is then the function's to drop
+/// (all but `last_over_time` do), as from a whole label set.
+fn groups_of_one_metric(c: &promql_parser::parser::Call) -> bool {
+    let name = c.func.name;
+    if !super::functions::is_range_function(name) {
+        return false;
+    }
+    let mut arg = match super::functions::range_arg(name, &c.args.args) {
+        Some(a) => a,
+        None => return false,
+    };
+    while let Expr::Paren(p) = arg {
+        arg = &p.expr;
+    }
+    let Expr::MatrixSelector(sel) = arg else {
+        return false;
+    };
+    let named = |m: &promql_parser::label::Matcher| {
+        m.name == METRIC_NAME && matches!(m.op, promql_parser::label::MatchOp::Equal)
+    };
+    sel.vs.name.is_some() || sel.vs.matchers.matchers.iter().any(named)
 }
 
 /// The output labels of an aggregation group.

@@ -597,7 +597,7 @@ impl<'a> Evaluator<'a> {
             Expr::Binary(b) => self.scalar_operand(b),
             Expr::Call(c) if super::functions::is_range_function(c.func.name) => {
                 Ok(Some(
-                    match super::functions::range_series(self, c.func.name, &c.args.args)? {
+                    match super::functions::range_series(self, c.func.name, &c.args.args, None)? {
                         RangeValue::Steps(v) => Operand::Steps(v),
                         // A label set met twice (two metrics, once their names
                         // are dropped) is refused where the two meet at a step,
@@ -615,14 +615,14 @@ impl<'a> Evaluator<'a> {
 
     /// A range vector argument: a matrix selector or a subquery.
     pub(super) fn range_input(&self, expr: &Expr) -> Result<RangeInput> {
-        self.range_input_as(expr, true)
+        self.range_input_as(expr, Keep::Named)
     }
 
-    /// [`Self::range_input`]; a matrix selector's series without their
-    /// metric name unless `named` (for a function that drops it).
-    pub(super) fn range_input_as(&self, expr: &Expr, named: bool) -> Result<RangeInput> {
+    /// [`Self::range_input`]; a matrix selector's series with the labels
+    /// `keep` says (a subquery's keep all of theirs).
+    pub(super) fn range_input_as(&self, expr: &Expr, keep: Keep<'_>) -> Result<RangeInput> {
         match expr {
-            Expr::Paren(p) => self.range_input_as(&p.expr, named),
+            Expr::Paren(p) => self.range_input_as(&p.expr, keep),
             Expr::MatrixSelector(sel) => {
                 let vs = &sel.vs;
                 let matchers = Self::matchers(vs)?;
@@ -633,13 +633,7 @@ impl<'a> Evaluator<'a> {
                 let lo = refs.clone().min().unwrap_or(0) - range_ms;
                 let hi = refs.max().unwrap_or(0);
                 Ok(RangeInput {
-                    series: self.load(
-                        &matchers,
-                        lo,
-                        hi,
-                        false,
-                        if named { Keep::Named } else { Keep::Unnamed },
-                    )?,
+                    series: self.load(&matchers, lo, hi, false, keep)?,
                     range_ms,
                     offset_ms: off,
                     at_ms: at,
