@@ -36,28 +36,24 @@ impl Evaluator<'_> {
         // Straight over a selector on one node, each series is read with
         // only the labels of its group: the keys differ, so the label sets
         // need no check for duplicates.
+        let group = Keep::Group { by, names: &names };
+        let local = self.engine.is_local();
         let mut projected = false;
         let operand = match (folding, bare) {
             (None, _) => None,
-            (Some(_), Expr::VectorSelector(vs)) if self.engine.is_local() => {
+            (Some(_), Expr::VectorSelector(vs)) if local => {
                 projected = true;
-                let keep = Keep::Group { by, names: &names };
-                Some(Operand::Series(self.selector_points(vs, false, keep)?))
+                Some(Operand::Series(self.selector_points(vs, false, group)?))
             }
             // The same over a range function of a matrix selector of one
             // metric (`sum by (host) (rate(energy[5m]))`): the series'
             // label sets are distinct without their name, as the function
             // gives them.
-            (Some(_), Expr::Call(c)) if self.engine.is_local() && groups_of_one_metric(c) => {
+            (Some(_), Expr::Call(c)) if local && groups_of_one_metric(c) => {
                 projected = true;
-                let keep = Keep::Group { by, names: &names };
+                let name = c.func.name;
                 Some(
-                    match super::functions::range_series(
-                        self,
-                        c.func.name,
-                        &c.args.args,
-                        Some(keep),
-                    )? {
+                    match super::functions::range_series(self, name, &c.args.args, Some(group))? {
                         super::functions::RangeValue::Steps(v) => Operand::Steps(v),
                         super::functions::RangeValue::Series(s) => Operand::Series(s),
                     },

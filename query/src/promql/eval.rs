@@ -71,9 +71,10 @@ pub(super) enum Keep<'a> {
     /// All but `__name__` (for a function that drops it).
     Unnamed,
     /// Only those an aggregation's groups are made of: the `by` names, or
-    /// all but the `without` names and `__name__`. For an aggregation
-    /// straight over a selector on one node, whose series' keys differ (so
-    /// no duplicate check needs their whole label sets), the strings of the
+    /// all but the `without` names and `__name__`. For an aggregation on
+    /// one node straight over a selector, or over a range function of a
+    /// one-metric matrix selector, whose series' keys differ (so no
+    /// duplicate check needs their whole label sets): the strings of the
     /// other labels are then never copied.
     Group { by: bool, names: &'a [String] },
 }
