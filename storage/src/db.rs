@@ -355,6 +355,8 @@ pub struct Storage {
     replay: ReplayReport,
     producers: Producers,
     inventory: crate::inventory::Inventory,
+    /// One copy of each series key, for the head and every open segment.
+    keys: Arc<crate::series::SharedKeys>,
     /// Sees every accepted batch ([`Storage::set_observer`]).
     observer: std::sync::OnceLock<Arc<dyn AppendObserver>>,
     /// Holds the directory's lock for the life of the storage.

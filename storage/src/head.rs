@@ -41,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
-use crate::series::{KeyParts, METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
 use crate::{Error, Result};
 
 /// Handle of a series in the head. Valid while the series is in the head;
@@ -204,9 +204,9 @@ pub(crate) struct Head {
     /// name under `__name__`. A selector visits the series its equality and
     /// regex matchers pick through them, not every series.
     postings: Postings,
-    /// The metric names and label sets of the live series' keys, one copy
-    /// each; swept when series leave.
-    parts: KeyParts,
+    /// The live series' keys, one copy each (with their metric names and
+    /// label sets), shared with the open segments; swept when series leave.
+    keys: Arc<SharedKeys>,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -220,13 +220,29 @@ pub(crate) struct Head {
 }
 
 impl Head {
+    #[cfg(test)]
     pub(crate) fn new(max_chunk_samples: u32, max_series: usize, ooo_window_ms: i64) -> Self {
+        Self::with_keys(
+            max_chunk_samples,
+            max_series,
+            ooo_window_ms,
+            Arc::new(SharedKeys::default()),
+        )
+    }
+
+    /// A head whose series keys come from (and stay in) `keys`.
+    pub(crate) fn with_keys(
+        max_chunk_samples: u32,
+        max_series: usize,
+        ooo_window_ms: i64,
+        keys: Arc<SharedKeys>,
+    ) -> Self {
         Self {
             series: Vec::new(),
             slots: RefMap::default(),
             by_key: HashMap::new(),
             postings: Postings::new(),
-            parts: KeyParts::default(),
+            keys,
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
@@ -256,7 +272,7 @@ impl Head {
     }
 
     /// Returns the series' handle, creating the series if it is new.
-    pub(crate) fn get_or_create(&mut self, mut key: SeriesKey) -> Result<SeriesRef> {
+    pub(crate) fn get_or_create(&mut self, key: SeriesKey) -> Result<SeriesRef> {
         if let Some(r) = self.by_key.get(&key) {
             return Ok(*r);
         }
@@ -274,8 +290,7 @@ impl Head {
         };
         let r = SeriesRef(self.next_ref);
         self.next_ref = next;
-        self.parts.share(&mut key);
-        let key = Arc::new(key);
+        let key = self.keys.share(key);
         self.slots.insert(r.0, self.series.len() as u32);
         self.series.push(HeadSeries {
             r,
@@ -412,7 +427,7 @@ impl Head {
             for s in &self.series {
                 index(&mut self.postings, &s.key, s.r);
             }
-            self.parts.sweep();
+            self.keys.sweep();
         }
         evicted
     }
@@ -1085,7 +1100,7 @@ mod tests {
         assert!(Arc::ptr_eq(&l_t0, &l_p0) && !Arc::ptr_eq(&l_t0, &l_t1));
         assert!(Arc::ptr_eq(&m_t0, &m_t1) && !Arc::ptr_eq(&m_t0, &m_p0));
         assert_eq!(*h.key(t1), named("temp", "1"));
-        assert_eq!(h.parts.len(), (2, 2));
+        assert_eq!(h.keys.len(), (3, 2, 2));
         drop((m_t0, l_t0, m_p0, l_p0, m_t1, l_t1));
         // gpu 1 and power stay idle through two flushes and leave.
         h.append(t0, 1, 1.0);
@@ -1094,7 +1109,7 @@ mod tests {
         h.append(t0, 2, 1.0);
         h.freeze();
         assert_eq!(h.evict_idle(Instant::now(), Duration::ZERO), 2);
-        assert_eq!(h.parts.len(), (1, 1));
+        assert_eq!(h.keys.len(), (1, 1, 1));
         // A new series of gpu 0 gets its label set again.
         let c0 = h.get_or_create(named("clock", "0")).unwrap();
         assert!(Arc::ptr_eq(h.key(c0).parts().1, h.key(t0).parts().1));

@@ -20,6 +20,7 @@ mod golden;
 pub mod gorilla;
 mod head;
 pub mod inventory;
+pub mod malloc;
 mod postings;
 pub mod rollup;
 pub mod segment;

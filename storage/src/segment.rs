@@ -39,7 +39,7 @@ use crate::codec::{self, Reader};
 use crate::column;
 use crate::error::Corruption;
 use crate::postings::Postings;
-use crate::series::{KeyParts, Label, METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{KeyParts, Label, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
 use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
@@ -99,9 +99,13 @@ impl ChunkRef {
     }
 }
 
+/// The parsed index: the series in key order, and the chunks of all of
+/// them in one array (series `i` has `chunks[starts[i]..starts[i + 1]]`):
+/// one allocation for the segment, not one per series.
 #[derive(Debug)]
-struct SegmentSeries {
-    key: Arc<SeriesKey>,
+struct SeriesIndex {
+    keys: Vec<Arc<SeriesKey>>,
+    starts: Vec<u32>,
     chunks: Vec<ChunkRef>,
 }
 
@@ -111,7 +115,7 @@ pub struct Segment {
     id: SegmentId,
     path: PathBuf,
     map: Mmap,
-    series: Vec<SegmentSeries>,
+    series: SeriesIndex,
     /// label name -> label value -> ascending series ordinals.
     postings: Postings,
     samples: u64,
@@ -154,8 +158,17 @@ impl Segment {
     /// [`Error::Io`] if the file can't be read, [`Error::Corrupt`] with the
     /// offset of the first problem if it doesn't validate.
     pub fn open(path: &Path, id: SegmentId) -> Result<Self> {
+        Self::open_sharing(path, id, &SharedKeys::default())
+    }
+
+    /// [`Self::open`], its series keys taken from (or added to) `keys`: a
+    /// storage's segments and head share one copy of each.
+    ///
+    /// # Errors
+    /// As [`Self::open`].
+    pub(crate) fn open_sharing(path: &Path, id: SegmentId, keys: &SharedKeys) -> Result<Self> {
         let map = crate::files::map_sealed(path)?;
-        Self::from_map(path, id, map)
+        Self::from_map(path, id, map, keys)
     }
 
     /// Opens and validates a segment just written to `tmp`, before its
@@ -164,9 +177,14 @@ impl Segment {
     ///
     /// # Errors
     /// As [`Self::open`], naming `path`.
-    pub(crate) fn open_renamed(tmp: &Path, path: &Path, id: SegmentId) -> Result<Self> {
+    pub(crate) fn open_renamed(
+        tmp: &Path,
+        path: &Path,
+        id: SegmentId,
+        keys: &SharedKeys,
+    ) -> Result<Self> {
         let map = crate::files::map_sealed(tmp)?;
-        Self::from_map(path, id, map)
+        Self::from_map(path, id, map, keys)
     }
 
     /// Validates a segment held in memory (fuzzing, tools). The bytes are copied
@@ -184,10 +202,10 @@ impl Segment {
                 kind: Corruption::TooShort { len: 0 },
             });
         }
-        Self::from_map(path, SegmentId(0), map)
+        Self::from_map(path, SegmentId(0), map, &SharedKeys::default())
     }
 
-    fn from_map(path: &Path, id: SegmentId, map: Mmap) -> Result<Self> {
+    fn from_map(path: &Path, id: SegmentId, map: Mmap, keys: &SharedKeys) -> Result<Self> {
         let corrupt = |offset: u64, kind: Corruption| Error::Corrupt {
             path: path.to_path_buf(),
             offset,
@@ -285,10 +303,17 @@ impl Segment {
         let index = unzip(index, index_off, "compressed index")?;
         let post = unzip(post, post_off, "compressed postings")?;
         let data_end = index_off;
-        let series = parse_index(&index, index_off, data_end, series_count, version)
-            .map_err(|(o, k)| corrupt(o, k))?;
+        let (parsed, starts, chunks) =
+            parse_index(&index, index_off, data_end, series_count, version)
+                .map_err(|(o, k)| corrupt(o, k))?;
         let postings =
-            parse_postings(&post, post_off, series.len()).map_err(|(o, k)| corrupt(o, k))?;
+            parse_postings(&post, post_off, parsed.len()).map_err(|(o, k)| corrupt(o, k))?;
+        // Shared once the whole file validated: a corrupt one adds no keys.
+        let series = SeriesIndex {
+            keys: keys.share_all(parsed),
+            starts,
+            chunks,
+        };
         Ok(Self {
             id,
             path: path.to_path_buf(),
@@ -333,7 +358,7 @@ impl Segment {
     }
 
     pub fn num_series(&self) -> usize {
-        self.series.len()
+        self.series.keys.len()
     }
 
     pub fn num_samples(&self) -> u64 {
@@ -354,7 +379,7 @@ impl Segment {
     /// other matchers are checked against each candidate's labels.
     pub fn select(&self, matchers: &[Matcher]) -> Vec<u32> {
         let (candidates, rest) = crate::postings::select(&self.postings, matchers);
-        let all = || (0..self.series.len() as u32).collect();
+        let all = || (0..self.series.keys.len() as u32).collect();
         candidates
             .unwrap_or_else(all)
             .into_iter()
@@ -362,20 +387,22 @@ impl Segment {
                 // Ordinals from the postings were checked against the index
                 // when the segment opened.
                 self.series
+                    .keys
                     .get(i as usize)
-                    .is_some_and(|s| rest.iter().all(|m| m.matches(&s.key)))
+                    .is_some_and(|k| rest.iter().all(|m| m.matches(k)))
             })
             .collect()
     }
 
     pub fn series_key(&self, ordinal: u32) -> &Arc<SeriesKey> {
-        &self.series[ordinal as usize].key
+        &self.series.keys[ordinal as usize]
     }
 
     /// Ordinal of the series with exactly this key (the index is sorted by key).
     pub(crate) fn find_series(&self, key: &SeriesKey) -> Option<u32> {
         self.series
-            .binary_search_by(|s| s.key.as_ref().cmp(key))
+            .keys
+            .binary_search_by(|k| k.as_ref().cmp(key))
             .ok()
             .map(|i| i as u32)
     }
@@ -401,7 +428,9 @@ impl Segment {
     }
 
     pub fn chunks(&self, ordinal: u32) -> &[ChunkRef] {
-        &self.series[ordinal as usize].chunks
+        let i = ordinal as usize;
+        let s = &self.series;
+        &s.chunks[s.starts[i] as usize..s.starts[i + 1] as usize]
     }
 
     /// Bytes of the data region: every timestamp and value block.
@@ -507,7 +536,7 @@ fn parse_index(
     data_end: u64,
     expect: u64,
     version: u32,
-) -> codec::ReadResult<Vec<SegmentSeries>> {
+) -> codec::ReadResult<(Vec<SeriesKey>, Vec<u32>, Vec<ChunkRef>)> {
     let mut r = Reader::new(buf, base);
     // Every series takes at least 3 bytes, so a count above that is corrupt;
     // checking it first keeps a forged count from driving a huge allocation.
@@ -521,7 +550,11 @@ fn parse_index(
         ));
     }
     let mut out = Vec::with_capacity(n);
-    // The series of one GPU repeat one label set: one copy of it.
+    let mut starts = Vec::with_capacity(n + 1);
+    starts.push(0u32);
+    let mut all_chunks: Vec<ChunkRef> = Vec::with_capacity(n);
+    // The series of one GPU repeat one label set: one copy of it while the
+    // index is parsed (the storage's shared keys take them after).
     let mut parts = KeyParts::default();
     for _ in 0..n {
         let at = r.offset();
@@ -537,7 +570,6 @@ fn parse_index(
         let mut key = SeriesKey::new(metric, labels).map_err(|e| (at, Corruption::BadSeries(e)))?;
         parts.share(&mut key);
         let nc = r.len("chunk count", buf.len())?;
-        let mut chunks = Vec::with_capacity(nc.min(1024));
         for _ in 0..nc {
             let at = r.offset();
             let min_ts = r.varint("chunk min_ts")?;
@@ -585,7 +617,7 @@ fn parse_index(
                     },
                 ));
             };
-            chunks.push(ChunkRef {
+            all_chunks.push(ChunkRef {
                 min_ts,
                 max_ts,
                 count,
@@ -594,10 +626,18 @@ fn parse_index(
                 values,
             });
         }
-        out.push(SegmentSeries {
-            key: Arc::new(key),
-            chunks,
-        });
+        out.push(key);
+        // Every chunk takes more than one byte of the index, so their count
+        // stays far below u32::MAX for any index that fits in memory.
+        let end = u32::try_from(all_chunks.len()).map_err(|_| {
+            (
+                at,
+                Corruption::OutOfBounds {
+                    what: "chunk count",
+                },
+            )
+        })?;
+        starts.push(end);
     }
     if !r.is_empty() {
         return Err((
@@ -607,7 +647,7 @@ fn parse_index(
             },
         ));
     }
-    Ok(out)
+    Ok((out, starts, all_chunks))
 }
 
 fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Postings> {

@@ -132,11 +132,76 @@ impl KeyParts {
         self.names.shrink_to_fit();
         self.label_sets.shrink_to_fit();
     }
+}
 
-    /// The names and label sets held.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> (usize, usize) {
-        (self.names.len(), self.label_sets.len())
+/// One copy of each series key for a whole storage: the head and every
+/// open segment point at it. Without it each segment held its own copy of
+/// every key it lists (about 100 bytes a series and a segment), and a node
+/// keeps a compaction window's flushes open (60 at a 2-minute flush over
+/// 2 hours), so the keys of 1,000 GPUs' 53,000 series took 300 MB.
+#[derive(Debug, Default)]
+pub struct SharedKeys {
+    inner: std::sync::Mutex<SharedInner>,
+}
+
+#[derive(Debug, Default)]
+struct SharedInner {
+    keys: HashSet<Arc<SeriesKey>>,
+    parts: KeyParts,
+}
+
+impl SharedKeys {
+    /// The shared copy of `key`, added (its name and labels shared too) if
+    /// there is none.
+    pub(crate) fn share(&self, key: SeriesKey) -> Arc<SeriesKey> {
+        let mut inner = self.lock();
+        inner.share(key)
+    }
+
+    /// [`Self::share`] for many keys under one lock.
+    pub(crate) fn share_all(&self, keys: Vec<SeriesKey>) -> Vec<Arc<SeriesKey>> {
+        let mut inner = self.lock();
+        keys.into_iter().map(|k| inner.share(k)).collect()
+    }
+
+    /// Drops the keys no head series or open segment uses any more (held
+    /// by the set alone), then the names and label sets no key uses.
+    pub(crate) fn sweep(&self) {
+        let mut inner = self.lock();
+        inner.keys.retain(|k| Arc::strong_count(k) > 1);
+        inner.keys.shrink_to_fit();
+        inner.parts.sweep();
+    }
+
+    /// Keys, names and label sets held.
+    pub fn len(&self) -> (usize, usize, usize) {
+        let inner = self.lock();
+        let (names, label_sets) = (inner.parts.names.len(), inner.parts.label_sets.len());
+        (inner.keys.len(), names, label_sets)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len().0 == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SharedInner> {
+        // The set is consistent between any two statements: a panic while
+        // it was held leaves nothing half-done.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl SharedInner {
+    fn share(&mut self, mut key: SeriesKey) -> Arc<SeriesKey> {
+        if let Some(k) = self.keys.get(&key) {
+            return k.clone();
+        }
+        self.parts.share(&mut key);
+        let key = Arc::new(key);
+        self.keys.insert(key.clone());
+        key
     }
 }
 
@@ -304,6 +369,32 @@ mod tests {
             ],
         )
         .unwrap()
+    }
+
+    /// Equal keys given apart come back as one copy; a key no one else
+    /// holds leaves at the sweep, and with it a name and label set no other
+    /// key uses.
+    #[test]
+    fn shared_keys_hold_one_copy_while_someone_uses_it() {
+        let keys = SharedKeys::default();
+        // Built afresh each time: a clone would share the test's strings.
+        let other =
+            || SeriesKey::new("DCGM_FI_DEV_POWER_USAGE", vec![Label::new("gpu", "4")]).unwrap();
+        let a = keys.share(key());
+        let b = keys.share_all(vec![key(), other()]);
+        assert!(Arc::ptr_eq(&a, &b[0]));
+        assert_eq!((*b[0]).clone(), key());
+        assert_eq!(*b[1], other());
+        assert_eq!(keys.len(), (2, 2, 2));
+        keys.sweep();
+        assert_eq!(keys.len(), (2, 2, 2), "both keys are held");
+        drop(b);
+        keys.sweep();
+        assert_eq!(keys.len(), (1, 1, 1), "`other` is held by the set alone");
+        drop(a);
+        keys.sweep();
+        assert!(keys.is_empty());
+        assert_eq!(keys.len(), (0, 0, 0));
     }
 
     #[test]

@@ -38,7 +38,7 @@ impl Storage {
         let _upkeep = lock!(self.flush_lock.lock());
         let flushed = self.flush_locked();
         if matches!(flushed, Ok(Some(_))) {
-            release_free_memory();
+            crate::malloc::release_free_memory();
         }
         flushed
     }
@@ -252,21 +252,6 @@ impl Storage {
         if let Err(e) = self.wal.truncate(cut) {
             warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
         }
-    }
-}
-
-/// Hands the memory the allocator holds free back to the OS. A flush
-/// decodes and folds the whole head, and glibc's malloc keeps what it
-/// freed, so a flush of a large head left the server that much larger for
-/// good (1,000 GPUs x 2 h: 1.3 GB resident after the flush against 0.43 GB
-/// before it); `malloc_trim` returns the free pages of every arena. Called
-/// after a flush, and after an upkeep round that did anything.
-pub(super) fn release_free_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: `malloc_trim` takes no pointers and only walks glibc's own
-    // arenas, under their locks; it is safe to call from any thread.
-    unsafe {
-        libc::malloc_trim(0);
     }
 }
 

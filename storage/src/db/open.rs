@@ -69,11 +69,12 @@ impl Storage {
 
         let mut max_id = max_segment_id(&q_dir)?;
         let ids = list_sealed(&seg_dir, "segment", files::parse_segment_file_name)?;
+        let keys = Arc::new(crate::series::SharedKeys::default());
         let mut segments = Vec::with_capacity(ids.len());
         for id in ids {
             max_id = max_id.max(id.0);
             let path = files::segment_path(&config.data_dir, id);
-            match Segment::open(&path, id) {
+            match Segment::open_sharing(&path, id, &keys) {
                 Ok(s) => segments.push(Arc::new(s)),
                 Err(e @ Error::Corrupt { .. }) => {
                     error!(error = %e, "quarantining corrupt segment");
@@ -86,10 +87,11 @@ impl Storage {
         let segments = drop_compacted_sources(segments, &q_dir, &metrics)?;
         let (rollups, max_rollup_id) = open_rollups(&config.data_dir, &q_dir, &metrics)?;
         let samples: u64 = segments.iter().map(|s| s.num_samples()).sum();
-        let mut head = Head::new(
+        let mut head = Head::with_keys(
             config.max_chunk_samples,
             config.max_series,
             config.ooo_window.as_millis() as i64,
+            keys.clone(),
         );
         let producers = Producers::default();
         let inventory = crate::inventory::Inventory::open(&config.data_dir)?;
@@ -151,6 +153,7 @@ impl Storage {
             replay,
             producers,
             inventory,
+            keys,
             observer: std::sync::OnceLock::new(),
             _lock: lock,
         };

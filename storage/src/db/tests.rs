@@ -690,3 +690,43 @@ fn the_order_check_agrees_with_a_pairwise_one() {
         }
     }
 }
+
+/// The head and every open segment point at one copy of each series key
+/// (`SharedKeys`): a series flushed twice is one key in memory, after a
+/// reopen too, and the head's series is that same copy.
+#[test]
+fn segments_and_the_head_share_one_copy_of_each_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = StorageConfig::new(dir.path());
+    let same_in_both = |st: &Storage| {
+        let segments = lock!(st.state.read()).segments.clone();
+        assert_eq!(segments.len(), 2);
+        let of = |s: &Segment, k: &SeriesKey| s.series_key(s.find_series(k).unwrap()).clone();
+        for gpu in [0, 1] {
+            let (a, b) = (
+                of(&segments[0], &key("temp", gpu)),
+                of(&segments[1], &key("temp", gpu)),
+            );
+            assert_eq!(*a, key("temp", gpu));
+            assert!(Arc::ptr_eq(&a, &b), "gpu {gpu}: two copies of one key");
+        }
+        of(&segments[1], &key("temp", 0))
+    };
+    {
+        let st = Storage::open(cfg.clone()).unwrap();
+        fill(&st, "temp", 0, 0, 10);
+        fill(&st, "temp", 1, 0, 10);
+        st.flush().unwrap().expect("segment written");
+        fill(&st, "temp", 0, 10_000, 10);
+        fill(&st, "temp", 1, 10_000, 10);
+        st.flush().unwrap().expect("segment written");
+        let k = same_in_both(&st);
+        let r = st.series_ref(key("temp", 0)).unwrap();
+        assert!(std::ptr::eq(lock!(st.head.read()).key(r), &*k));
+        // temp/0 and temp/1: one name, two label sets.
+        assert_eq!(st.keys.len(), (2, 1, 2));
+    }
+    let st = Storage::open(cfg).unwrap();
+    same_in_both(&st);
+    assert_eq!(st.keys.len(), (2, 1, 2));
+}

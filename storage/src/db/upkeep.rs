@@ -30,8 +30,13 @@ impl Storage {
             }
         }
         let segments_expired = self.retention_locked(now_ms);
+        if compactions > 0 || segments_expired > 0 {
+            // Keys that only dropped segments listed (a segment a query
+            // still reads keeps its keys until a later round).
+            self.keys.sweep();
+        }
         if matches!(flush, Ok(Some(_))) || compactions > 0 || segments_expired > 0 {
-            super::flush::release_free_memory();
+            crate::malloc::release_free_memory();
         }
         UpkeepReport {
             flush,

@@ -36,7 +36,7 @@ impl Storage {
                 std::io::Error::other("injected fault: segment open"),
             ));
         }
-        Segment::open_renamed(tmp, dst, id)
+        Segment::open_renamed(tmp, dst, id, &self.keys)
     }
 
     /// Moves a file that was renamed into place but could not be opened to
