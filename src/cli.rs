@@ -217,6 +217,14 @@ pub(crate) struct NodeArgs {
     /// WAL truncated).
     #[arg(long, env = "GPULSE_FLUSH_INTERVAL", default_value = "2m", value_parser = parse_duration)]
     pub(crate) flush_interval: Duration,
+    /// Flush ahead of the interval once the head holds this many samples
+    /// (about 3.4 bytes each in memory at a 10 s poll), so that a long
+    /// backfill keeps at most that many in memory. 0 (the default): only
+    /// the interval flushes. Each early flush costs a flush of every series
+    /// (see docs/BENCHMARKS.md: 8 M slowed a 2-hour backfill of 53,000 series
+    /// from 5.1 to 3.2 M samples/s).
+    #[arg(long, env = "GPULSE_HEAD_MAX_SAMPLES", default_value_t = 0)]
+    pub(crate) head_max_samples: u64,
     /// Push health events to this Alertmanager as alerts (API v2,
     /// `http://HOST:PORT`), resent each minute while active, resolved when
     /// they clear, retried while it is down. Default: no alerts.

@@ -137,6 +137,7 @@ pub(crate) fn serve_config(node: &NodeArgs) -> ServeConfig {
         },
         max_series: usize::try_from(node.max_series).unwrap_or(usize::MAX),
         flush_interval: node.flush_interval,
+        head_max_samples: (node.head_max_samples > 0).then_some(node.head_max_samples),
         compaction_window: node.compaction_window,
         retention: Some(node.retention),
         retention_1m: Some(node.retention_1m),

@@ -36,6 +36,8 @@ pub(crate) struct ServeConfig {
     /// Most live series in the head (`--max-series`).
     pub(crate) max_series: usize,
     pub(crate) flush_interval: Duration,
+    /// Samples in the head that wake the flush task early (`--head-max-samples`).
+    pub(crate) head_max_samples: Option<u64>,
     /// Segments and rollup files of one such span are merged (`--compaction-window`).
     pub(crate) compaction_window: Duration,
     pub(crate) wal_sync: storage::SyncPolicy,
@@ -279,6 +281,7 @@ impl Server {
         storage_config.retention_1d = config.retention_1d;
         storage_config.ooo_window = config.ooo_window;
         storage_config.compaction_window = config.compaction_window;
+        storage_config.head_max_samples = config.head_max_samples;
         storage_config.max_series = config.max_series;
         let storage = tokio::task::spawn_blocking(move || Storage::open(storage_config))
             .await?
@@ -530,22 +533,35 @@ impl Server {
             ));
         }
         let (st, every, mut rx) = (storage.clone(), config.flush_interval, stop.subscribe());
+        // A full head wakes the flush task ahead of its timer.
+        let full = Arc::new(tokio::sync::Notify::new());
+        let wake = full.clone();
+        if storage
+            .set_on_full(Box::new(move || wake.notify_one()))
+            .is_err()
+        {
+            warn!("the storage already had a full-head hook; flushes follow the timer only");
+        }
         tasks.push((
             "flush",
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
                 loop {
                     tokio::select! {
-                        _ = tick.tick() => {
-                            let st = st.clone();
-                            match tokio::task::spawn_blocking(move || maintain(&st)).await {
-                                // Storage logs a failure once per cause and counts each one.
-                                Ok(Err(e)) => tracing::debug!(error = %e, "periodic flush failed"),
-                                Err(e) => error!(error = %e, "flush task panicked"),
-                                Ok(Ok(())) => {}
-                            }
+                        () = full.notified() => {
+                            info!("the head is full (--head-max-samples): flushing ahead of the timer");
+                            // The next timed flush is a whole interval away.
+                            tick.reset();
                         }
+                        _ = tick.tick() => {}
                         _ = rx.changed() => return,
+                    }
+                    let st = st.clone();
+                    match tokio::task::spawn_blocking(move || maintain(&st)).await {
+                        // Storage logs a failure once per cause and counts each one.
+                        Ok(Err(e)) => tracing::debug!(error = %e, "flush failed"),
+                        Err(e) => error!(error = %e, "flush task panicked"),
+                        Ok(Ok(())) => {}
                     }
                 }
             }),

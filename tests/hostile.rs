@@ -1090,3 +1090,57 @@ fn a_node_survives_every_hostile_input_and_loses_nothing_acked() {
     assert!(stored("hostile_ts").is_empty());
     node.stop();
 }
+
+/// A backfill bigger than `--head-max-samples` is flushed as it arrives,
+/// not held in memory until the (here hour-long) flush interval: each
+/// 1,000 samples make a segment while the node runs, and every sample is
+/// answered once.
+#[test]
+fn a_backfill_past_the_head_limit_is_flushed_without_waiting_for_the_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let node = Node::start_with_args(&data, &["--head-max-samples", "1000"]);
+    let segments = || {
+        std::fs::read_dir(data.join("segments")).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "gseg"))
+            })
+            .count()
+        })
+    };
+    let t0 = now_ms() - 3_600_000;
+    let mut want = Vec::new();
+    for fill in 0..3 {
+        for half in 0..2 {
+            let samples: Vec<(i64, f64)> = (0..500)
+                .map(|i| {
+                    let k = (fill * 2 + half) * 500 + i;
+                    (t0 + k * 1_000, k as f64 * 0.5)
+                })
+                .collect();
+            assert_eq!(
+                remote_write(&node, "backfill", &[("gpu", "0")], &samples),
+                204
+            );
+            want.extend(samples);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while segments() <= fill as usize && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(
+            segments(),
+            fill as usize + 1,
+            "after {} samples",
+            want.len()
+        );
+    }
+    let stored: Vec<(i64, f64)> = node
+        .sql("SELECT CAST(ts AS BIGINT) AS t, value FROM samples WHERE metric = 'backfill' ORDER BY ts")
+        .iter()
+        .map(|r| (r[0].as_i64().unwrap(), r[1].as_f64().unwrap()))
+        .collect();
+    assert_eq!(stored, want);
+    node.stop();
+}

@@ -95,6 +95,10 @@ pub struct StorageConfig {
     /// How far behind a series' newest sample a sample may arrive and still
     /// be stored (see [`crate::head`]). Default 10 min.
     pub ooo_window: std::time::Duration,
+    /// Samples the head may hold before it asks for a flush ahead of the
+    /// timer ([`Storage::set_on_full`]): a long backfill then does not hold
+    /// hours of data in memory. `None` (the default): only the timer flushes.
+    pub head_max_samples: Option<u64>,
 }
 
 const DAY_S: u64 = 86_400;
@@ -123,6 +127,7 @@ impl StorageConfig {
             retention_1d: Some(std::time::Duration::from_secs(5 * 365 * DAY_S)),
             compaction_window: std::time::Duration::from_secs(2 * 3600),
             ooo_window: std::time::Duration::from_secs(600),
+            head_max_samples: None,
         }
     }
 }
@@ -323,6 +328,17 @@ fn frozen_has_sample(frozen: &[FrozenSeries], key: &SeriesKey, ts_ms: i64) -> bo
         .any(|c| GorillaDecoder::new(&c.bytes, c.count).any(|s| s.is_ok_and(|(t, _)| t == ts_ms)))
 }
 
+/// What an append calls when the head is full ([`Storage::set_on_full`]).
+pub type OnFullFn = Box<dyn Fn() + Send + Sync>;
+
+struct OnFull(OnFullFn);
+
+impl std::fmt::Debug for OnFull {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnFull")
+    }
+}
+
 /// The storage engine of one data directory. Thread-safe.
 #[derive(Debug)]
 pub struct Storage {
@@ -357,6 +373,11 @@ pub struct Storage {
     inventory: crate::inventory::Inventory,
     /// One copy of each series key, for the head and every open segment.
     keys: Arc<crate::series::SharedKeys>,
+    /// Called when the head reaches `head_max_samples` ([`Storage::set_on_full`]).
+    on_full: std::sync::OnceLock<OnFull>,
+    /// Set when `on_full` was called; cleared when a flush freezes the head,
+    /// so that it is called once per filling.
+    full_signalled: std::sync::atomic::AtomicBool,
     /// Sees every accepted batch ([`Storage::set_observer`]).
     observer: std::sync::OnceLock<Arc<dyn AppendObserver>>,
     /// Holds the directory's lock for the life of the storage.
@@ -376,6 +397,18 @@ pub trait AppendObserver: Send + Sync + std::fmt::Debug {
 }
 
 impl Storage {
+    /// Installs what an append calls, once, when the head holds
+    /// `head_max_samples` or more: a server wakes its flush task with it. It
+    /// runs on the appending thread, so it must be quick and must not block
+    /// (nor flush itself: the append holds the gate a flush takes). Called
+    /// again only after a flush. Once per storage.
+    ///
+    /// # Errors
+    /// The hook back, if one is installed already.
+    pub fn set_on_full(&self, f: OnFullFn) -> std::result::Result<(), OnFullFn> {
+        self.on_full.set(OnFull(f)).map_err(|OnFull(f)| f)
+    }
+
     /// Installs the observer of appends. Once per storage.
     ///
     /// # Errors

@@ -28,8 +28,8 @@ pub mod series;
 pub mod wal;
 
 pub use db::{
-    AppendObserver, AppendOutcome, BatchOrigin, RollupImportSummary, SelectedSeries, Storage,
-    StorageConfig, StorageMetrics, StorageStats, UpkeepReport,
+    AppendObserver, AppendOutcome, BatchOrigin, OnFullFn, RollupImportSummary, SelectedSeries,
+    Storage, StorageConfig, StorageMetrics, StorageStats, UpkeepReport,
 };
 pub use error::{Error, Result};
 pub use head::{MemChunk, Newest, SeriesRef};

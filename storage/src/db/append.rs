@@ -235,8 +235,18 @@ impl Storage {
                 Appended::TooOld => out.too_old += 1,
             }
         }
+        let full = self
+            .config
+            .head_max_samples
+            .is_some_and(|max| head.num_samples() >= max);
         drop(head);
         drop(flushed);
+        if full
+            && let Some(f) = self.on_full.get()
+            && !self.full_signalled.swap(true, Relaxed)
+        {
+            (f.0)();
+        }
         let m = &self.metrics;
         m.samples_appended.fetch_add(out.accepted as u64, Relaxed);
         m.samples_out_of_order

@@ -121,7 +121,9 @@ impl Storage {
     }
 
     /// Merges the segments of the oldest finished compaction window (one that a
-    /// later segment has moved past) into one segment, if it has two or more.
+    /// later segment has moved past) into one segment, if it has two or more;
+    /// failing that, [`EAGER_MERGE`] segments of the same tier in a window
+    /// still open (see [`eager_group`]).
     /// Call it repeatedly to catch up. Queries go on meanwhile; the sources are
     /// deleted once the last query holding them finishes.
     ///
@@ -156,6 +158,9 @@ impl Storage {
                     group.push(s.clone());
                 }
             }
+        }
+        if group.len() < 2 {
+            group = eager_group(&segments, window_of);
         }
         if group.len() < 2 {
             return Ok(None);
@@ -247,4 +252,48 @@ impl Storage {
         );
         Ok(Some(summary))
     }
+}
+
+/// How many segments of one tier in a window still open are merged into one.
+/// A window's flushes stay open until it finishes, and each open segment
+/// holds its series index in memory (about 110 B a series) and is one more
+/// place for a query to look: at the default 2-minute flush and 2-hour
+/// window that was 60 segments. Merged eight at a time, in tiers, a window
+/// holds at most seven of each tier (at most 14 for 60 flushes), and a
+/// sample is rewritten about once per tier (`log8` of the flushes in a
+/// window) before the window's final merge.
+pub(crate) const EAGER_MERGE: usize = 8;
+
+/// The tier of a segment: `log8` of the flush sequence numbers it covers (a
+/// flushed segment covers one; a merge of eight of them about eight, plus
+/// the numbers merges took in between).
+fn tier(s: &Segment) -> u32 {
+    let (a, b) = s.seq_range();
+    (b.saturating_sub(a) + 1).ilog(EAGER_MERGE as u64)
+}
+
+/// The oldest [`EAGER_MERGE`] consecutive segments of one tier in one window
+/// that no later segment has moved past, or nothing.
+fn eager_group(
+    segments: &[Arc<Segment>],
+    window_of: impl Fn(&Segment) -> i64,
+) -> Vec<Arc<Segment>> {
+    let newest = segments.iter().map(|s| window_of(s)).max();
+    let mut run: Vec<Arc<Segment>> = Vec::new();
+    for s in segments {
+        let open = Some(window_of(s)) == newest;
+        let joins = run
+            .last()
+            .is_some_and(|r| window_of(r) == window_of(s) && tier(r) == tier(s));
+        if !(open && joins) {
+            run.clear();
+        }
+        if open {
+            run.push(s.clone());
+        }
+        if run.len() == EAGER_MERGE {
+            return run;
+        }
+    }
+    Vec::new()
 }

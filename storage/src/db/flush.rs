@@ -78,6 +78,9 @@ impl Storage {
                 .unwrap_or_default();
             let mut head = lock!(self.head.write());
             let mut fresh = head.freeze();
+            // Appends after this one fill an empty head: the next full one
+            // asks again.
+            self.full_signalled.store(false, Relaxed);
             // Idle series leave before the checkpoint, so the next WAL
             // generation does not define them.
             let evicted = head.evict_idle(Instant::now(), self.config.series_idle) as u64;

@@ -154,6 +154,8 @@ impl Storage {
             producers,
             inventory,
             keys,
+            on_full: std::sync::OnceLock::new(),
+            full_signalled: std::sync::atomic::AtomicBool::new(false),
             observer: std::sync::OnceLock::new(),
             _lock: lock,
         };

@@ -332,6 +332,57 @@ fn compaction_merges_a_finished_window_and_survives_a_crash_midway() {
     assert!(!first_source.exists(), "the leftover source was deleted");
 }
 
+/// A window still open merges its flushes eight at a time, in tiers: 20
+/// flushes, each followed by compaction as upkeep does, leave two merges of
+/// eight and the last four flushes; 64 more make the eight tier-1 merges
+/// one of tier 2. Every sample is read back once, also after a reopen.
+#[test]
+fn an_open_window_merges_its_flushes_eight_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.compaction_window = std::time::Duration::from_secs(100 * 86_400);
+    let st = Storage::open(cfg.clone()).unwrap();
+    let mut want = Vec::new();
+    let mut flush = |st: &Storage, k: i64| {
+        want.extend(fill(st, "a", 0, k * 10_000, 10));
+        st.flush().unwrap().expect("a segment");
+        while st.compact().unwrap().is_some() {}
+    };
+    for k in 0..20 {
+        flush(&st, k);
+    }
+    let spans = |st: &Storage| -> Vec<u64> {
+        let state = lock!(st.state.read());
+        let spans = state.segments.iter().map(|s| {
+            let (a, b) = s.seq_range();
+            b - a + 1
+        });
+        spans.collect()
+    };
+    // Ids 1-8 merge as 9, 10-17 as 18, then 19-22 stay.
+    assert_eq!(spans(&st), [8, 8, 1, 1, 1, 1]);
+    for k in 20..84 {
+        flush(&st, k);
+    }
+    // 84 flushes: one tier-2 merge of 8 x 8 (and the seven merges' ids in
+    // between), two tier-1 merges, four flushes.
+    let got = spans(&st);
+    assert_eq!(got.len(), 7, "{got:?}");
+    assert_eq!(got[0], 71, "{got:?}");
+    assert_eq!(&got[1..], [8, 8, 1, 1, 1, 1]);
+    let sel = st.select(&[Matcher::equal("__name__", "a")], i64::MIN, i64::MAX);
+    assert_eq!(read(&sel[0]), want);
+    drop((sel, st));
+    let st = Storage::open(cfg).unwrap();
+    assert_eq!(st.stats().segments, 7);
+    let sel = st.select(&[Matcher::equal("__name__", "a")], i64::MIN, i64::MAX);
+    assert_eq!(
+        read(&sel[0]),
+        want,
+        "no sample lost or doubled after a reopen"
+    );
+}
+
 #[test]
 fn retention_deletes_expired_segments_after_their_last_reader() {
     let dir = tempfile::tempdir().unwrap();
@@ -729,4 +780,33 @@ fn segments_and_the_head_share_one_copy_of_each_key() {
     let st = Storage::open(cfg).unwrap();
     same_in_both(&st);
     assert_eq!(st.keys.len(), (2, 1, 2));
+}
+
+/// A head that reaches `head_max_samples` asks for a flush once (the hook
+/// runs on the append that filled it), and again only after a flush has
+/// emptied it and it filled again.
+#[test]
+fn a_full_head_asks_for_a_flush_once_per_filling() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = StorageConfig::new(dir.path());
+    cfg.head_max_samples = Some(100);
+    let st = Storage::open(cfg).unwrap();
+    let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let a = asked.clone();
+    st.set_on_full(Box::new(move || {
+        a.fetch_add(1, Relaxed);
+    }))
+    .map_err(|_| "a second hook")
+    .unwrap();
+    fill(&st, "a", 0, 0, 99);
+    assert_eq!(asked.load(Relaxed), 0, "99 samples: not full");
+    fill(&st, "a", 1, 0, 1);
+    assert_eq!(asked.load(Relaxed), 1, "the 100th sample fills it");
+    fill(&st, "a", 2, 0, 50);
+    assert_eq!(asked.load(Relaxed), 1, "asked once per filling");
+    st.flush().unwrap().expect("a segment");
+    fill(&st, "a", 0, 200_000, 60);
+    assert_eq!(asked.load(Relaxed), 1, "60 samples since the flush");
+    fill(&st, "a", 1, 200_000, 40);
+    assert_eq!(asked.load(Relaxed), 2, "full again");
 }
