@@ -1099,7 +1099,17 @@ fn a_node_survives_every_hostile_input_and_loses_nothing_acked() {
 fn a_backfill_past_the_head_limit_is_flushed_without_waiting_for_the_timer() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let node = Node::start_with_args(&data, &["--head-max-samples", "1000"]);
+    // One compaction window for the whole test (a century, aligned to the
+    // epoch), so that no merge changes the count of segments.
+    let node = Node::start_with_args(
+        &data,
+        &[
+            "--head-max-samples",
+            "1000",
+            "--compaction-window",
+            "36500d",
+        ],
+    );
     let segments = || {
         std::fs::read_dir(data.join("segments")).map_or(0, |d| {
             d.filter(|e| {
