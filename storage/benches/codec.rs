@@ -12,7 +12,9 @@
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use storage::column::{decode_ts, decode_values, encode_segment_values, encode_ts};
+use storage::column::{
+    decode_ts, decode_values, encode_head_ts, encode_head_values, encode_segment_values, encode_ts,
+};
 use storage::gorilla::{GorillaDecoder, GorillaEncoder};
 
 // The recordings' loader, shared with the wal and scan benches.
@@ -38,6 +40,20 @@ fn bench(c: &mut Criterion) {
         })
         .collect();
     let columns = fleet::column_chunks(&series);
+    // What the head seals a full chunk into: 240 samples, its own
+    // timestamps, no zstd.
+    let head_columns: Vec<(Vec<u8>, Vec<u8>, usize)> = series
+        .iter()
+        .flat_map(|(t, v)| {
+            t.chunks(240).zip(v.chunks(240)).map(|(t, v)| {
+                let (mut tb, mut vb) = (Vec::new(), Vec::new());
+                encode_head_ts(t, &mut tb);
+                encode_head_values(v, &mut vb);
+                (tb, vb, t.len())
+            })
+        })
+        .collect();
+    let h_bytes: usize = head_columns.iter().map(|c| c.0.len() + c.1.len()).sum();
     let g_bytes: usize = gorilla.iter().map(|c| c.0.len()).sum();
     let v_bytes: usize = columns.iter().map(|c| c.1.len()).sum();
     let t_bytes: usize = columns.iter().map(|c| c.0.len()).sum();
@@ -52,6 +68,10 @@ fn bench(c: &mut Criterion) {
     println!(
         "  gorilla (240-sample chunks)      {:.3} B/sample",
         g_bytes as f64 / samples as f64
+    );
+    println!(
+        "  head columns (240, own ts)       {:.3} B/sample (what the head seals)",
+        h_bytes as f64 / samples as f64
     );
     println!(
         "  columns, values + own ts         {:.3} B/sample",
@@ -95,6 +115,34 @@ fn bench(c: &mut Criterion) {
                 for s in GorillaDecoder::new(bytes, *n) {
                     sum += s.unwrap().1;
                 }
+            }
+            black_box(sum)
+        })
+    });
+    g.bench_function("head_column_encode", |b| {
+        let (mut tb, mut vb) = (Vec::new(), Vec::new());
+        b.iter(|| {
+            for (t, v) in &series {
+                for (t, v) in t.chunks(240).zip(v.chunks(240)) {
+                    tb.clear();
+                    vb.clear();
+                    encode_head_ts(t, &mut tb);
+                    encode_head_values(v, &mut vb);
+                }
+            }
+            black_box(vb.len())
+        })
+    });
+    g.bench_function("head_column_decode_sum", |b| {
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        b.iter(|| {
+            let mut sum = 0.0;
+            for (tb, vb, n) in &head_columns {
+                ts.clear();
+                vals.clear();
+                decode_ts(tb, *n, &mut ts).unwrap();
+                decode_values(vb, *n, &mut vals).unwrap();
+                sum += vals.iter().sum::<f64>();
             }
             black_box(sum)
         })

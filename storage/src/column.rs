@@ -428,6 +428,37 @@ fn encode_values_with(vals: &[f64], out: &mut Vec<u8>, planes: bool) {
     });
 }
 
+/// Encodes a value column of a sealed head chunk: decimals as bit-packed
+/// frames at the delta order that packs smallest, anything else as Gorilla's
+/// XOR or raw bits, whichever is smaller. No zstd and no byte planes: it
+/// runs on the ingest path, once per chunk when it fills, and the flush
+/// re-encodes the samples for the segment anyway. [`decode_values`] reads it.
+pub fn encode_head_values(vals: &[f64], out: &mut Vec<u8>) {
+    let Some((d, ints)) = as_decimal(vals) else {
+        let mut x = XorEncoder::default();
+        for &v in vals {
+            x.append(v);
+        }
+        if x.bytes().len() < vals.len() * 8 {
+            out.push(VAL_XOR);
+            out.extend_from_slice(x.bytes());
+        } else {
+            out.push(VAL_RAW);
+            out.extend(vals.iter().flat_map(|v| v.to_bits().to_le_bytes()));
+        }
+        return;
+    };
+    out.extend_from_slice(&[VAL_PACKED, d]);
+    packed::write(&packed::plan_best(&ints), out);
+}
+
+/// Encodes a timestamp column of a sealed head chunk: [`encode_ts`]'s
+/// bit-packed delta-of-deltas, without zstd (see [`encode_head_values`]).
+pub fn encode_head_ts(ts: &[i64], out: &mut Vec<u8>) {
+    out.push(TS_PACKED);
+    packed::write(&packed::plan(ts, 2), out);
+}
+
 /// Encodes a value column of a segment (version 6 on): as [`encode_values`]
 /// but with byte planes in place of varints for decimals, or, where values
 /// often repeat the one before them, as a mask of the repeats and the other

@@ -38,7 +38,6 @@ use std::sync::atomic::{AtomicI64, AtomicU64};
 use std::sync::{Arc, Mutex, RwLock};
 
 use crate::files;
-use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, Head, SeriesRef};
 use crate::rollup::file::RollupFile;
 use crate::rollup::{RollupDelta, RollupTier};
@@ -325,7 +324,7 @@ fn frozen_has_sample(frozen: &[FrozenSeries], key: &SeriesKey, ts_ms: i64) -> bo
         .1
         .iter()
         .filter(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts)
-        .any(|c| GorillaDecoder::new(&c.bytes, c.count).any(|s| s.is_ok_and(|(t, _)| t == ts_ms)))
+        .any(|c| c.holds(ts_ms))
 }
 
 /// What an append calls when the head is full ([`Storage::set_on_full`]).

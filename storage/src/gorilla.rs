@@ -49,6 +49,9 @@ pub enum DecodeError {
     },
     #[error("XOR block at bit {bit} (sample {sample}) reuses a window before one was set")]
     NoXorWindow { bit: usize, sample: u32 },
+    /// A head chunk re-encoded as columns ([`crate::ChunkCodec`]).
+    #[error("column chunk: {0}")]
+    Column(#[from] crate::column::ColumnError),
 }
 
 /// Encodes samples of one series into a Gorilla chunk.

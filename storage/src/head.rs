@@ -1,8 +1,10 @@
-//! The head: in-memory, Gorilla-compressed chunks of recent samples.
+//! The head: in-memory, compressed chunks of recent samples.
 //!
-//! Every series has one open chunk that samples are appended to; at
-//! `max_chunk_samples` it is sealed into an immutable [`MemChunk`] and a new one
-//! is opened. A flush takes all chunks out of the head ([`Head::freeze`]) and
+//! Every series has one open chunk, Gorilla-encoded, that samples are
+//! appended to; at `max_chunk_samples` it is sealed into an immutable
+//! [`MemChunk`], re-encoded as columns (a fifth to a quarter of Gorilla's
+//! bytes on GPU telemetry, see [`ChunkCodec::Columns`]), and a new one is
+//! opened. A flush takes all chunks out of the head ([`Head::freeze`]) and
 //! writes them to a segment; the series themselves stay, so [`SeriesRef`]s held
 //! by ingest streams remain valid and the per-series order check survives.
 //!
@@ -39,6 +41,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::column::{self, ColumnError};
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
 use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
@@ -72,12 +75,79 @@ impl Hasher for RefHasher {
 
 type RefMap<V> = HashMap<u32, V, BuildHasherDefault<RefHasher>>;
 
-/// A sealed, immutable Gorilla chunk held in memory.
+/// How a [`MemChunk`] encodes its samples.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChunkCodec {
+    /// Gorilla ([`GorillaEncoder`]) in the chunk's bytes: the open chunk,
+    /// the out-of-order buffer, and chunks sealed before they were full (by
+    /// a flush, which writes them out next).
+    Gorilla,
+    /// Columns ([`crate::column`]): the values in the chunk's bytes
+    /// ([`crate::column::encode_head_values`]), the timestamps in a block of
+    /// their own ([`crate::column::encode_head_ts`]), one copy of which the
+    /// chunks of every series polled together share ([`TsBlocks`]). A full
+    /// chunk is re-encoded so when it is sealed, where that is smaller
+    /// (docs/BENCHMARKS.md has the sizes).
+    Columns { timestamps: Arc<[u8]> },
+}
+
+/// The timestamp blocks of the head's column chunks, one copy of each: the
+/// series of one GPU (and of one host, for an agent) share their poll
+/// times, so their full chunks have the same timestamps. Found by a hash of
+/// the timestamps and checked by decoding the block, which costs a fraction
+/// of encoding it. Swept when a flush has taken the chunks that used a block.
+#[derive(Debug, Default)]
+pub(crate) struct TsBlocks {
+    blocks: HashMap<u64, Arc<[u8]>>,
+    scratch: Vec<i64>,
+}
+
+impl TsBlocks {
+    /// The block of `ts` ([`column::encode_head_ts`]), shared.
+    fn share(&mut self, ts: &[i64]) -> Arc<[u8]> {
+        let hash = Self::hash(ts);
+        if let Some(b) = self.blocks.get(&hash) {
+            self.scratch.clear();
+            if column::decode_ts(b, ts.len(), &mut self.scratch).is_ok() && self.scratch == ts {
+                return b.clone();
+            }
+        }
+        let mut block = Vec::with_capacity(16);
+        column::encode_head_ts(ts, &mut block);
+        let b: Arc<[u8]> = Arc::from(block);
+        // (Two blocks with one hash: the later one is shared from now on.)
+        self.blocks.insert(hash, b.clone());
+        b
+    }
+
+    fn hash(ts: &[i64]) -> u64 {
+        ts.iter().fold(ts.len() as u64, |h, &t| {
+            (h.rotate_left(5) ^ t as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        })
+    }
+
+    /// Drops the blocks no chunk holds any more.
+    fn sweep(&mut self) {
+        self.blocks.retain(|_, b| Arc::strong_count(b) > 1);
+    }
+
+    /// Blocks held, and their bytes.
+    #[cfg(test)]
+    fn len(&self) -> (usize, usize) {
+        (
+            self.blocks.len(),
+            self.blocks.values().map(|b| b.len()).sum(),
+        )
+    }
+}
+
+/// A sealed, immutable chunk held in memory.
 #[derive(Debug, Clone)]
 pub struct MemChunk {
     pub min_ts: i64,
     pub max_ts: i64,
     pub count: u32,
+    pub codec: ChunkCodec,
     pub bytes: Arc<[u8]>,
     /// Its samples are counted in the rollup files already: refilled from
     /// the WAL below the rollup cut, or kept for the next flush after this
@@ -109,6 +179,111 @@ struct HeadSeries {
     active_period: u64,
 }
 
+impl MemChunk {
+    /// A Gorilla chunk of `samples`, in the order given.
+    pub(crate) fn gorilla(samples: &[(i64, f64)], rolled: bool) -> Option<Self> {
+        let mut e = GorillaEncoder::new();
+        for &(t, v) in samples {
+            e.append(t, v);
+        }
+        Some(MemChunk {
+            min_ts: samples.iter().map(|s| s.0).min()?,
+            max_ts: samples.iter().map(|s| s.0).max()?,
+            count: e.count(),
+            codec: ChunkCodec::Gorilla,
+            bytes: Arc::from(e.bytes()),
+            rolled,
+        })
+    }
+
+    /// Appends the chunk's samples, in chunk order, to `ts` and `vals`. On
+    /// an error some of them may have been appended.
+    pub fn decode_into(&self, ts: &mut Vec<i64>, vals: &mut Vec<f64>) -> Result<(), DecodeError> {
+        match &self.codec {
+            ChunkCodec::Gorilla => {
+                ts.reserve(self.count as usize);
+                vals.reserve(self.count as usize);
+                for s in GorillaDecoder::new(&self.bytes, self.count) {
+                    let (t, v) = s?;
+                    ts.push(t);
+                    vals.push(v);
+                }
+                Ok(())
+            }
+            ChunkCodec::Columns { timestamps } => {
+                let n = self.count as usize;
+                let (t0, v0) = (ts.len(), vals.len());
+                column::decode_ts(&timestamps[..], n, ts)?;
+                column::decode_values(&self.bytes, n, vals)?;
+                if ts.len() - t0 != n || vals.len() - v0 != n {
+                    return Err(DecodeError::Column(ColumnError::BadLength));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The samples that decode: a Gorilla chunk's up to the first error, a
+    /// column chunk's all or none.
+    pub(crate) fn salvage(&self) -> Vec<(i64, f64)> {
+        match self.codec {
+            ChunkCodec::Gorilla => GorillaDecoder::new(&self.bytes, self.count)
+                .map_while(|s| s.ok())
+                .collect(),
+            ChunkCodec::Columns { .. } => self.samples().unwrap_or_default(),
+        }
+    }
+
+    /// Whether the chunk holds a sample at `ts_ms` (false if it does not
+    /// decode).
+    pub(crate) fn holds(&self, ts_ms: i64) -> bool {
+        if self.codec == ChunkCodec::Gorilla {
+            return GorillaDecoder::new(&self.bytes, self.count)
+                .any(|s| s.is_ok_and(|(t, _)| t == ts_ms));
+        }
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        self.decode_into(&mut ts, &mut vals).is_ok() && ts.contains(&ts_ms)
+    }
+
+    /// The chunk's samples, in chunk order.
+    pub fn samples(&self) -> Result<Vec<(i64, f64)>, DecodeError> {
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        self.decode_into(&mut ts, &mut vals)?;
+        Ok(ts.into_iter().zip(vals).collect())
+    }
+
+    /// This Gorilla chunk as columns ([`ChunkCodec::Columns`]), its
+    /// timestamp block shared through `blocks`, if its values take fewer
+    /// bytes than the whole Gorilla chunk did (a timestamp block is shared
+    /// by many chunks, so its bytes are not counted).
+    fn to_columns(&self, blocks: &mut TsBlocks) -> Option<MemChunk> {
+        if self.codec != ChunkCodec::Gorilla {
+            return None;
+        }
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        self.decode_into(&mut ts, &mut vals).ok()?;
+        let mut bytes = Vec::with_capacity(self.bytes.len() / 2);
+        column::encode_head_values(&vals, &mut bytes);
+        if bytes.len() >= self.bytes.len() {
+            return None;
+        }
+        let c = MemChunk {
+            codec: ChunkCodec::Columns {
+                timestamps: blocks.share(&ts),
+            },
+            bytes: Arc::from(bytes),
+            ..self.clone()
+        };
+        debug_assert!(c.samples().is_ok_and(|s| {
+            s.iter()
+                .zip(ts.iter().zip(&vals))
+                .all(|(a, (t, v))| a.0 == *t && a.1.to_bits() == v.to_bits())
+                && s.len() == ts.len()
+        }));
+        Some(c)
+    }
+}
+
 impl HeadSeries {
     fn open_chunk(&self) -> Option<MemChunk> {
         let max_ts = self.open.last_ts()?;
@@ -116,26 +291,34 @@ impl HeadSeries {
             min_ts: self.open_min_ts,
             max_ts,
             count: self.open.count(),
+            codec: ChunkCodec::Gorilla,
             bytes: Arc::from(self.open.bytes()),
             rolled: self.open_rolled,
         })
     }
 
-    /// Seals the open chunk, if it has samples. The next one starts with
+    /// Seals the open chunk, if it has samples. A full one is re-encoded as
+    /// columns where that is smaller (a flush seals every open chunk and
+    /// writes it out next: those stay Gorilla). The next one starts with
     /// room for as many bytes as this one took and an eighth more, when it
     /// was full: series change slowly, so most chunks then fit without
     /// growing (a doubling buffer holds a third more than it uses, on
     /// average, and leaves its smaller copies behind in the allocator).
-    fn seal_open(&mut self, max_samples: u32) {
+    fn seal_open(&mut self, max_samples: u32, columns: Option<&mut TsBlocks>) {
         let Some(c) = self.open_chunk() else {
             return;
         };
-        let room = if c.count >= max_samples {
+        let full = c.count >= max_samples;
+        let room = if full {
             c.bytes.len() + c.bytes.len() / 8
         } else {
             0
         };
-        self.closed.push(c);
+        let sealed = match columns {
+            Some(blocks) if full => c.to_columns(blocks).unwrap_or(c),
+            _ => c,
+        };
+        self.closed.push(sealed);
         self.open = GorillaEncoder::with_capacity(room);
     }
 
@@ -146,17 +329,7 @@ impl HeadSeries {
         }
         let mut sorted = self.ooo.clone();
         sorted.sort_by_key(|s| s.0);
-        let mut e = GorillaEncoder::new();
-        for &(t, v) in &sorted {
-            e.append(t, v);
-        }
-        Some(MemChunk {
-            min_ts: sorted[0].0,
-            max_ts: sorted[sorted.len() - 1].0,
-            count: e.count(),
-            bytes: Arc::from(e.bytes()),
-            rolled: self.ooo_rolled,
-        })
+        MemChunk::gorilla(&sorted, self.ooo_rolled)
     }
 
     /// Whether a sealed or open chunk of the head holds a sample at `ts_ms`
@@ -167,7 +340,7 @@ impl HeadSeries {
         };
         self.closed
             .iter()
-            .any(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts && has(&c.bytes, c.count))
+            .any(|c| c.min_ts <= ts_ms && ts_ms <= c.max_ts && c.holds(ts_ms))
             || (self.open.count() > 0
                 && self.open_min_ts <= ts_ms
                 && has(self.open.bytes(), self.open.count()))
@@ -207,6 +380,8 @@ pub(crate) struct Head {
     /// The live series' keys, one copy each (with their metric names and
     /// label sets), shared with the open segments; swept when series leave.
     keys: Arc<SharedKeys>,
+    /// The column chunks' timestamp blocks, one copy each.
+    ts_blocks: TsBlocks,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -243,6 +418,7 @@ impl Head {
             by_key: HashMap::new(),
             postings: Postings::new(),
             keys,
+            ts_blocks: TsBlocks::default(),
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
@@ -486,7 +662,7 @@ impl Head {
         // A chunk's samples are all rolled or none: replay's switch from
         // samples the rollup files hold to those they do not seals the chunk.
         if s.open.count() >= max || (s.open.count() > 0 && s.open_rolled == fold) {
-            s.seal_open(max);
+            s.seal_open(max, Some(&mut self.ts_blocks));
         }
         if s.open.count() == 0 {
             s.open_min_ts = ts_ms;
@@ -524,9 +700,12 @@ impl Head {
     /// Takes every chunk out of the head, sorted by series key. Series with
     /// no samples are left out.
     pub(crate) fn freeze(&mut self) -> Vec<FrozenSeries> {
+        // The blocks of the chunks the last flush took (and has written by
+        // now, or holds on to) go when nothing holds them.
+        self.ts_blocks.sweep();
         let mut out: Vec<FrozenSeries> = Vec::new();
         for s in &mut self.series {
-            s.seal_open(self.max_chunk_samples);
+            s.seal_open(self.max_chunk_samples, None);
             s.seal_ooo();
             if let Some(m) = s.closed.iter().map(|c| c.max_ts).max() {
                 s.flushed_max = Some(s.flushed_max.map_or(m, |f| f.max(m)));
@@ -710,7 +889,7 @@ impl Newest {
         Ok(())
     }
 
-    /// [`Self::search`] over Gorilla chunks in memory.
+    /// [`Self::search`] over chunks in memory.
     pub(crate) fn search_mem(
         best: &mut Option<Newest>,
         chunks: &[MemChunk],
@@ -719,7 +898,13 @@ impl Newest {
     ) -> Result<(), DecodeError> {
         let span = |c: &MemChunk| (c.min_ts, c.max_ts);
         Self::search(best, chunks, source, range, span, |c, best, at| {
-            Self::scan(best, &c.bytes, c.count, range, at)
+            if c.codec == ChunkCodec::Gorilla {
+                return Self::scan(best, &c.bytes, c.count, range, at);
+            }
+            let (mut ts, mut vals) = (Vec::new(), Vec::new());
+            c.decode_into(&mut ts, &mut vals)?;
+            Newest::offer_newest(best, ts.into_iter().zip(vals), range, at);
+            Ok(())
         })
     }
 
@@ -761,7 +946,6 @@ impl Newest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gorilla::GorillaDecoder;
     use crate::series::Label;
 
     fn key(g: &str) -> SeriesKey {
@@ -769,14 +953,7 @@ mod tests {
     }
 
     fn decode_all(chunks: &[MemChunk]) -> Vec<(i64, f64)> {
-        chunks
-            .iter()
-            .flat_map(|c| {
-                GorillaDecoder::new(&c.bytes, c.count)
-                    .map(|r| r.unwrap())
-                    .collect::<Vec<_>>()
-            })
-            .collect()
+        chunks.iter().flat_map(|c| c.samples().unwrap()).collect()
     }
 
     #[test]
@@ -806,6 +983,196 @@ mod tests {
         // The series survives the freeze, and so does its order check.
         assert_eq!(h.append(a, 6, 0.0), Appended::Duplicate);
         assert_eq!(h.append(a, 7, 0.0), Appended::InOrder);
+    }
+
+    /// Full chunks are sealed as columns where that is smaller, and every
+    /// chunk reads back bit-exact: decimals, and values only Gorilla's XOR
+    /// or raw bits hold (NaN payloads, -0.0, infinities, subnormals).
+    #[test]
+    fn full_chunks_are_sealed_as_columns_and_read_back_bit_exact() {
+        let mut h = Head::new(240, 10, 3_600_000);
+        let (a, b) = (
+            h.get_or_create(key("0")).unwrap(),
+            h.get_or_create(key("1")).unwrap(),
+        );
+        // A power reading to two decimals, polled every 10 s with jitter.
+        let power: Vec<(i64, f64)> = (0..600i64)
+            .map(|i| {
+                (
+                    i * 10_000 + (i * 37) % 11,
+                    (7_000 + (i * 7919) % 400) as f64 / 100.0,
+                )
+            })
+            .collect();
+        let odd = [
+            f64::NAN,
+            f64::from_bits(0x7ff8_dead_beef_0001),
+            -0.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::MIN_POSITIVE / 3.0,
+            1e300,
+            0.1 + 0.2,
+        ];
+        let weird: Vec<(i64, f64)> = (0..500i64)
+            .map(|i| (i * 10_000, odd[i as usize % odd.len()]))
+            .collect();
+        for (&(t, v), &(u, w)) in power.iter().zip(&weird) {
+            assert_eq!(h.append(a, t, v), Appended::InOrder);
+            assert_eq!(h.append(b, u, w), Appended::InOrder);
+        }
+        for &(t, v) in &power[weird.len()..] {
+            assert_eq!(h.append(a, t, v), Appended::InOrder);
+        }
+        let mut seen = Vec::new();
+        h.for_each_series(&[], |_, c| seen.push(c));
+        let bits = |s: &[(i64, f64)]| s.iter().map(|&(t, v)| (t, v.to_bits())).collect::<Vec<_>>();
+        for (chunks, want) in seen.iter().zip([&power, &weird]) {
+            assert_eq!(bits(&decode_all(chunks)), bits(want));
+            assert_eq!(chunks.iter().map(|c| c.count).collect::<Vec<_>>(), {
+                let mut n = vec![240; want.len() / 240];
+                n.push(want.len() as u32 % 240);
+                n
+            });
+        }
+        // The decimals' full chunks are columns, their values in under a
+        // third of the bytes Gorilla takes for the samples; the open chunk
+        // is not.
+        let gorilla_len = |s: &[(i64, f64)]| {
+            let mut e = GorillaEncoder::new();
+            s.iter().for_each(|&(t, v)| e.append(t, v));
+            e.bytes().len()
+        };
+        for (c, samples) in seen[0].iter().zip(power.chunks(240)) {
+            if c.count == 240 {
+                assert!(matches!(c.codec, ChunkCodec::Columns { .. }));
+                assert!(
+                    c.bytes.len() * 3 < gorilla_len(samples),
+                    "{} bytes",
+                    c.bytes.len()
+                );
+                assert_eq!((c.min_ts, c.max_ts), (samples[0].0, samples[239].0));
+            } else {
+                assert_eq!(c.codec, ChunkCodec::Gorilla);
+            }
+        }
+        // A late sample is checked against the column chunks: a timestamp
+        // they hold is a duplicate, one they do not is kept.
+        assert_eq!(h.append(a, power[300].0, 1.0), Appended::Duplicate);
+        assert_eq!(h.append(a, power[300].0 + 1, 1.0), Appended::OutOfOrder);
+        // A flush seals the open chunks as they are and reads everything back.
+        let frozen = h.freeze();
+        let mut want = power.clone();
+        want.push((power[300].0 + 1, 1.0));
+        assert_eq!(bits(&decode_all(&frozen[0].1)), bits(&want));
+        assert_eq!(bits(&decode_all(&frozen[1].1)), bits(&weird));
+        assert_eq!(frozen[0].1[2].codec, ChunkCodec::Gorilla);
+    }
+
+    /// Series polled together share one copy of each full chunk's
+    /// timestamps; the copy goes once no chunk holds it.
+    #[test]
+    fn series_polled_together_share_their_timestamp_blocks() {
+        let mut h = Head::new(240, 10, 0);
+        let refs: Vec<_> = (0..3)
+            .map(|g| h.get_or_create(key(&g.to_string())).unwrap())
+            .collect();
+        for i in 0..500i64 {
+            let t = i * 10_000 + (i * 7) % 5;
+            for (g, &r) in refs.iter().enumerate() {
+                assert_eq!(
+                    h.append(r, t, (i % 9 + g as i64) as f64 / 8.0),
+                    Appended::InOrder
+                );
+            }
+        }
+        let mut seen = Vec::new();
+        h.for_each_series(&[], |_, c| seen.push(c));
+        let block = |c: &MemChunk| match &c.codec {
+            ChunkCodec::Columns { timestamps } => timestamps.clone(),
+            ChunkCodec::Gorilla => panic!("a full chunk of eighths is columns"),
+        };
+        for k in 0..2 {
+            let first = block(&seen[0][k]);
+            for chunks in &seen[1..] {
+                assert!(Arc::ptr_eq(&first, &block(&chunks[k])), "chunk {k}");
+            }
+        }
+        assert!(!Arc::ptr_eq(&block(&seen[0][0]), &block(&seen[0][1])));
+        assert_eq!(h.ts_blocks.len().0, 2);
+        drop(seen);
+        let frozen = h.freeze();
+        assert_eq!(h.ts_blocks.len().0, 2, "the flush holds them");
+        drop(frozen);
+        h.freeze();
+        assert_eq!(h.ts_blocks.len(), (0, 0));
+    }
+
+    /// A block found under a timestamp list's hash is shared only if it
+    /// holds those timestamps.
+    #[test]
+    fn a_timestamp_block_under_the_same_hash_is_checked() {
+        let mut blocks = TsBlocks::default();
+        let (a, b): (Vec<i64>, Vec<i64>) = (
+            (0..240).map(|i| i * 10).collect(),
+            (0..240).map(|i| i * 10 + 1).collect(),
+        );
+        let block_a = blocks.share(&a);
+        assert!(Arc::ptr_eq(&block_a, &blocks.share(&a)));
+        // As if `b` hashed like `a`.
+        blocks.blocks.insert(TsBlocks::hash(&b), block_a.clone());
+        let block_b = blocks.share(&b);
+        assert!(!Arc::ptr_eq(&block_a, &block_b));
+        let mut got = Vec::new();
+        column::decode_ts(&block_b, 240, &mut got).unwrap();
+        assert_eq!(got, b);
+    }
+
+    /// A column chunk cut short or with a forged timestamp length fails to
+    /// decode with an error, whatever reads it.
+    #[test]
+    fn a_damaged_column_chunk_is_an_error_not_a_panic() {
+        let samples: Vec<(i64, f64)> = (0..240)
+            .map(|i| (i * 1000, (i % 13) as f64 / 4.0))
+            .collect();
+        let c = MemChunk::gorilla(&samples, false)
+            .unwrap()
+            .to_columns(&mut TsBlocks::default())
+            .unwrap();
+        assert_eq!(c.samples().unwrap(), samples);
+        for cut in 0..c.bytes.len() {
+            let short = MemChunk {
+                bytes: Arc::from(&c.bytes[..cut]),
+                ..c.clone()
+            };
+            assert!(short.samples().is_err(), "cut at {cut}");
+            assert!(short.salvage().is_empty());
+            assert!(!short.holds(samples[0].0));
+        }
+        let ChunkCodec::Columns { timestamps } = &c.codec else {
+            panic!("{:?}", c.codec)
+        };
+        for cut in 0..timestamps.len() {
+            let short = MemChunk {
+                codec: ChunkCodec::Columns {
+                    timestamps: Arc::from(&timestamps[..cut]),
+                },
+                ..c.clone()
+            };
+            assert!(short.samples().is_err(), "timestamps cut at {cut}");
+        }
+        let mut forged = c.bytes.to_vec();
+        forged[0] = 0x7f;
+        let forged = MemChunk {
+            bytes: Arc::from(forged),
+            ..c.clone()
+        };
+        assert!(matches!(forged.samples(), Err(DecodeError::Column(_))));
+        let miscounted = MemChunk {
+            count: 241,
+            ..c.clone()
+        };
+        assert!(miscounted.samples().is_err());
     }
 
     #[test]

@@ -32,7 +32,7 @@ pub use db::{
     Storage, StorageConfig, StorageMetrics, StorageStats, UpkeepReport,
 };
 pub use error::{Error, Result};
-pub use head::{MemChunk, Newest, SeriesRef};
+pub use head::{ChunkCodec, MemChunk, Newest, SeriesRef};
 pub use inventory::{GpuRecord, Inventory};
 pub use rollup::file::RollupFile;
 pub use rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};

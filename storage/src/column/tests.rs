@@ -183,6 +183,33 @@ proptest! {
     fn ts_round_trip_any(ts in prop::collection::vec(any::<i64>(), 1..300)) {
         prop_assert_eq!(ts_round_trip(&ts), ts);
     }
+
+    /// The head's encoders (no zstd) write blocks the segment decoders read
+    /// back bit-exact, whatever the values.
+    #[test]
+    fn head_blocks_round_trip_bit_exact(
+        vals in prop::collection::vec(arb_f64(), 1..600),
+        ts in prop::collection::vec(any::<i64>(), 1..300),
+    ) {
+        let (out, b) = round_trip_with(encode_head_values, &vals);
+        prop_assert_eq!(bits(&out), bits(&vals));
+        prop_assert!(b[0] & ZSTD_FLAG == 0);
+        let mut block = Vec::new();
+        encode_head_ts(&ts, &mut block);
+        prop_assert!(block[0] & ZSTD_FLAG == 0);
+        let mut got = Vec::new();
+        decode_ts(&block, ts.len(), &mut got).expect("decode ts");
+        prop_assert_eq!(got, ts);
+    }
+
+    #[test]
+    fn head_decimals_round_trip(start in -10_000i64..10_000, steps in prop::collection::vec(-3i64..4, 1..600), d in 0u32..7) {
+        let mut x = start;
+        let vals: Vec<f64> = steps.iter().map(|s| { x += s; x as f64 / 10f64.powi(d as i32) }).collect();
+        let (out, b) = round_trip_with(encode_head_values, &vals);
+        prop_assert_eq!(bits(&out), bits(&vals));
+        prop_assert_eq!(b[0], VAL_PACKED);
+    }
 }
 
 /// The reused per-thread context writes the bytes a fresh one does, so the

@@ -13,7 +13,6 @@ use super::select::unrolled_minutes;
 use super::{Storage, normalize};
 use crate::error::Error;
 use crate::files;
-use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
 use crate::rollup::{RollupDelta, RollupGroup};
 use crate::segment::Segment;
@@ -304,17 +303,14 @@ fn write_frozen(
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
     write_segment_tmp(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
         let (key, chunks) = &frozen[i];
-        for c in chunks {
-            for s in GorillaDecoder::new(&c.bytes, c.count) {
-                let (t, v) = s.map_err(|source| Error::ChunkDecode {
+        for (i, c) in chunks.iter().enumerate() {
+            c.decode_into(ts, vals)
+                .map_err(|source| Error::ChunkDecode {
                     path: PathBuf::from("<head>"),
                     series: key.to_string(),
-                    chunk: 0,
+                    chunk: i,
                     source,
                 })?;
-                ts.push(t);
-                vals.push(v);
-            }
         }
         normalize(ts, vals, 0);
         Ok(())

@@ -11,7 +11,7 @@ use tracing::error;
 use super::{State, Storage, normalize};
 use crate::Result;
 use crate::error::Error;
-use crate::gorilla::{DecodeError, GorillaDecoder};
+use crate::gorilla::DecodeError;
 use crate::head::{MemChunk, Newest};
 use crate::rollup::{
     Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, fold_minutes,
@@ -466,11 +466,7 @@ pub(crate) fn unrolled_minutes(
     ts.clear();
     vals.clear();
     for c in chunks.iter().filter(|c| !c.rolled) {
-        for s in GorillaDecoder::new(&c.bytes, c.count) {
-            let (t, v) = s?;
-            ts.push(t);
-            vals.push(v);
-        }
+        c.decode_into(ts, vals)?;
     }
     if ts.is_empty() {
         return Ok(());
@@ -496,6 +492,57 @@ pub struct SelectedSeries {
     chunks: Vec<ChunkSource>,
 }
 
+/// Appends the samples of a head chunk, or nothing if it does not decode.
+fn decode_mem(
+    m: &MemChunk,
+    key: &SeriesKey,
+    chunk: usize,
+    ts_ms: &mut Vec<i64>,
+    values: &mut Vec<f64>,
+) -> Result<()> {
+    let (at, vat) = (ts_ms.len(), values.len());
+    m.decode_into(ts_ms, values).map_err(|source| {
+        ts_ms.truncate(at);
+        values.truncate(vat);
+        Error::ChunkDecode {
+            path: PathBuf::from("<head>"),
+            series: key.to_string(),
+            chunk,
+            source,
+        }
+    })
+}
+
+/// Keeps, of the samples appended from `at` on, those in `[min_ts, max_ts]`.
+fn trim_to_range(
+    ts_ms: &mut Vec<i64>,
+    values: &mut Vec<f64>,
+    at: usize,
+    (min_ts, max_ts): (i64, i64),
+) {
+    let (t_new, v_new) = (&ts_ms[at..], &values[at..]);
+    if t_new.len() == v_new.len() && t_new.is_sorted() {
+        let lo = at + t_new.partition_point(|&t| t < min_ts);
+        let hi = (at + t_new.partition_point(|&t| t <= max_ts)).max(lo);
+        ts_ms.truncate(hi);
+        values.truncate(hi);
+        ts_ms.drain(at..lo);
+        values.drain(at..lo);
+    } else {
+        let mut kept = at;
+        for j in at..ts_ms.len().min(values.len()) {
+            let t = ts_ms[j];
+            if t >= min_ts && t <= max_ts {
+                ts_ms[kept] = t;
+                values[kept] = values[j];
+                kept += 1;
+            }
+        }
+        ts_ms.truncate(kept);
+        values.truncate(kept);
+    }
+}
+
 impl SelectedSeries {
     /// Decodes the samples in `[min_ts, max_ts]` and appends them to `ts_ms`
     /// and `values` in time order, one sample per timestamp (the first write
@@ -517,47 +564,19 @@ impl SelectedSeries {
                 ChunkSource::Segment(seg, r) if r.min_ts >= min_ts && r.max_ts <= max_ts => {
                     seg.read_chunk(r, ts_ms, values)?;
                 }
-                ChunkSource::Segment(seg, r) => {
+                ChunkSource::Mem(m) if m.min_ts >= min_ts && m.max_ts <= max_ts => {
+                    decode_mem(m, &self.key, i, ts_ms, values)?;
+                }
+                c => {
                     // A chunk that the range cuts is decoded in place and
                     // trimmed: a cut at the end (a query up to now) costs
                     // a truncation, one at the start a move of the rest.
                     let at = ts_ms.len();
-                    seg.read_chunk(r, ts_ms, values)?;
-                    let (t_new, v_new) = (&ts_ms[at..], &values[at..]);
-                    if t_new.len() == v_new.len() && t_new.is_sorted() {
-                        let lo = at + t_new.partition_point(|&t| t < min_ts);
-                        let hi = (at + t_new.partition_point(|&t| t <= max_ts)).max(lo);
-                        ts_ms.truncate(hi);
-                        values.truncate(hi);
-                        ts_ms.drain(at..lo);
-                        values.drain(at..lo);
-                    } else {
-                        let mut kept = at;
-                        for j in at..ts_ms.len().min(values.len()) {
-                            let t = ts_ms[j];
-                            if t >= min_ts && t <= max_ts {
-                                ts_ms[kept] = t;
-                                values[kept] = values[j];
-                                kept += 1;
-                            }
-                        }
-                        ts_ms.truncate(kept);
-                        values.truncate(kept);
+                    match c {
+                        ChunkSource::Segment(seg, r) => seg.read_chunk(r, ts_ms, values)?,
+                        ChunkSource::Mem(m) => decode_mem(m, &self.key, i, ts_ms, values)?,
                     }
-                }
-                ChunkSource::Mem(m) => {
-                    for s in GorillaDecoder::new(&m.bytes, m.count) {
-                        let (t, v) = s.map_err(|source| Error::ChunkDecode {
-                            path: PathBuf::from("<head>"),
-                            series: self.key.to_string(),
-                            chunk: i,
-                            source,
-                        })?;
-                        if t >= min_ts && t <= max_ts {
-                            ts_ms.push(t);
-                            values.push(v);
-                        }
-                    }
+                    trim_to_range(ts_ms, values, at, (min_ts, max_ts));
                 }
             }
         }

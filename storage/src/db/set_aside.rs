@@ -13,7 +13,6 @@ use super::Storage;
 use crate::Result;
 use crate::error::Error;
 use crate::files::{self, QUARANTINE_DIR};
-use crate::gorilla::GorillaDecoder;
 use crate::head::{FrozenSeries, MemChunk};
 use crate::rollup::file as rollup_file;
 use crate::rollup::{RollupDelta, RollupGroup, RollupRecord, RollupTier};
@@ -124,9 +123,7 @@ fn split_frozen(frozen: &[FrozenSeries]) -> (Vec<FrozenSeries>, Vec<String>, u64
     for (key, chunks) in frozen {
         let mut kept: Vec<MemChunk> = Vec::with_capacity(chunks.len());
         for c in chunks {
-            let samples: Vec<(i64, f64)> = GorillaDecoder::new(&c.bytes, c.count)
-                .map_while(|s| s.ok())
-                .collect();
+            let samples = c.salvage();
             if samples.len() == c.count as usize
                 && crate::ts_storable(c.min_ts)
                 && crate::ts_storable(c.max_ts)
@@ -135,12 +132,10 @@ fn split_frozen(frozen: &[FrozenSeries]) -> (Vec<FrozenSeries>, Vec<String>, u64
                 kept.push(c.clone());
                 continue;
             }
-            let mut enc = crate::gorilla::GorillaEncoder::new();
-            let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+            let mut storable = Vec::with_capacity(samples.len());
             for &(t, v) in &samples {
                 if crate::ts_storable(t) {
-                    enc.append(t, v);
-                    (lo, hi) = (lo.min(t), hi.max(t));
+                    storable.push((t, v));
                 } else {
                     lines.push(sample_line(key, t, v));
                 }
@@ -153,15 +148,7 @@ fn split_frozen(frozen: &[FrozenSeries]) -> (Vec<FrozenSeries>, Vec<String>, u64
                     c.max_ts
                 ));
             }
-            if enc.count() > 0 {
-                kept.push(MemChunk {
-                    min_ts: lo,
-                    max_ts: hi,
-                    count: enc.count(),
-                    bytes: Arc::from(enc.bytes()),
-                    rolled: c.rolled,
-                });
-            }
+            kept.extend(MemChunk::gorilla(&storable, c.rolled));
         }
         if !kept.is_empty() {
             keep.push((key.clone(), kept));
@@ -177,7 +164,7 @@ fn describe_frozen(frozen: &[FrozenSeries]) -> (Vec<String>, u64) {
     for (key, chunks) in frozen {
         for c in chunks {
             let mut n = 0;
-            for (t, v) in GorillaDecoder::new(&c.bytes, c.count).map_while(|s| s.ok()) {
+            for (t, v) in c.salvage() {
                 lines.push(sample_line(key, t, v));
                 n += 1;
             }

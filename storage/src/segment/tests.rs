@@ -32,11 +32,7 @@ fn write(dir: &Path) -> PathBuf {
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
     let s = write_segment(&dir.join("a.tmp"), &dst, (7, 7), 3, &keys, |i, ts, vals| {
         for c in &frozen[i].1 {
-            for s in crate::gorilla::GorillaDecoder::new(&c.bytes, c.count) {
-                let (t, v) = s.unwrap();
-                ts.push(t);
-                vals.push(v);
-            }
+            c.decode_into(ts, vals).unwrap();
         }
         Ok(())
     })
