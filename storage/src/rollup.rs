@@ -8,7 +8,7 @@
 //! chunks; a flush folds the frozen chunks, in time order, into per-series
 //! 1-minute records at gpu level (the finest group, [`fold_minutes`]), on the
 //! thread that writes the rollup file while another writes the segment, and
-//! merges them to every coarser tier and level ([`delta_tables`]) for the file
+//! merges them to every coarser tier and level ([`DeltaTables`]) for the file
 //! ([`file`], `docs/format/rollup.md`). A query folds the part still in memory
 //! the same way. Until December 2026 every accepted sample was folded into its
 //! series' minute records in the head: 72 bytes a minute and series, about
@@ -494,66 +494,130 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
     }
 }
 
-/// Builds the tables of a delta (at flush time), level by level: the gpu
-/// level's groups are the delta's series (merged where several share a
-/// group), and each higher level merges the groups of the level below it, so
-/// a record is merged once per level rather than once per level and series.
-/// A head series' minute records are already in window order, one per
-/// window, so they are read in place, and merging two groups is one pass
-/// over both; a tier's windows are runs of minutes, merged in order. Same
-/// tables as [`add_to_tables`] for every series (checked by a test against
-/// it), except that the gpu-level 1-minute table holds only the windows
-/// before `gpu_minutes_below`: a flush writes none after the raw cut, and
-/// building them would double the flush's memory for nothing.
+/// Builds the tables of a delta, level by level, through [`DeltaTables`].
+/// Same tables as [`add_to_tables`] for every series (checked by a test
+/// against it), except that the gpu-level 1-minute table holds only the
+/// windows before `gpu_minutes_below`.
+#[cfg(test)]
 pub(crate) fn delta_tables(delta: &RollupDelta, gpu_minutes_below: i64) -> RunTables {
-    let mut tables = RunTables::default();
-    let mut gpus: HashMap<&RollupGroup, std::borrow::Cow<'_, [RollupRecord]>> = HashMap::new();
+    let mut b = DeltaTables::new(gpu_minutes_below);
     for (g, minutes) in delta {
+        b.add(g, minutes);
+    }
+    b.finish()
+}
+
+/// The tables of a flush, built one series at a time, so that a flush never
+/// holds every series' minute records at once (72 bytes a minute: 3.5 times
+/// the head it empties at a 10 s poll). Each series' minutes, in window
+/// order, one per window, are folded at once into its gpu-level group's
+/// hour and day records (and the minutes before `gpu_minutes_below`: a
+/// flush writes none after the raw cut) and merged into its host-level
+/// group's minutes; the rack, row and cluster levels merge the level below
+/// at [`Self::finish`], one pass per pair of groups. A tier's windows are
+/// runs of minutes, merged in order.
+#[derive(Debug)]
+pub(crate) struct DeltaTables {
+    gpu_minutes_below: i64,
+    /// Gpu-level group -> its records in each tier, window order.
+    gpus: HashMap<RollupGroup, [Vec<RollupRecord>; 3]>,
+    /// Host-level group -> its minute records, window order.
+    hosts: HashMap<RollupGroup, Vec<RollupRecord>>,
+}
+
+impl DeltaTables {
+    pub(crate) fn new(gpu_minutes_below: i64) -> Self {
+        Self {
+            gpu_minutes_below,
+            gpus: HashMap::new(),
+            hosts: HashMap::new(),
+        }
+    }
+
+    /// Whether no records were added.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// Adds the minute records of one series of gpu-level `group`: in
+    /// window order, one per window (as [`fold_minutes`] makes them).
+    pub(crate) fn add(&mut self, group: &RollupGroup, minutes: &[RollupRecord]) {
         if minutes.is_empty() {
-            continue;
+            return;
         }
         debug_assert!(minutes.is_sorted_by(|a, b| a.window_start_ms < b.window_start_ms));
-        match gpus.entry(&**g) {
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(minutes.as_slice().into());
+        let n = minutes.partition_point(|r| r.window_start_ms < self.gpu_minutes_below);
+        let runs: [Vec<RollupRecord>; 3] = RollupTier::ALL.map(|tier| match tier {
+            RollupTier::Minute => minutes[..n].to_vec(),
+            _ => in_tier_windows(minutes, tier),
+        });
+        match self.gpus.get_mut(group) {
+            Some(have) => {
+                for (have, new) in have.iter_mut().zip(runs) {
+                    merge_windows_into(have, &new);
+                }
             }
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                let merged = merge_windows(e.get(), minutes);
-                e.insert(merged.into());
+            None => {
+                self.gpus.insert(group.clone(), runs);
             }
         }
+        merge_into_parent(&mut self.hosts, group.at_level(RollupLevel::Host), minutes);
     }
-    add_level(
-        &mut tables,
-        (RollupLevel::Gpu, gpu_minutes_below),
-        gpus.iter().map(|(g, m)| (*g, &**m)),
-    );
-    let mut below: HashMap<RollupGroup, Vec<RollupRecord>> = HashMap::new();
-    for (g, minutes) in &gpus {
-        merge_into_parent(&mut below, g.at_level(RollupLevel::Host), minutes);
-    }
-    drop(gpus);
-    for level in [
-        RollupLevel::Host,
-        RollupLevel::Rack,
-        RollupLevel::Row,
-        RollupLevel::Cluster,
-    ] {
-        add_level(
-            &mut tables,
-            (level, i64::MAX),
-            below.iter().map(|(g, m)| (g, m.as_slice())),
-        );
-        let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
-            break;
-        };
-        let mut next = HashMap::new();
-        for (g, minutes) in &below {
-            merge_into_parent(&mut next, g.at_level(*up), minutes);
+
+    pub(crate) fn finish(self) -> RunTables {
+        let mut tables = RunTables::default();
+        let mut gpus: Vec<(RollupGroup, [Vec<RollupRecord>; 3])> = self.gpus.into_iter().collect();
+        gpus.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        for tier in RollupTier::ALL.into_iter().rev() {
+            tables[tier.index()][RollupLevel::Gpu.index()] = gpus
+                .iter_mut()
+                .filter_map(|(g, runs)| {
+                    let run = std::mem::take(&mut runs[tier.index()]);
+                    (!run.is_empty()).then(|| (g.clone(), run))
+                })
+                .collect();
         }
-        below = next;
+        drop(gpus);
+        let mut below = self.hosts;
+        for level in [
+            RollupLevel::Host,
+            RollupLevel::Rack,
+            RollupLevel::Row,
+            RollupLevel::Cluster,
+        ] {
+            add_level(
+                &mut tables,
+                (level, i64::MAX),
+                below.iter().map(|(g, m)| (g, m.as_slice())),
+            );
+            let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
+                break;
+            };
+            let mut next = HashMap::new();
+            for (g, minutes) in &below {
+                merge_into_parent(&mut next, g.at_level(*up), minutes);
+            }
+            below = next;
+        }
+        tables
     }
-    tables
+}
+
+/// Minute records (window order, one per window) merged into the windows of
+/// `tier`, in order.
+fn in_tier_windows(minutes: &[RollupRecord], tier: RollupTier) -> Vec<RollupRecord> {
+    let mut windows: Vec<RollupRecord> = Vec::with_capacity(match tier {
+        RollupTier::Minute => minutes.len(),
+        _ => 2,
+    });
+    for r in minutes {
+        let r = r.in_tier(tier);
+        match windows.last_mut() {
+            Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
+            _ => windows.push(r),
+        }
+    }
+    windows
 }
 
 /// Files each group's minute records (in window order, one per window)
@@ -581,18 +645,7 @@ fn add_level<'a>(
                 // Window order: the ones before the cut are a prefix.
                 let n = minutes.partition_point(|r| r.window_start_ms < below);
                 let minutes = minutes.get(..n).filter(|m| !m.is_empty())?;
-                let mut windows: Vec<RollupRecord> = Vec::with_capacity(match tier {
-                    RollupTier::Minute => minutes.len(),
-                    _ => 2,
-                });
-                for r in minutes {
-                    let r = r.in_tier(tier);
-                    match windows.last_mut() {
-                        Some(m) if m.window_start_ms == r.window_start_ms => m.merge(&r),
-                        _ => windows.push(r),
-                    }
-                }
-                Some((g.clone(), windows))
+                Some((g.clone(), in_tier_windows(minutes, tier)))
             })
             .collect();
     }
@@ -609,9 +662,24 @@ fn merge_into_parent(
             e.insert(minutes.to_vec());
         }
         std::collections::hash_map::Entry::Occupied(mut e) => {
-            let windows = e.get_mut();
-            *windows = merge_windows(windows, minutes);
+            merge_windows_into(e.get_mut(), minutes)
         }
+    }
+}
+
+/// [`merge_windows`] into `a`, in place where both have the same windows
+/// (the GPUs of one host, polled together, mostly do).
+fn merge_windows_into(a: &mut Vec<RollupRecord>, b: &[RollupRecord]) {
+    let same = a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.window_start_ms == y.window_start_ms);
+    if same {
+        for (x, y) in a.iter_mut().zip(b) {
+            x.merge(y);
+        }
+    } else {
+        *a = merge_windows(a, b);
     }
 }
 

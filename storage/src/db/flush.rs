@@ -14,7 +14,7 @@ use super::{Storage, normalize};
 use crate::error::Error;
 use crate::files;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::rollup::{RollupDelta, RollupGroup};
+use crate::rollup::{DeltaTables, RollupDelta, RollupGroup};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -132,18 +132,13 @@ impl Storage {
                 .name("gpulse-flush-segment".into())
                 .spawn_scoped(scope, write_tmp);
             // The head's rollups are folded here, from the frozen chunks
-            // they do not count yet, while the segment is written.
-            let delta = self.frozen_minutes(&frozen, left_over.as_deref());
-            let rollups = (!delta.is_empty()).then(|| {
-                // The gpu-level minutes of samples after the raw cut are
-                // folded from the segment when read; those before it (late
-                // samples) are written (see `RollupFile::raw_cut`).
-                let tables = crate::rollup::delta_tables(&delta, raw_cut);
-                (
-                    Arc::new(delta),
-                    self.write_rollups(cut, raw_cut, &tables, None),
-                )
-            });
+            // they do not count yet, while the segment is written. The
+            // gpu-level minutes of samples after the raw cut are folded from
+            // the segment when read; those before it (late samples) are
+            // written (see `RollupFile::raw_cut`).
+            let tables = self.frozen_tables(&frozen, left_over.as_deref(), raw_cut);
+            let rollups = (!tables.is_empty())
+                .then(|| self.write_rollups(cut, raw_cut, &tables.finish(), None));
             let encoded = match segment {
                 Ok(handle) => handle
                     .join()
@@ -157,7 +152,7 @@ impl Storage {
         // kept for the next flush if this one fails) are counted in the
         // rollup files or in the records left over: they are `rolled`.
         let mut frozen = frozen;
-        if let Some((delta, rollups)) = rollups {
+        if let Some(rollups) = rollups {
             if rollups.is_err() {
                 let _ = fs::remove_file(&tmp);
             }
@@ -171,6 +166,8 @@ impl Storage {
                 }
                 Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
+                    // The records one at a time, to find those refused.
+                    let delta = self.frozen_minutes(&frozen, left_over.as_deref());
                     let keep = self.set_aside_rollups(&delta, &e)?;
                     {
                         let mut state = lock!(self.state.write());
@@ -224,11 +221,42 @@ impl Storage {
         Ok(Some(summary))
     }
 
-    /// A flush's gpu-level 1-minute records: those folded from the frozen
-    /// chunks that the rollup files do not count yet, and the records left
-    /// over from a flush that set some aside. A chunk that does not decode
-    /// is logged and counted (`chunk_read_errors`), and its series' records
-    /// left out (the segment writer then refuses it too).
+    /// A flush's rollup tables: of the gpu-level 1-minute records folded
+    /// from the frozen chunks that the rollup files do not count yet, and of
+    /// the records left over from a flush that set some aside; folded and
+    /// merged one series at a time ([`DeltaTables`]). A chunk that does not
+    /// decode is logged and counted (`chunk_read_errors`), and its series'
+    /// records left out (the segment writer then refuses it too).
+    fn frozen_tables(
+        &self,
+        frozen: &[FrozenSeries],
+        left_over: Option<&RollupDelta>,
+        gpu_minutes_below: i64,
+    ) -> DeltaTables {
+        let mut tables = DeltaTables::new(gpu_minutes_below);
+        for (group, minutes) in left_over.into_iter().flatten() {
+            tables.add(group, minutes);
+        }
+        let mut scratch = (Vec::new(), Vec::new());
+        let mut minutes = Vec::new();
+        for (key, chunks) in frozen {
+            minutes.clear();
+            match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
+                Ok(()) if minutes.is_empty() => {}
+                Ok(()) => tables.add(&RollupGroup::of_series(key), &minutes),
+                Err(e) => {
+                    error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
+                    self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
+                }
+            }
+        }
+        tables
+    }
+
+    /// The records [`Self::frozen_tables`] merges, series by series, for a
+    /// flush whose rollup file was refused: what it sets aside and keeps. A
+    /// chunk that does not decode is left out (counted by the flush's
+    /// `frozen_tables` already).
     fn frozen_minutes(
         &self,
         frozen: &[FrozenSeries],
@@ -241,10 +269,7 @@ impl Storage {
             match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
                 Ok(()) if minutes.is_empty() => {}
                 Ok(()) => delta.push((Arc::new(RollupGroup::of_series(key)), minutes)),
-                Err(e) => {
-                    error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
-                    self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
-                }
+                Err(_) => {}
             }
         }
         delta
