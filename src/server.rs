@@ -165,6 +165,10 @@ async fn same_origin_only(
 /// the node was busy. The kernel caps it at `net.core.somaxconn`.
 const LISTEN_BACKLOG: u32 = 8192;
 
+/// How often the server hands the memory glibc holds free back to the OS
+/// (`storage::malloc::release_free_memory`), besides after every flush.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
 /// Binds `addr` (with `SO_REUSEADDR`, as [`TcpListener::bind`] does) and
 /// listens with [`LISTEN_BACKLOG`].
 fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
@@ -563,6 +567,37 @@ impl Server {
                         Err(e) => error!(error = %e, "flush task panicked"),
                         Ok(Ok(())) => {}
                     }
+                }
+            }),
+        ));
+        // Free memory back to the OS between flushes too: glibc keeps what
+        // ingest frees (decoded batches, a sealed chunk's re-encoding, grown
+        // chunk buffers) in the middle of its heaps, where only `malloc_trim`
+        // reaches it (70 MiB of a 1,000-GPU backfill's 261 MiB). jemalloc
+        // decays its dirty pages on a 10 s clock by default; this does the
+        // same.
+        let mut rx = stop.subscribe();
+        tasks.push((
+            "trim",
+            tokio::spawn(async move {
+                let mut tick =
+                    tokio::time::interval_at(tokio::time::Instant::now() + TRIM_EVERY, TRIM_EVERY);
+                loop {
+                    tokio::select! {
+                        _ = tick.tick() => {}
+                        _ = rx.changed() => return,
+                    }
+                    let started = std::time::Instant::now();
+                    if tokio::task::spawn_blocking(storage::malloc::release_free_memory)
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                    tracing::debug!(
+                        elapsed_us = started.elapsed().as_micros() as u64,
+                        "free memory handed back to the OS"
+                    );
                 }
             }),
         ));
