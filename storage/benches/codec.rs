@@ -119,62 +119,47 @@ fn bench(c: &mut Criterion) {
             black_box(sum)
         })
     });
-    g.bench_function("head_column_encode", |b| {
-        let (mut tb, mut vb) = (Vec::new(), Vec::new());
-        b.iter(|| {
-            for (t, v) in &series {
-                for (t, v) in t.chunks(240).zip(v.chunks(240)) {
-                    tb.clear();
-                    vb.clear();
-                    encode_head_ts(t, &mut tb);
-                    encode_head_values(v, &mut vb);
+    type Encode = fn(&[i64], &[f64], &mut Vec<u8>, &mut Vec<u8>);
+    let head: Encode = |t, v, tb, vb| {
+        encode_head_ts(t, tb);
+        encode_head_values(v, vb);
+    };
+    let segment: Encode = |t, v, tb, vb| {
+        encode_ts(t, tb);
+        encode_segment_values(v, vb);
+    };
+    for (name, chunk, encode, blocks) in [
+        ("head_column", 240, head, &head_columns),
+        ("column", 4096, segment, &columns),
+    ] {
+        g.bench_function(format!("{name}_encode"), |b| {
+            let (mut tb, mut vb) = (Vec::new(), Vec::new());
+            b.iter(|| {
+                for (t, v) in &series {
+                    for (t, v) in t.chunks(chunk).zip(v.chunks(chunk)) {
+                        tb.clear();
+                        vb.clear();
+                        encode(t, v, &mut tb, &mut vb);
+                    }
                 }
-            }
-            black_box(vb.len())
-        })
-    });
-    g.bench_function("head_column_decode_sum", |b| {
-        let (mut ts, mut vals) = (Vec::new(), Vec::new());
-        b.iter(|| {
-            let mut sum = 0.0;
-            for (tb, vb, n) in &head_columns {
-                ts.clear();
-                vals.clear();
-                decode_ts(tb, *n, &mut ts).unwrap();
-                decode_values(vb, *n, &mut vals).unwrap();
-                sum += vals.iter().sum::<f64>();
-            }
-            black_box(sum)
-        })
-    });
-    g.bench_function("column_encode", |b| {
-        let (mut tb, mut vb) = (Vec::new(), Vec::new());
-        b.iter(|| {
-            for (t, v) in &series {
-                for (t, v) in t.chunks(4096).zip(v.chunks(4096)) {
-                    tb.clear();
-                    vb.clear();
-                    encode_ts(t, &mut tb);
-                    encode_segment_values(v, &mut vb);
+                black_box(vb.len())
+            })
+        });
+        g.bench_function(format!("{name}_decode_sum"), |b| {
+            let (mut ts, mut vals) = (Vec::new(), Vec::new());
+            b.iter(|| {
+                let mut sum = 0.0;
+                for (tb, vb, n) in blocks {
+                    ts.clear();
+                    vals.clear();
+                    decode_ts(tb, *n, &mut ts).unwrap();
+                    decode_values(vb, *n, &mut vals).unwrap();
+                    sum += vals.iter().sum::<f64>();
                 }
-            }
-            black_box(vb.len())
-        })
-    });
-    g.bench_function("column_decode_sum", |b| {
-        let (mut ts, mut vals) = (Vec::new(), Vec::new());
-        b.iter(|| {
-            let mut sum = 0.0;
-            for (tb, vb, n) in &columns {
-                ts.clear();
-                vals.clear();
-                decode_ts(tb, *n, &mut ts).unwrap();
-                decode_values(vb, *n, &mut vals).unwrap();
-                sum += vals.iter().sum::<f64>();
-            }
-            black_box(sum)
-        })
-    });
+                black_box(sum)
+            })
+        });
+    }
     g.finish();
 }
 
