@@ -292,13 +292,28 @@ impl Varints<'_> {
 /// `n / 10^d` for an integer `|n| < 2^53`, with its integers.
 fn as_decimal(vals: &[f64]) -> Option<(u8, Vec<i64>)> {
     let mut d = 0u8;
+    // The integers at `d`, while `d` has not changed since the first value
+    // (integer columns, and decimals whose first value has all their
+    // digits): then they need no second pass.
+    let mut ints = Vec::with_capacity(vals.len());
+    let mut same_scale = true;
     for &v in vals {
-        while exact_at(v, d).is_none() {
+        loop {
+            if let Some(n) = exact_at(v, d) {
+                if same_scale {
+                    ints.push(n);
+                }
+                break;
+            }
             d += 1;
             if d > MAX_SCALE {
                 return None;
             }
+            same_scale &= ints.is_empty();
         }
+    }
+    if same_scale {
+        return Some((d, ints));
     }
     vals.iter()
         .map(|&v| exact_at(v, d))

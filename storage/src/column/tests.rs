@@ -202,6 +202,39 @@ proptest! {
         prop_assert_eq!(got, ts);
     }
 
+    /// The one-pass scale search finds what the two-pass one did: the
+    /// smallest scale that holds the values seen in order, then every value
+    /// at it, or nothing.
+    #[test]
+    fn as_decimal_matches_the_two_pass_search(
+        vals in prop::collection::vec(prop_oneof![
+            (-100_000i64..100_000, 0u32..11).prop_map(|(n, d)| n as f64 / 10f64.powi(d as i32)),
+            arb_f64(),
+        ], 0..40),
+    ) {
+        let mut d = 0u8;
+        let mut two_pass = Some(());
+        for &v in &vals {
+            while exact_at(v, d).is_none() {
+                d += 1;
+                if d > MAX_SCALE {
+                    two_pass = None;
+                    break;
+                }
+            }
+            if two_pass.is_none() {
+                break;
+            }
+        }
+        let want = two_pass.and_then(|()| {
+            vals.iter()
+                .map(|&v| exact_at(v, d))
+                .collect::<Option<Vec<i64>>>()
+                .map(|ints| (d, ints))
+        });
+        prop_assert_eq!(as_decimal(&vals), want);
+    }
+
     #[test]
     fn head_decimals_round_trip(start in -10_000i64..10_000, steps in prop::collection::vec(-3i64..4, 1..600), d in 0u32..7) {
         let mut x = start;
