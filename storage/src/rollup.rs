@@ -568,7 +568,7 @@ impl DeltaTables {
         let mut tables = RunTables::default();
         let mut gpus: Vec<(RollupGroup, [Vec<RollupRecord>; 3])> = self.gpus.into_iter().collect();
         gpus.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        for tier in RollupTier::ALL.into_iter().rev() {
+        for tier in RollupTier::ALL {
             tables[tier.index()][RollupLevel::Gpu.index()] = gpus
                 .iter_mut()
                 .filter_map(|(g, runs)| {

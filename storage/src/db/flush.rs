@@ -13,8 +13,9 @@ use super::select::unrolled_minutes;
 use super::{Storage, normalize};
 use crate::error::Error;
 use crate::files;
+use crate::gorilla::DecodeError;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::rollup::{DeltaTables, RollupDelta, RollupGroup};
+use crate::rollup::{DeltaTables, RollupDelta, RollupGroup, RollupRecord};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -237,18 +238,12 @@ impl Storage {
         for (group, minutes) in left_over.into_iter().flatten() {
             tables.add(group, minutes);
         }
-        let mut scratch = (Vec::new(), Vec::new());
-        let mut minutes = Vec::new();
-        for (key, chunks) in frozen {
-            minutes.clear();
-            match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
-                Ok(()) if minutes.is_empty() => {}
-                Ok(()) => tables.add(&RollupGroup::of_series(key), &minutes),
-                Err(e) => {
-                    error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
-                    self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
-                }
-            }
+        let folded = each_frozen_minutes(frozen, |key, minutes| {
+            tables.add(&RollupGroup::of_series(key), minutes);
+        });
+        for (key, e) in folded.err().into_iter().flatten() {
+            error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");
+            self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
         }
         tables
     }
@@ -263,15 +258,9 @@ impl Storage {
         left_over: Option<&RollupDelta>,
     ) -> RollupDelta {
         let mut delta: RollupDelta = left_over.cloned().unwrap_or_default();
-        let mut scratch = (Vec::new(), Vec::new());
-        for (key, chunks) in frozen {
-            let mut minutes = Vec::new();
-            match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
-                Ok(()) if minutes.is_empty() => {}
-                Ok(()) => delta.push((Arc::new(RollupGroup::of_series(key)), minutes)),
-                Err(_) => {}
-            }
-        }
+        let _ = each_frozen_minutes(frozen, |key, minutes| {
+            delta.push((Arc::new(RollupGroup::of_series(key)), minutes.to_vec()));
+        });
         delta
     }
 
@@ -279,6 +268,32 @@ impl Storage {
         if let Err(e) = self.wal.truncate(cut) {
             warn!(error = %e, "could not delete old WAL segments; replay skips them, since they lie below this segment's WAL cut");
         }
+    }
+}
+
+/// Calls `f` with each frozen series that has samples the rollup files do
+/// not count yet, and their gpu-level 1-minute records (window order).
+/// Series whose chunks do not decode are skipped, and returned with their
+/// error.
+fn each_frozen_minutes(
+    frozen: &[FrozenSeries],
+    mut f: impl FnMut(&SeriesKey, &[RollupRecord]),
+) -> std::result::Result<(), Vec<(&SeriesKey, DecodeError)>> {
+    let mut failed = Vec::new();
+    let mut scratch = (Vec::new(), Vec::new());
+    let mut minutes = Vec::new();
+    for (key, chunks) in frozen {
+        minutes.clear();
+        match unrolled_minutes(chunks, &mut scratch, |r| minutes.push(r)) {
+            Ok(()) if minutes.is_empty() => {}
+            Ok(()) => f(key, &minutes),
+            Err(e) => failed.push((&**key, e)),
+        }
+    }
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(failed)
     }
 }
 
