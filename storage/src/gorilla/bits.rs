@@ -97,25 +97,34 @@ impl<'a> BitReader<'a> {
         Ok(bit == 1)
     }
 
-    /// Reads `nbits` bits (0..=64) into the low bits of the result.
+    /// Reads `nbits` bits (0..=64) into the low bits of the result: one
+    /// big-endian load of the 16 bytes from the current one (9 would do:
+    /// 64 bits at an offset of up to 7) and two shifts, where the stream
+    /// has them; the last bytes go through a zero-padded copy.
     #[inline]
-    pub(crate) fn read_bits(&mut self, mut nbits: u8) -> Result<u64, Eof> {
+    pub(crate) fn read_bits(&mut self, nbits: u8) -> Result<u64, Eof> {
         debug_assert!(nbits <= 64);
-        if self.pos + nbits as usize > self.bytes.len() * 8 {
+        let end = self.pos + nbits as usize;
+        if end > self.bytes.len() * 8 {
             return Err(Eof);
         }
-        let mut out: u64 = 0;
-        while nbits > 0 {
-            let byte = self.bytes[self.pos / 8];
-            let avail = 8 - (self.pos % 8) as u8;
-            let take = nbits.min(avail);
-            let chunk = (byte >> (avail - take)) & (((1u16 << take) - 1) as u8);
-            // `take` <= 8 and the total is <= 64 bits, so nothing is shifted out.
-            out = (out << take) | chunk as u64;
-            self.pos += take as usize;
-            nbits -= take;
+        if nbits == 0 {
+            return Ok(0);
         }
-        Ok(out)
+        let at = self.pos / 8;
+        let word = match self.bytes.get(at..at + 16) {
+            Some(b) => u128::from_be_bytes(b.try_into().expect("BUG: 16 bytes")),
+            None => {
+                let mut buf = [0u8; 16];
+                let tail = &self.bytes[at..];
+                buf[..tail.len()].copy_from_slice(tail);
+                u128::from_be_bytes(buf)
+            }
+        };
+        // Drop the bits before `pos`, then keep the top `nbits`.
+        let out = (word << (self.pos % 8)) >> (128 - nbits as u32);
+        self.pos = end;
+        Ok(out as u64)
     }
 
     pub(crate) fn read_uvarint(&mut self) -> Result<u64, Eof> {
@@ -194,6 +203,32 @@ mod tests {
         let mut w = BitWriter::default();
         w.write_varint(1000);
         assert_eq!(w.bytes(), &[0xd0, 0x0f]);
+    }
+
+    proptest::proptest! {
+        /// Reads of any widths, from any stream, give the bits one at a time
+        /// would (most significant first) and fail exactly where the stream
+        /// ends, near its end (the padded load) as well as before it.
+        #[test]
+        fn read_bits_is_bit_by_bit(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            widths in proptest::collection::vec(0u8..=64, 0..20),
+        ) {
+            let bit = |i: usize| (bytes[i / 8] >> (7 - i % 8)) & 1;
+            let mut r = BitReader::new(&bytes);
+            let mut pos = 0;
+            for n in widths {
+                let n_usize = n as usize;
+                if pos + n_usize > bytes.len() * 8 {
+                    proptest::prop_assert_eq!(r.read_bits(n), Err(Eof));
+                    continue;
+                }
+                let want = (pos..pos + n_usize).fold(0u64, |acc, i| (acc << 1) | bit(i) as u64);
+                proptest::prop_assert_eq!(r.read_bits(n), Ok(want));
+                pos += n_usize;
+                proptest::prop_assert_eq!(r.bit_pos(), pos);
+            }
+        }
     }
 
     #[test]
