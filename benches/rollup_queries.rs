@@ -26,7 +26,9 @@
 //! `rollup_1h`/`rollup_1d` tables is reported as unavailable when the build
 //! has no such tables. Other shapes: `GPULSE_BENCH_GPUS`,
 //! `GPULSE_BENCH_RAW_INTERVAL_S`, `GPULSE_BENCH_FLUSH_S`,
-//! `GPULSE_BENCH_MINUTE_HOURS`.
+//! `GPULSE_BENCH_MINUTE_HOURS`. `GPULSE_BENCH_QUERIES` (e.g. `1,3`) times
+//! only those of the four queries (1 rack temperature per hour, 2 fleet power
+//! per day, 3 one GPU's raw hour, 4 the full scan), for profiling one.
 
 // A benchmark reports to stdout.
 #![allow(clippy::print_stdout)]
@@ -87,6 +89,8 @@ struct Params {
     minute_hours: i64,
     reps: usize,
     scan_reps: usize,
+    /// Which of the four queries to time (`GPULSE_BENCH_QUERIES`).
+    queries: [bool; 4],
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
@@ -96,6 +100,18 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> anyhow::Result<T> {
             .map_err(|_| anyhow::anyhow!("{name}={v:?} does not parse")),
         Err(_) => Ok(default),
     }
+}
+
+/// `1,3` as `[true, false, true, false]`.
+fn queries_of(list: &str) -> anyhow::Result<[bool; 4]> {
+    let mut on = [false; 4];
+    for q in list.split(',') {
+        match q.trim().parse::<usize>() {
+            Ok(n @ 1..=4) => on[n - 1] = true,
+            _ => bail!("GPULSE_BENCH_QUERIES={list:?}: a comma-separated list of 1 to 4"),
+        }
+    }
+    Ok(on)
 }
 
 impl Params {
@@ -111,6 +127,7 @@ impl Params {
             minute_hours: env_or("GPULSE_BENCH_MINUTE_HOURS", 3)?,
             reps: env_or("GPULSE_BENCH_REPS", 20)?,
             scan_reps: env_or("GPULSE_BENCH_SCAN_REPS", 3)?,
+            queries: queries_of(&env_or("GPULSE_BENCH_QUERIES", "1,2,3,4".to_string())?)?,
         };
         if p.gpus == 0 || !p.gpus.is_multiple_of(8) {
             bail!("GPULSE_BENCH_GPUS must be a positive multiple of 8");
@@ -488,178 +505,191 @@ fn main() -> anyhow::Result<()> {
     println!("| --- | --- | --- | --- | --- |");
 
     // 1. Average GPU temperature per rack per hour over 30 days.
-    let from = T_END - HOUR_DAYS * DAY;
-    let filter = RollupFilter {
-        metric: Some(TEMP.into()),
-        ..Default::default()
-    };
-    let (m, p95, out) = time(reps, || {
-        st.select_rollups(
-            RollupTier::Hour,
-            RollupLevel::Rack,
-            &filter,
-            from,
-            T_END - 1,
-        )
-    });
-    let records: usize = out.iter().map(|(_, r)| r.len()).sum();
-    if out.len() as u64 != racks || records as u64 != racks * (HOUR_DAYS * 24) as u64 {
-        bail!("query 1 returned {} racks, {records} records", out.len());
-    }
-    report(
-        "temperature per rack per hour, 30 d: `select_rollups`",
-        "< 50 ms",
-        (m, p95),
-        &format!("{} racks x {} hours", out.len(), records / out.len()),
-    );
-    let sql = format!(
-        "SELECT ts, rack, avg FROM rollup_1h WHERE level = 'rack' AND metric = '{TEMP}' AND ts >= {} AND ts < {}",
-        ts_literal(from),
-        ts_literal(T_END)
-    );
-    match time_sql(&rt, &engine, reps, &sql)? {
-        Ok((m, p95, out)) => report(
-            "same, SQL on `rollup_1h`",
+    if p.queries[0] {
+        let from = T_END - HOUR_DAYS * DAY;
+        let filter = RollupFilter {
+            metric: Some(TEMP.into()),
+            ..Default::default()
+        };
+        let (m, p95, out) = time(reps, || {
+            st.select_rollups(
+                RollupTier::Hour,
+                RollupLevel::Rack,
+                &filter,
+                from,
+                T_END - 1,
+            )
+        });
+        let records: usize = out.iter().map(|(_, r)| r.len()).sum();
+        if out.len() as u64 != racks || records as u64 != racks * (HOUR_DAYS * 24) as u64 {
+            bail!("query 1 returned {} racks, {records} records", out.len());
+        }
+        report(
+            "temperature per rack per hour, 30 d: `select_rollups`",
             "< 50 ms",
             (m, p95),
-            &format!("{} rows", out.num_rows()),
-        ),
-        Err(e) => println!("| same, SQL on `rollup_1h` | - | - | < 50 ms | not available: {e} |"),
+            &format!("{} racks x {} hours", out.len(), records / out.len()),
+        );
+        let sql = format!(
+            "SELECT ts, rack, avg FROM rollup_1h WHERE level = 'rack' AND metric = '{TEMP}' AND ts >= {} AND ts < {}",
+            ts_literal(from),
+            ts_literal(T_END)
+        );
+        match time_sql(&rt, &engine, reps, &sql)? {
+            Ok((m, p95, out)) => report(
+                "same, SQL on `rollup_1h`",
+                "< 50 ms",
+                (m, p95),
+                &format!("{} rows", out.num_rows()),
+            ),
+            Err(e) => {
+                println!("| same, SQL on `rollup_1h` | - | - | < 50 ms | not available: {e} |")
+            }
+        }
     }
 
     // 2. Cluster-wide power per day over a year.
-    let filter = RollupFilter {
-        metric: Some(POWER.into()),
-        ..Default::default()
-    };
-    let from = T_END - DAY_DAYS * DAY;
-    let (m, p95, out) = time(reps, || {
-        st.select_rollups(
-            RollupTier::Day,
-            RollupLevel::Cluster,
-            &filter,
-            from,
-            T_END - 1,
-        )
-    });
-    let records: usize = out.iter().map(|(_, r)| r.len()).sum();
-    if records as i64 != DAY_DAYS {
-        bail!("query 2 returned {records} records");
-    }
-    let mean_total_kw =
-        out[0].1.iter().map(|r| r.avg()).sum::<f64>() / records as f64 * p.gpus as f64 / 1e3;
-    report(
-        "cluster power per day, 365 d: `select_rollups`",
-        "< 20 ms",
-        (m, p95),
-        &format!("{records} days, mean fleet power {mean_total_kw:.0} kW"),
-    );
-    let sql = format!(
-        "SELECT ts, avg, sum, count FROM rollup_1d WHERE level = 'cluster' AND metric = '{POWER}' AND ts >= {} AND ts < {}",
-        ts_literal(from),
-        ts_literal(T_END)
-    );
-    match time_sql(&rt, &engine, reps, &sql)? {
-        Ok((m, p95, out)) => report(
-            "same, SQL on `rollup_1d`",
+    if p.queries[1] {
+        let filter = RollupFilter {
+            metric: Some(POWER.into()),
+            ..Default::default()
+        };
+        let from = T_END - DAY_DAYS * DAY;
+        let (m, p95, out) = time(reps, || {
+            st.select_rollups(
+                RollupTier::Day,
+                RollupLevel::Cluster,
+                &filter,
+                from,
+                T_END - 1,
+            )
+        });
+        let records: usize = out.iter().map(|(_, r)| r.len()).sum();
+        if records as i64 != DAY_DAYS {
+            bail!("query 2 returned {records} records");
+        }
+        let mean_total_kw =
+            out[0].1.iter().map(|r| r.avg()).sum::<f64>() / records as f64 * p.gpus as f64 / 1e3;
+        report(
+            "cluster power per day, 365 d: `select_rollups`",
             "< 20 ms",
             (m, p95),
-            &format!("{} rows", out.num_rows()),
-        ),
-        Err(e) => println!("| same, SQL on `rollup_1d` | - | - | < 20 ms | not available: {e} |"),
+            &format!("{records} days, mean fleet power {mean_total_kw:.0} kW"),
+        );
+        let sql = format!(
+            "SELECT ts, avg, sum, count FROM rollup_1d WHERE level = 'cluster' AND metric = '{POWER}' AND ts >= {} AND ts < {}",
+            ts_literal(from),
+            ts_literal(T_END)
+        );
+        match time_sql(&rt, &engine, reps, &sql)? {
+            Ok((m, p95, out)) => report(
+                "same, SQL on `rollup_1d`",
+                "< 20 ms",
+                (m, p95),
+                &format!("{} rows", out.num_rows()),
+            ),
+            Err(e) => {
+                println!("| same, SQL on `rollup_1d` | - | - | < 20 ms | not available: {e} |")
+            }
+        }
     }
 
     // 3. Raw samples of one GPU for the last hour.
-    let (host, gpu, ..) = topo(p.gpus / 2 + 3);
-    let matchers = [
-        Matcher::equal("Hostname", hostname(host)),
-        Matcher::equal("gpu", gpu.to_string()),
-    ];
-    let (m, p95, n) = time(reps, || {
-        let (mut ts, mut vs) = (Vec::new(), Vec::new());
-        for s in st.select(&matchers, T_RAW, T_END - 1) {
-            s.read_into(T_RAW, T_END - 1, &mut ts, &mut vs)
-                .expect("segments decode");
+    if p.queries[2] {
+        let (host, gpu, ..) = topo(p.gpus / 2 + 3);
+        let matchers = [
+            Matcher::equal("Hostname", hostname(host)),
+            Matcher::equal("gpu", gpu.to_string()),
+        ];
+        let (m, p95, n) = time(reps, || {
+            let (mut ts, mut vs) = (Vec::new(), Vec::new());
+            for s in st.select(&matchers, T_RAW, T_END - 1) {
+                s.read_into(T_RAW, T_END - 1, &mut ts, &mut vs)
+                    .expect("segments decode");
+            }
+            ts.len()
+        });
+        let want = METRICS.len() as i64 * 3600 / p.raw_interval_s;
+        if n as i64 != want {
+            bail!("query 3 read {n} samples, expected {want}");
         }
-        ts.len()
-    });
-    let want = METRICS.len() as i64 * 3600 / p.raw_interval_s;
-    if n as i64 != want {
-        bail!("query 3 read {n} samples, expected {want}");
+        report(
+            "raw samples of one GPU, last hour: `select` + `read_into`",
+            "< 10 ms",
+            (m, p95),
+            &format!("{n} samples"),
+        );
+        let sql = format!(
+            "SELECT ts, metric, value FROM samples WHERE host = '{}' AND gpu = '{gpu}' AND ts >= {} AND ts < {}",
+            hostname(host),
+            ts_literal(T_RAW),
+            ts_literal(T_END)
+        );
+        let (m, p95, out) = match time_sql(&rt, &engine, reps, &sql)? {
+            Ok(r) => r,
+            Err(e) => bail!("query 3 SQL: {e}"),
+        };
+        if out.num_rows() != n {
+            bail!("query 3 SQL returned {} rows, expected {n}", out.num_rows());
+        }
+        report(
+            "same, SQL on `samples`",
+            "< 10 ms",
+            (m, p95),
+            &format!("{} rows", out.num_rows()),
+        );
     }
-    report(
-        "raw samples of one GPU, last hour: `select` + `read_into`",
-        "< 10 ms",
-        (m, p95),
-        &format!("{n} samples"),
-    );
-    let sql = format!(
-        "SELECT ts, metric, value FROM samples WHERE host = '{}' AND gpu = '{gpu}' AND ts >= {} AND ts < {}",
-        hostname(host),
-        ts_literal(T_RAW),
-        ts_literal(T_END)
-    );
-    let (m, p95, out) = match time_sql(&rt, &engine, reps, &sql)? {
-        Ok(r) => r,
-        Err(e) => bail!("query 3 SQL: {e}"),
-    };
-    if out.num_rows() != n {
-        bail!("query 3 SQL returned {} rows, expected {n}", out.num_rows());
-    }
-    report(
-        "same, SQL on `samples`",
-        "< 10 ms",
-        (m, p95),
-        &format!("{} rows", out.num_rows()),
-    );
 
     // 4. Full raw scan aggregate, one core.
-    let (m, p95, (sum, n)) = time(scan_reps, || {
-        let (mut ts, mut vs) = (Vec::new(), Vec::new());
-        let (mut sum, mut n) = (0.0f64, 0u64);
-        for s in st.select(&[], i64::MIN, i64::MAX) {
-            ts.clear();
-            vs.clear();
-            s.read_into(i64::MIN, i64::MAX, &mut ts, &mut vs)
-                .expect("segments decode");
-            sum += vs.iter().sum::<f64>();
-            n += vs.len() as u64;
+    if p.queries[3] {
+        let (m, p95, (sum, n)) = time(scan_reps, || {
+            let (mut ts, mut vs) = (Vec::new(), Vec::new());
+            let (mut sum, mut n) = (0.0f64, 0u64);
+            for s in st.select(&[], i64::MIN, i64::MAX) {
+                ts.clear();
+                vs.clear();
+                s.read_into(i64::MIN, i64::MAX, &mut ts, &mut vs)
+                    .expect("segments decode");
+                sum += vs.iter().sum::<f64>();
+                n += vs.len() as u64;
+            }
+            (sum, n)
+        });
+        report(
+            "full raw scan, sum + count: `select` + `read_into`, one core",
+            ">= 100 M samples/s",
+            (m, p95),
+            &format!(
+                "{n} samples, {:.1} M samples/s (median)",
+                n as f64 / m / 1e3
+            ),
+        );
+        let sql = "SELECT sum(value), count(*) FROM samples";
+        let (m, p95, out) = match time_sql(&rt, &engine, scan_reps, sql)? {
+            Ok(r) => r,
+            Err(e) => bail!("query 4 SQL: {e}"),
+        };
+        let batch = &out.batches[0];
+        let sql_sum = batch
+            .column(0)
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .map(|a| a.value(0));
+        let sql_n = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .map(|a| a.value(0));
+        if sql_n != Some(n as i64) || sql_sum.is_none_or(|s| (s - sum).abs() > 1e-9 * sum.abs()) {
+            bail!("query 4 SQL: {sql_sum:?}, {sql_n:?} vs storage {sum}, {n}");
         }
-        (sum, n)
-    });
-    report(
-        "full raw scan, sum + count: `select` + `read_into`, one core",
-        ">= 100 M samples/s",
-        (m, p95),
-        &format!(
-            "{n} samples, {:.1} M samples/s (median)",
-            n as f64 / m / 1e3
-        ),
-    );
-    let sql = "SELECT sum(value), count(*) FROM samples";
-    let (m, p95, out) = match time_sql(&rt, &engine, scan_reps, sql)? {
-        Ok(r) => r,
-        Err(e) => bail!("query 4 SQL: {e}"),
-    };
-    let batch = &out.batches[0];
-    let sql_sum = batch
-        .column(0)
-        .as_any()
-        .downcast_ref::<Float64Array>()
-        .map(|a| a.value(0));
-    let sql_n = batch
-        .column(1)
-        .as_any()
-        .downcast_ref::<Int64Array>()
-        .map(|a| a.value(0));
-    if sql_n != Some(n as i64) || sql_sum.is_none_or(|s| (s - sum).abs() > 1e-9 * sum.abs()) {
-        bail!("query 4 SQL: {sql_sum:?}, {sql_n:?} vs storage {sum}, {n}");
+        report(
+            "same, SQL `SELECT sum(value), count(*) FROM samples`, target_partitions = 1",
+            ">= 100 M samples/s",
+            (m, p95),
+            &format!("{:.1} M samples/s (median)", n as f64 / m / 1e3),
+        );
     }
-    report(
-        "same, SQL `SELECT sum(value), count(*) FROM samples`, target_partitions = 1",
-        ">= 100 M samples/s",
-        (m, p95),
-        &format!("{:.1} M samples/s (median)", n as f64 / m / 1e3),
-    );
+
     Ok(())
 }

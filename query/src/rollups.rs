@@ -66,7 +66,9 @@ use datafusion::physical_expr::{EquivalenceProperties, Partitioning, PhysicalExp
 use datafusion::physical_plan::execution_plan::{Boundedness, EmissionType};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::{DisplayAs, DisplayFormatType, ExecutionPlan, PlanProperties};
-use storage::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage};
+use storage::{
+    RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage,
+};
 
 use crate::cluster::ClusterReader;
 use crate::pushdown::{TimeRange, column_of, comparisons, literal_of, string_of};
@@ -523,8 +525,9 @@ struct RollupBatches {
     /// The level `groups` belong to.
     level: RollupLevel,
     groups: std::vec::IntoIter<(RollupGroup, Vec<RollupRecord>)>,
-    /// The group being emitted and the next of its records.
-    current: Option<(RollupGroup, std::vec::IntoIter<RollupRecord>)>,
+    /// The group being emitted, its records, and the range of them still to
+    /// emit (those whose window starts in `window_starts`).
+    current: Option<(RollupGroup, Vec<RollupRecord>, std::ops::Range<usize>)>,
     cols: Vec<usize>,
     schema: SchemaRef,
     /// Cluster mode: where levels come from instead of `storage`.
@@ -539,23 +542,24 @@ enum Builder {
 }
 
 impl RollupBatches {
-    /// The next record of this scan with its group, reading the next level
-    /// from storage when needed.
-    fn next_record(&mut self) -> Option<(RollupLevel, &RollupGroup, RollupRecord)> {
+    /// The next records of this scan (at most `max`, one group's, in window
+    /// order) with their level and group, reading the next level from
+    /// storage when needed.
+    fn next_records(&mut self, max: usize) -> Option<(RollupLevel, &RollupGroup, &[RollupRecord])> {
         loop {
-            if let Some((_, records)) = &mut self.current
-                && let Some(r) = records.next()
+            if let Some((_, _, range)) = &self.current
+                && !range.is_empty()
             {
-                if r.window_start_ms < self.window_starts.min_ts
-                    || r.window_start_ms > self.window_starts.max_ts
-                {
-                    continue;
-                }
-                let (g, _) = self.current.as_ref().expect("BUG: checked above");
-                return Some((self.level, g, r));
+                let (g, records, range) = self.current.as_mut().expect("BUG: checked above");
+                let take = range.start..range.end.min(range.start + max);
+                range.start = take.end;
+                return Some((self.level, g, &records[take]));
             }
             if let Some((g, records)) = self.groups.next() {
-                self.current = Some((g, records.into_iter()));
+                let (lo, hi) = (self.window_starts.min_ts, self.window_starts.max_ts);
+                let from = records.partition_point(|r| r.window_start_ms < lo);
+                let to = records.partition_point(|r| r.window_start_ms <= hi);
+                self.current = Some((g, records, from..to.max(from)));
                 continue;
             }
             let level = self.levels.next()?;
@@ -566,17 +570,35 @@ impl RollupBatches {
                     .find(|(l, _)| *l == level)
                     .map(|(_, groups)| groups.clone())
                     .unwrap_or_default(),
-                None => self.storage.select_rollups(
+                None => self.storage.select_rollup_fields(
                     self.tier,
                     level,
                     &self.filter,
-                    self.time.min_ts,
-                    self.time.max_ts,
+                    (self.time.min_ts, self.time.max_ts),
+                    fields_of(&self.cols),
                 ),
             }
             .into_iter();
         }
     }
+}
+
+/// The record fields that the columns `cols` (indexes into the table's
+/// schema) show: storage decodes no other.
+fn fields_of(cols: &[usize]) -> RecordFields {
+    let mut f = RecordFields::NONE;
+    for &i in cols {
+        match COLUMNS.get(i).copied() {
+            Some("sum") => f.sum = true,
+            Some("avg") => f.sum = true,
+            Some("min") => f.min = true,
+            Some("max") => f.max = true,
+            Some("first") => f.first = true,
+            Some("last") => f.last = true,
+            _ => {}
+        }
+    }
+    f
 }
 
 /// What a projected column holds, resolved once per batch rather than by
@@ -589,7 +611,18 @@ enum Col {
     /// A group field.
     Group(fn(&RollupGroup) -> &str),
     Count,
-    Float(fn(&RollupRecord) -> f64),
+    Float(Value),
+}
+
+/// A float column of a record.
+#[derive(Clone, Copy)]
+enum Value {
+    Sum,
+    Min,
+    Max,
+    First,
+    Last,
+    Avg,
 }
 
 impl Col {
@@ -599,12 +632,12 @@ impl Col {
             Some("ts") => Col::Ts,
             Some("level") => Col::Level,
             Some("count") => Col::Count,
-            Some("sum") => Col::Float(|r| r.sum),
-            Some("min") => Col::Float(|r| r.min),
-            Some("max") => Col::Float(|r| r.max),
-            Some("first") => Col::Float(|r| r.first),
-            Some("last") => Col::Float(|r| r.last),
-            Some("avg") => Col::Float(RollupRecord::avg),
+            Some("sum") => Col::Float(Value::Sum),
+            Some("min") => Col::Float(Value::Min),
+            Some("max") => Col::Float(Value::Max),
+            Some("first") => Col::Float(Value::First),
+            Some("last") => Col::Float(Value::Last),
+            Some("avg") => Col::Float(Value::Avg),
             Some("metric") => Col::Group(|g| &g.metric),
             Some("cluster") => Col::Group(|g| &g.cluster),
             Some("row") => Col::Group(|g| &g.row),
@@ -640,26 +673,51 @@ impl Iterator for RollupBatches {
         let tier_label = self.tier_label.unwrap_or_default();
         let mut rows = 0;
         while rows < BATCH_ROWS {
-            let Some((level, g, r)) = self.next_record() else {
+            let Some((level, g, records)) = self.next_records(BATCH_ROWS - rows) else {
                 break;
             };
+            // A group's records, column by column.
             for (col, b) in &mut builders {
                 match (*col, b) {
-                    (Col::Ts, Builder::Ts(b)) => b.append_value(r.window_start_ms),
-                    (Col::Count, Builder::Count(b)) => {
-                        b.append_value(i64::try_from(r.count).unwrap_or(i64::MAX))
+                    (Col::Ts, Builder::Ts(b)) => {
+                        b.extend(records.iter().map(|r| Some(r.window_start_ms)))
                     }
-                    (Col::Level, Builder::Text(b)) => b.append_value(level.name()),
-                    (Col::Tier, Builder::Text(b)) => b.append_value(tier_label),
+                    (Col::Count, Builder::Count(b)) => b.extend(
+                        records
+                            .iter()
+                            .map(|r| Some(i64::try_from(r.count).unwrap_or(i64::MAX))),
+                    ),
+                    (Col::Level, Builder::Text(b)) => {
+                        for _ in records {
+                            b.append_value(level.name());
+                        }
+                    }
+                    (Col::Tier, Builder::Text(b)) => {
+                        for _ in records {
+                            b.append_value(tier_label);
+                        }
+                    }
                     (Col::Group(field), Builder::Text(b)) => {
                         let v = field(g);
-                        b.append_option((!v.is_empty()).then_some(v))
+                        for _ in records {
+                            b.append_option((!v.is_empty()).then_some(v));
+                        }
                     }
-                    (Col::Float(get), Builder::Float(b)) => b.append_value(get(&r)),
+                    (Col::Float(v), Builder::Float(b)) => {
+                        let rs = records.iter();
+                        match v {
+                            Value::Sum => b.extend(rs.map(|r| Some(r.sum))),
+                            Value::Min => b.extend(rs.map(|r| Some(r.min))),
+                            Value::Max => b.extend(rs.map(|r| Some(r.max))),
+                            Value::First => b.extend(rs.map(|r| Some(r.first))),
+                            Value::Last => b.extend(rs.map(|r| Some(r.last))),
+                            Value::Avg => b.extend(rs.map(|r| Some(r.avg()))),
+                        }
+                    }
                     _ => unreachable!("BUG: a column's builder is made for its kind"),
                 }
             }
-            rows += 1;
+            rows += records.len();
         }
         if rows == 0 {
             return None;

@@ -35,7 +35,7 @@ pub use error::{Error, Result};
 pub use head::{ChunkCodec, MemChunk, Newest, SeriesRef};
 pub use inventory::{GpuRecord, Inventory};
 pub use rollup::file::RollupFile;
-pub use rollup::{RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
+pub use rollup::{RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 pub use segment::writer::SegmentSummary;
 pub use series::{Label, Matcher, Pattern, SeriesKey};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};

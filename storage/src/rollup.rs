@@ -317,6 +317,48 @@ impl RollupFilter {
     }
 }
 
+/// The fields of its [`RollupRecord`]s that a rollup query needs besides the
+/// window start and the count, which every read decodes. A rollup file stores
+/// each field as its own column, so a read skips the columns it is not asked
+/// for; in the records it returns, the values of those fields are NaN and
+/// their timestamps the window's start. The first read of a file's block
+/// decodes (and checks) every field whatever it is asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordFields {
+    pub sum: bool,
+    pub min: bool,
+    pub max: bool,
+    /// `first` and `first_ts_ms`.
+    pub first: bool,
+    /// `last` and `last_ts_ms`.
+    pub last: bool,
+}
+
+impl RecordFields {
+    /// Every field.
+    pub const ALL: Self = Self {
+        sum: true,
+        min: true,
+        max: true,
+        first: true,
+        last: true,
+    };
+    /// None beyond the window and the count.
+    pub const NONE: Self = Self {
+        sum: false,
+        min: false,
+        max: false,
+        first: false,
+        last: false,
+    };
+
+    /// Whether both timestamp offset columns are needed (`last_ts_ms` is
+    /// stored as a span after `first_ts_ms`).
+    pub(crate) fn times(self) -> bool {
+        self.first || self.last
+    }
+}
+
 /// The aggregate of one group over one window. Mergeable (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RollupRecord {
@@ -808,11 +850,6 @@ impl<'a> Query<'a> {
         }
     }
 
-    /// Whether the window starting at `ws` (of this query's tier) overlaps the range.
-    pub(crate) fn overlaps(&self, ws: i64) -> bool {
-        ws <= self.max_ts && ws.saturating_add(self.tier.window_ms() - 1) >= self.min_ts
-    }
-
     /// Adds gpu-level minute records of one series (from memory).
     pub(crate) fn add_minutes<'r>(
         &mut self,
@@ -839,6 +876,34 @@ impl<'a> Query<'a> {
         let w = self.out.entry(group.at_level(self.level)).or_default();
         for r in picked {
             w.push(r);
+        }
+    }
+
+    /// Adds a group's records, already in this query's tier and level and in
+    /// window order (a file block's), those whose window overlaps the range.
+    /// A group's first run is kept as it is, not copied.
+    pub(crate) fn add_records(&mut self, group: &RollupGroup, mut records: Vec<RollupRecord>) {
+        let (min_ts, max_ts, w) = (self.min_ts, self.max_ts, self.tier.window_ms());
+        let to = records.partition_point(|r| r.window_start_ms <= max_ts);
+        records.truncate(to);
+        let from = records.partition_point(|r| r.window_start_ms.saturating_add(w - 1) < min_ts);
+        if from == records.len() {
+            return;
+        }
+        records.drain(..from);
+        if self.run_group.as_ref() != Some(group) {
+            self.end_run();
+            self.run_group = Some(group.clone());
+        }
+        if self.run.records.is_empty() {
+            self.run = Windows {
+                records,
+                sorted: true,
+            };
+        } else {
+            for r in records {
+                self.run.push(r);
+            }
         }
     }
 

@@ -178,6 +178,72 @@ async fn rack_hours_equal_a_fold_of_the_raw_samples() {
     }
 }
 
+/// Storage decodes only the record fields a scan's columns show
+/// (`fields_of`): every projection, and a filter on a column the query does
+/// not show, still gives the fold's values, on a file's first read (which
+/// decodes every field) and on the reads after it (which do not).
+#[tokio::test]
+async fn projections_and_filters_read_the_fields_they_need() {
+    let (_dir, st, samples) = fixture();
+    let mut want: BTreeMap<(&str, i64), Fold> = BTreeMap::new();
+    for s in samples.iter().filter(|s| s.metric == METRICS[0]) {
+        want.entry((s.rack, s.ts - s.ts.rem_euclid(3_600_000)))
+            .or_default()
+            .add(s.ts, s.value);
+    }
+    // A cut that keeps some windows and drops others.
+    let mut firsts: Vec<f64> = want.values().map(|f| f.first.1).collect();
+    firsts.sort_by(f64::total_cmp);
+    let cut = firsts[firsts.len() / 2];
+    assert!(firsts[0] < cut, "{firsts:?}");
+    let engine = QueryEngine::new(st);
+    let from = "FROM rollup_1h WHERE level = 'rack' AND metric";
+    for round in 0..2 {
+        for (select, field) in [
+            (
+                "avg",
+                (|f: &Fold| f.sum / f.count as f64) as fn(&Fold) -> f64,
+            ),
+            ("sum", |f| f.sum),
+            ("min", |f| f.min),
+            ("max", |f| f.max),
+            ("first", |f| f.first.1),
+            ("last", |f| f.last.1),
+            ("count", |f| f.count as f64),
+        ] {
+            let sql = format!(
+                "SELECT rack, ts, {select} {from} = '{}' ORDER BY rack, ts",
+                METRICS[0]
+            );
+            let got = rows(&engine.sql(&sql).await.unwrap());
+            assert_eq!(got.len(), want.len(), "{sql}");
+            for (row, ((rack, hour), f)) in got.iter().zip(&want) {
+                assert_eq!(
+                    (&row[0], &row[1]),
+                    (&Value::from(*rack), &Value::from(ts_text(*hour)))
+                );
+                assert!(
+                    close(row[2].as_f64().unwrap(), field(f)),
+                    "round {round}, {select}: {row:?} vs {f:?}"
+                );
+            }
+        }
+        // `first` is not shown: DataFusion filters on it above the scan,
+        // which must still read it.
+        let sql = format!(
+            "SELECT rack, ts {from} = '{}' AND first >= {cut} ORDER BY rack, ts",
+            METRICS[0]
+        );
+        let got = rows(&engine.sql(&sql).await.unwrap());
+        let expected: Vec<Vec<Value>> = want
+            .iter()
+            .filter(|(_, f)| f.first.1 >= cut)
+            .map(|((rack, hour), _)| vec![Value::from(*rack), Value::from(ts_text(*hour))])
+            .collect();
+        assert_eq!(got, expected, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn every_level_of_a_tier_counts_every_sample() {
     let (_dir, st, samples) = fixture();

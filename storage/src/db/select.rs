@@ -14,7 +14,8 @@ use crate::error::Error;
 use crate::gorilla::DecodeError;
 use crate::head::{MemChunk, Newest};
 use crate::rollup::{
-    Query, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, fold_minutes,
+    Query, RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier,
+    fold_minutes,
 };
 use crate::segment::{ChunkRef, Segment};
 use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
@@ -301,24 +302,30 @@ impl Storage {
         min_ts: i64,
         max_ts: i64,
     ) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
+        self.select_rollup_fields(tier, level, filter, (min_ts, max_ts), RecordFields::ALL)
+    }
+
+    /// As [`Self::select_rollups`], with the fields of `fields` only (see
+    /// [`RecordFields`]): the rollup files' columns of the others are not
+    /// decoded. Records from memory have every field.
+    pub fn select_rollup_fields(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        filter: &RollupFilter,
+        (min_ts, max_ts): (i64, i64),
+        fields: RecordFields,
+    ) -> Vec<(RollupGroup, Vec<RollupRecord>)> {
         let mut q = Query::new(tier, level, filter, min_ts, max_ts);
         if min_ts > max_ts {
             return Vec::new();
         }
         let state = lock!(self.state.read());
+        let windows = (tier.window_start(min_ts), max_ts);
         for f in &state.rollups {
-            let read = f.for_each_matching(
-                tier,
-                level,
-                tier.window_start(min_ts),
-                max_ts,
-                filter,
-                |g, r| {
-                    if q.overlaps(r.window_start_ms) {
-                        q.add_record(g, r);
-                    }
-                },
-            );
+            let read = f.for_each_group(tier, level, windows, filter, fields, |g, records| {
+                q.add_records(g, records)
+            });
             if let Err(e) = read {
                 error!(error = %e, "rollup file block does not decode; skipped");
                 self.metrics.rollup_read_errors.fetch_add(1, Relaxed);

@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use memmap2::Mmap;
 
 use super::{
-    GroupRef, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, TableView, Tables,
+    GroupRef, RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier,
+    TableView, Tables,
 };
 use crate::codec::{ReadResult, Reader, put_str, put_uvarint};
 use crate::error::Corruption;
@@ -309,20 +310,24 @@ impl BlockContents {
     }
 }
 
-/// Parses one block's payload, calling `f` per record of the groups that
-/// `keep` accepts (asked once per group, on the fields as they lie in the
-/// payload: only kept groups are copied out). Checks that windows are aligned,
-/// ascending per group and inside the block's range, that sample timestamps
-/// lie in their window, and that group fields below the level are empty.
+/// Parses one block's payload, calling `f` with each group that `keep`
+/// accepts (asked once per group, on the fields as they lie in the payload:
+/// only kept groups are copied out) and its records, in window order (a
+/// version 1 or 2 payload passes them one at a time). Decodes the fields of
+/// `fields` (see [`RecordFields`]); a version 1 or 2 payload has them all.
+/// Checks that windows are aligned, ascending per group and inside the
+/// block's range, that the sample timestamps it decodes lie in their window,
+/// and that group fields below the level are empty.
 fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
+    fields: RecordFields,
     keep: impl FnMut(&GroupRef<'_>) -> bool,
-    f: impl FnMut(&RollupGroup, RollupRecord),
+    f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
 ) -> ReadResult<()> {
     if b.columnar {
-        decode_columns(buf, base, b, keep, f)
+        decode_columns(buf, base, b, fields, keep, f)
     } else {
         decode_rows(buf, base, b, keep, f)
     }
@@ -350,13 +355,17 @@ fn read_group<'a>(r: &mut Reader<'a>, b: &BlockInfo) -> ReadResult<GroupRef<'a>>
 }
 
 /// A version 3 payload: the groups with their record counts, then each
-/// field of every record as a column (`docs/format/rollup.md`).
+/// field of every record as a column (`docs/format/rollup.md`). Columns
+/// outside `fields` are stepped over, not decoded; so are the records of
+/// groups not kept, unless every field is asked for (a block's first read,
+/// which checks them all).
 fn decode_columns(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
+    fields: RecordFields,
     mut keep: impl FnMut(&GroupRef<'_>) -> bool,
-    mut f: impl FnMut(&RollupGroup, RollupRecord),
+    mut f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
 ) -> ReadResult<()> {
     let oob = |at: u64, what| Err((at, Corruption::OutOfBounds { what }));
     let mut r = Reader::new(buf, base);
@@ -381,9 +390,18 @@ fn decode_columns(
         let len = r.len(what, usize::MAX)?;
         Ok((at, r.bytes(len, what)?))
     }
+    let all = fields == RecordFields::ALL;
+    let times = fields.times();
     let mut ints: [Vec<i64>; 4] = Default::default();
-    for (v, what) in ints.iter_mut().zip(["window", "count", "first_ts", "span"]) {
+    for ((v, what), wanted) in ints
+        .iter_mut()
+        .zip(["window", "count", "first_ts", "span"])
+        .zip([true, true, times, times])
+    {
         let (at, bytes) = block(&mut r, what)?;
+        if !wanted {
+            continue;
+        }
         crate::column::decode_ints(bytes, total, v).map_err(|e| (at, Corruption::BadBlock(e)))?;
         if v.len() != total {
             return oob(at, what);
@@ -391,12 +409,23 @@ fn decode_columns(
     }
     // The values: five column blocks for each run of groups of one metric.
     let mut values: [Vec<f64>; 5] = Default::default();
+    let wanted = [
+        fields.sum,
+        fields.min,
+        fields.max,
+        fields.first,
+        fields.last,
+    ];
     for n in metric_runs(groups.iter().map(|&(metric, _, n)| (metric, n))) {
-        for (v, what) in values
+        for ((v, what), wanted) in values
             .iter_mut()
             .zip(["sum", "min", "max", "first", "last"])
+            .zip(wanted)
         {
             let (at, bytes) = block(&mut r, what)?;
+            if !wanted {
+                continue;
+            }
             let before = v.len();
             crate::column::decode_values(bytes, n, v).map_err(|e| (at, Corruption::BadBlock(e)))?;
             if v.len() != before + n {
@@ -407,14 +436,21 @@ fn decode_columns(
     if !r.is_empty() {
         return oob(r.offset(), "bytes after the last column");
     }
+    let value = |col: &Vec<f64>, i: usize| col.get(i).copied().unwrap_or(f64::NAN);
     let [sum, min, max, first, last] = &values;
     let [windows, counts, first_off, span] = &ints;
     let mut from = 0;
     for (_, kept, n) in &groups {
-        for i in from..from + n {
+        let group = from..from + n;
+        from += n;
+        if kept.is_none() && !all {
+            continue;
+        }
+        let mut records = Vec::with_capacity(if kept.is_some() { *n } else { 0 });
+        for i in group.clone() {
             // A window is its start over the tier's window length; they
             // ascend within a group.
-            if i > from && windows[i] <= windows[i - 1] {
+            if i > group.start && windows[i] <= windows[i - 1] {
                 return oob(base, "window order");
             }
             let start = windows[i].checked_mul(w);
@@ -423,29 +459,35 @@ fn decode_columns(
             };
             // Offsets past the window, or negative, are refused before they
             // are added, so that the sums below cannot overflow.
-            let (f_off, s_off) = (first_off[i], span[i]);
+            let (f_off, s_off) = if times {
+                (first_off[i], span[i])
+            } else {
+                (0, 0)
+            };
             if !(0..w).contains(&f_off) || !(0..w).contains(&s_off) || counts[i] < 1 {
                 return oob(base, "record");
             }
             let rec = RollupRecord {
                 window_start_ms: start,
                 count: counts[i] as u64,
-                sum: sum[i],
-                min: min[i],
-                max: max[i],
-                first: first[i],
+                sum: value(sum, i),
+                min: value(min, i),
+                max: value(max, i),
+                first: value(first, i),
                 first_ts_ms: start.saturating_add(f_off),
-                last: last[i],
+                last: value(last, i),
                 last_ts_ms: start.saturating_add(f_off + s_off),
             };
             if let Some(what) = record_problem(b.tier, &rec) {
                 return oob(base, what);
             }
-            if let Some(g) = kept {
-                f(g, rec);
+            if kept.is_some() {
+                records.push(rec);
             }
         }
-        from += n;
+        if let Some(g) = kept {
+            f(g, records);
+        }
     }
     Ok(())
 }
@@ -471,7 +513,7 @@ fn decode_rows(
     base: u64,
     b: &BlockInfo,
     mut keep: impl FnMut(&GroupRef<'_>) -> bool,
-    mut f: impl FnMut(&RollupGroup, RollupRecord),
+    mut f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
 ) -> ReadResult<()> {
     let oob = |r: &Reader<'_>, what| Err((r.offset(), Corruption::OutOfBounds { what }));
     let mut r = Reader::new(buf, base);
@@ -525,7 +567,7 @@ fn decode_rows(
                 return oob(&r, what);
             }
             if let Some(g) = &kept {
-                f(g, rec);
+                f(g, vec![rec]);
             }
         }
     }
@@ -751,7 +793,14 @@ impl RollupFile {
                 check_crc(b, &info)
                     .and_then(|()| {
                         let raw = payload(&b[start..start + plen], &info)?;
-                        decode_payload(&raw, start as u64, &info, |g| seen.add(g), |_, _| {})
+                        decode_payload(
+                            &raw,
+                            start as u64,
+                            &info,
+                            RecordFields::ALL,
+                            |g| seen.add(g),
+                            |_, _| {},
+                        )
                     })
                     .map_err(|e| corrupt(path, e))?;
                 (info.groups, info.metrics) = (seen.groups, seen.metrics);
@@ -875,9 +924,32 @@ impl RollupFile {
         filter: &RollupFilter,
         mut f: impl FnMut(&RollupGroup, RollupRecord),
     ) -> Result<()> {
+        let window = (min_ws, max_ws);
+        self.for_each_group(tier, level, window, filter, RecordFields::ALL, |g, rs| {
+            for r in rs {
+                f(g, r);
+            }
+        })
+    }
+
+    /// As [`Self::for_each_matching`], a group's records of a block at a
+    /// time (in window order), with the fields of `fields` only (see
+    /// [`RecordFields`]): the columns of the others are not decoded.
+    ///
+    /// # Errors
+    /// As [`Self::for_each`].
+    pub fn for_each_group(
+        &self,
+        tier: RollupTier,
+        level: RollupLevel,
+        (min_ws, max_ws): (i64, i64),
+        filter: &RollupFilter,
+        fields: RecordFields,
+        mut f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
+    ) -> Result<()> {
         for b in &self.blocks {
             if b.is_read(tier, level, min_ws, max_ws, filter.metric.as_deref()) {
-                self.read_block(b, |g| filter.matches_ref(g), &mut f)?;
+                self.read_block(b, fields, |g| filter.matches_ref(g), &mut f)?;
             }
         }
         Ok(())
@@ -893,25 +965,28 @@ impl RollupFile {
     pub fn verify(&self) -> Result<()> {
         for b in &self.blocks {
             if !b.checked.load(Ordering::Acquire) {
-                self.read_block(b, |_| false, |_, _| {})?;
+                self.read_block(b, RecordFields::ALL, |_| false, |_, _| {})?;
             }
         }
         Ok(())
     }
 
-    /// Parses one block, calling `f` per record of the groups `keep`
-    /// accepts; the first read of a block of a version 5 file checks it as
-    /// opening an earlier version does.
+    /// Parses one block, calling `f` with each group `keep` accepts and its
+    /// records, decoded to `fields`; the first read of a block of a version
+    /// 5 file decodes every field and checks it as opening an earlier
+    /// version does.
     fn read_block(
         &self,
         b: &BlockInfo,
+        fields: RecordFields,
         mut keep: impl FnMut(&GroupRef<'_>) -> bool,
-        f: impl FnMut(&RollupGroup, RollupRecord),
+        f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
     ) -> Result<()> {
         let first = !b.checked.load(Ordering::Acquire);
         if first {
             check_crc(&self.map, b).map_err(|e| corrupt(&self.path, e))?;
         }
+        let fields = if first { RecordFields::ALL } else { fields };
         let mut seen = BlockContents::default();
         let raw =
             payload(&self.map[b.start..b.start + b.len], b).map_err(|e| corrupt(&self.path, e))?;
@@ -919,6 +994,7 @@ impl RollupFile {
             &raw,
             b.start as u64,
             b,
+            fields,
             |g| {
                 if first {
                     seen.add(g);

@@ -1248,6 +1248,115 @@ fn gpu_tables() -> Tables {
     tables
 }
 
+/// A read decodes the fields it is asked for, bit for bit, and leaves the
+/// others NaN (values) or at the window start (timestamps); a block's first
+/// read decodes every field, whatever it is asked.
+#[test]
+fn a_read_decodes_the_fields_asked_for() {
+    // Records of two samples each, so that every field differs from the others.
+    let mut tables = empty_tables();
+    for i in 0..60usize {
+        let g = RollupGroup {
+            metric: format!("M{}", i % 3),
+            cluster: "c".into(),
+            row: "r".into(),
+            rack: format!("rack-{}", i / 16),
+            host: format!("host-{}", i / 8),
+            gpu: (i % 8).to_string(),
+        };
+        let records: Vec<RollupRecord> = (0..90i64)
+            .map(|m| {
+                let mut r = RollupRecord::of_sample(m * 60_000, m * 60_000 + 7, i as f64 + 0.25);
+                r.merge(&RollupRecord::of_sample(
+                    m * 60_000,
+                    m * 60_000 + 41_000,
+                    m as f64 * 1.5,
+                ));
+                r
+            })
+            .collect();
+        add_to_tables(&mut tables, &g, &records);
+    }
+    let bytes = file::encode(3, i64::MIN, &[(1, 1)], &tables);
+    let read = |f: &file::RollupFile, tier, level, fields| {
+        let mut out = Vec::new();
+        f.for_each_group(
+            tier,
+            level,
+            (i64::MIN, i64::MAX),
+            &RollupFilter::default(),
+            fields,
+            |g, rs| {
+                out.extend(rs.into_iter().map(|r| (g.clone(), r)));
+            },
+        )
+        .unwrap();
+        out
+    };
+    let on = |sum, min, max, first, last| RecordFields {
+        sum,
+        min,
+        max,
+        first,
+        last,
+    };
+    let subsets = [
+        RecordFields::NONE,
+        on(true, false, false, false, false),
+        on(false, true, true, false, false),
+        on(false, false, false, true, false),
+        on(false, false, false, false, true),
+        RecordFields::ALL,
+    ];
+    for tier in RollupTier::ALL {
+        for level in RollupLevel::ALL {
+            let fresh = file::RollupFile::from_bytes(&bytes).unwrap();
+            // The first read, asked for nothing, decodes everything.
+            let all = read(&fresh, tier, level, RecordFields::NONE);
+            let want: Vec<_> = tables[tier.index()][level.index()]
+                .groups()
+                .flat_map(|(g, rs)| rs.map(move |r| (g.clone(), *r)))
+                .collect();
+            assert!(!want.is_empty());
+            assert_eq!(all.len(), want.len(), "{tier:?} {level:?}");
+            for ((g, r), (wg, w)) in all.iter().zip(&want) {
+                assert_eq!((g, bits(r)), (wg, bits(w)));
+            }
+            for fields in subsets {
+                let got = read(&fresh, tier, level, fields);
+                assert_eq!(got.len(), want.len());
+                for ((g, r), (wg, w)) in got.iter().zip(&want) {
+                    assert_eq!(g, wg);
+                    let value = |asked: bool, got: f64, want: f64| {
+                        if asked {
+                            assert_eq!(got.to_bits(), want.to_bits(), "{fields:?}");
+                        } else {
+                            assert!(got.is_nan(), "{fields:?}: {got}");
+                        }
+                    };
+                    assert_eq!((r.window_start_ms, r.count), (w.window_start_ms, w.count));
+                    value(fields.sum, r.sum, w.sum);
+                    value(fields.min, r.min, w.min);
+                    value(fields.max, r.max, w.max);
+                    value(fields.first, r.first, w.first);
+                    value(fields.last, r.last, w.last);
+                    let times = fields.first || fields.last;
+                    let ws = w.window_start_ms;
+                    assert_eq!(
+                        (r.first_ts_ms, r.last_ts_ms),
+                        if times {
+                            (w.first_ts_ms, w.last_ts_ms)
+                        } else {
+                            (ws, ws)
+                        },
+                        "{fields:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn earlier_versions_read_as_they_did_and_columns_are_smaller() {
     let tables = gpu_tables();
