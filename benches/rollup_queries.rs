@@ -42,8 +42,8 @@ use anyhow::{Context, bail};
 use arrow::array::{Array, Float64Array, Int64Array};
 use query::{QueryEngine, QueryError, ResultLimits};
 use storage::{
-    Label, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey,
-    SeriesRef, Storage, StorageConfig,
+    Label, Matcher, RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier,
+    SeriesKey, SeriesRef, Storage, StorageConfig,
 };
 
 /// End of the history: 2026-11-30T00:00:00Z. Raw samples cover the hour before.
@@ -529,6 +529,30 @@ fn main() -> anyhow::Result<()> {
             "< 50 ms",
             (m, p95),
             &format!("{} racks x {} hours", out.len(), records / out.len()),
+        );
+        // What the SQL below reads: the window, count and sum columns only.
+        let sum_only = RecordFields {
+            sum: true,
+            ..RecordFields::NONE
+        };
+        let (m, p95, out) = time(reps, || {
+            st.select_rollup_fields(
+                RollupTier::Hour,
+                RollupLevel::Rack,
+                &filter,
+                (from, T_END - 1),
+                sum_only,
+            )
+        });
+        let records: usize = out.iter().map(|(_, r)| r.len()).sum();
+        if records as u64 != racks * (HOUR_DAYS * 24) as u64 {
+            bail!("query 1 (sum only) returned {records} records");
+        }
+        report(
+            "same, the fields an average needs: `select_rollup_fields`",
+            "",
+            (m, p95),
+            &format!("{records} records"),
         );
         let sql = format!(
             "SELECT ts, rack, avg FROM rollup_1h WHERE level = 'rack' AND metric = '{TEMP}' AND ts >= {} AND ts < {}",

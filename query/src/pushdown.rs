@@ -147,7 +147,11 @@ impl TimeRange {
         let Some((lo_ms, hi_ms)) = timestamp_ms_bounds(lit) else {
             return false;
         };
+        // A whole millisecond excludes itself from a strict bound.
+        let whole = lo_ms == hi_ms;
         match op {
+            Operator::Gt if whole => self.min_ts = self.min_ts.max(lo_ms.saturating_add(1)),
+            Operator::Lt if whole => self.max_ts = self.max_ts.min(hi_ms.saturating_sub(1)),
             Operator::Gt | Operator::GtEq => self.min_ts = self.min_ts.max(lo_ms),
             Operator::Lt | Operator::LtEq => self.max_ts = self.max_ts.min(hi_ms),
             Operator::Eq => {
@@ -157,6 +161,17 @@ impl TimeRange {
             _ => return false,
         }
         true
+    }
+
+    /// Whether `ts op literal` selects exactly the whole milliseconds of the
+    /// range [`Self::absorb`] narrows to: a comparison with a literal that is
+    /// a whole millisecond (a finer one lies between two, and how it compares
+    /// with a millisecond column depends on the cast).
+    pub(crate) fn is_exact(op: Operator, lit: &ScalarValue) -> bool {
+        matches!(
+            op,
+            Operator::Gt | Operator::GtEq | Operator::Lt | Operator::LtEq | Operator::Eq
+        ) && timestamp_ms_bounds(lit).is_some_and(|(lo, hi)| lo == hi)
     }
 
     /// `[a, b]` as RFC 3339 for plan displays; open ends as `-inf`/`+inf`.

@@ -314,19 +314,20 @@ fn level_set(e: &Expr) -> Option<[bool; 5]> {
 /// absorbs) keeps, so that DataFusion need not test it again: conditions on
 /// `level` (each level is read apart), and equalities of a group column with
 /// a non-empty string (storage matches the group's field; an empty field is
-/// NULL in SQL, which no `=` keeps). Time bounds are not: storage reads the
-/// windows that overlap them.
+/// NULL in SQL, which no `=` keeps); and bounds on `ts` by a whole
+/// millisecond (storage reads the windows that overlap the range, and the
+/// scan keeps those whose start lies in it: [`RollupBatches`]).
 fn is_exact(e: &Expr) -> bool {
     if level_set(e).is_some() {
         return true;
     }
     let (cmps, all) = comparisons(e);
-    all && cmps.iter().all(|c| {
-        matches!(
-            c.column,
-            "level" | "metric" | "cluster" | "row" | "rack" | "host" | "gpu"
-        ) && c.op == Operator::Eq
-            && string_of(c.literal).is_some_and(|v| !v.is_empty())
+    all && cmps.iter().all(|c| match c.column {
+        "ts" => TimeRange::is_exact(c.op, c.literal),
+        "level" | "metric" | "cluster" | "row" | "rack" | "host" | "gpu" => {
+            c.op == Operator::Eq && string_of(c.literal).is_some_and(|v| !v.is_empty())
+        }
+        _ => false,
     })
 }
 
@@ -410,7 +411,6 @@ impl TableProvider for RollupTable {
             storage: self.storage.clone(),
             tier: self.tier,
             with_tier: self.with_tier,
-            window_starts: self.window_starts,
             pushdown,
             time,
             cols,
@@ -430,9 +430,9 @@ pub struct RollupScanExec {
     storage: Arc<Storage>,
     tier: RollupTier,
     with_tier: bool,
-    window_starts: TimeRange,
     pushdown: Pushdown,
-    /// The time range asked of storage.
+    /// The time range asked of storage: the table's `window_starts`
+    /// narrowed by the filters on `ts`.
     time: TimeRange,
     cols: Vec<usize>,
     schema: SchemaRef,
@@ -496,7 +496,6 @@ impl ExecutionPlan for RollupScanExec {
             tier_label: self.with_tier.then(|| self.tier.label()),
             filter: self.pushdown.filter.clone(),
             time: self.time,
-            window_starts: self.window_starts,
             levels: self.pushdown.levels().into_iter(),
             level: RollupLevel::Gpu,
             groups: Vec::new().into_iter(),
@@ -519,14 +518,15 @@ struct RollupBatches {
     tier: RollupTier,
     tier_label: Option<&'static str>,
     filter: RollupFilter,
+    /// The windows this scan emits, by their start: the table's
+    /// `window_starts` narrowed by the filters on `ts`.
     time: TimeRange,
-    window_starts: TimeRange,
     levels: std::vec::IntoIter<RollupLevel>,
     /// The level `groups` belong to.
     level: RollupLevel,
     groups: std::vec::IntoIter<(RollupGroup, Vec<RollupRecord>)>,
     /// The group being emitted, its records, and the range of them still to
-    /// emit (those whose window starts in `window_starts`).
+    /// emit (those whose window starts in `time`).
     current: Option<(RollupGroup, Vec<RollupRecord>, std::ops::Range<usize>)>,
     cols: Vec<usize>,
     schema: SchemaRef,
@@ -556,7 +556,7 @@ impl RollupBatches {
                 return Some((self.level, g, &records[take]));
             }
             if let Some((g, records)) = self.groups.next() {
-                let (lo, hi) = (self.window_starts.min_ts, self.window_starts.max_ts);
+                let (lo, hi) = (self.time.min_ts, self.time.max_ts);
                 let from = records.partition_point(|r| r.window_start_ms < lo);
                 let to = records.partition_point(|r| r.window_start_ms <= hi);
                 self.current = Some((g, records, from..to.max(from)));

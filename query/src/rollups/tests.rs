@@ -242,6 +242,41 @@ async fn projections_and_filters_read_the_fields_they_need() {
             .collect();
         assert_eq!(got, expected, "round {round}");
     }
+    // Bounds on `ts` (exact by a whole millisecond: no filter above the
+    // scan) keep the windows that start within them, strict or not, and
+    // nothing of a window that only overlaps them.
+    let hours: Vec<i64> = want.keys().map(|&(_, h)| h).collect();
+    let (lo, hi) = (hours[1], hours[2]);
+    for (op_lo, op_hi, keep) in [
+        (
+            ">",
+            "<=",
+            (|h, lo, hi| h > lo && h <= hi) as fn(i64, i64, i64) -> bool,
+        ),
+        (">=", "<", |h, lo, hi| h >= lo && h < hi),
+        (">=", "<=", |h, lo, hi| h >= lo && h <= hi),
+        (">", "<", |h, lo, hi| h > lo - 1 && h < hi + 1),
+    ] {
+        let (a, b) = if op_lo == ">" && op_hi == "<" {
+            (lo - 1, hi + 1)
+        } else {
+            (lo, hi)
+        };
+        let sql = format!(
+            "SELECT rack, ts {from} = '{}' AND ts {op_lo} TIMESTAMP '{}' AND ts {op_hi} TIMESTAMP '{}' ORDER BY rack, ts",
+            METRICS[0],
+            ts_text(a),
+            ts_text(b)
+        );
+        let got = rows(&engine.sql(&sql).await.unwrap());
+        let expected: Vec<Vec<Value>> = want
+            .keys()
+            .filter(|&&(_, h)| keep(h, lo, hi))
+            .map(|&(rack, h)| vec![Value::from(rack), Value::from(ts_text(h))])
+            .collect();
+        assert!(!expected.is_empty());
+        assert_eq!(got, expected, "{sql}");
+    }
 }
 
 #[tokio::test]
@@ -348,18 +383,36 @@ fn pushdown_reads_levels_fields_and_time() {
     let eq = col("host").eq(lit("h")).and(col("level").eq(lit("host")));
     let levels = col("level").in_list(vec![lit("rack"), lit("row")], false);
     let empty = col("host").eq(lit(""));
-    let time = col("ts").gt_eq(ms(10));
+    let time = col("ts").gt_eq(ms(10)).and(col("ts").lt(ms(20)));
+    let fine = col("ts").gt(lit(ScalarValue::TimestampNanosecond(
+        Some(10_500_000),
+        None,
+    )));
     let not_eq = col("metric").gt(lit("m"));
     use TableProviderFilterPushDown::{Exact, Inexact, Unsupported};
     assert_eq!(
         table
-            .supports_filters_pushdown(&[&or, &eq, &levels, &empty, &time, &not_eq])
+            .supports_filters_pushdown(&[&or, &eq, &levels, &empty, &time, &fine, &not_eq])
             .unwrap(),
         // Storage keeps exactly the groups an equality or a level names; an
-        // empty field is NULL in SQL, which no `=` keeps, and a time bound
-        // reads the windows overlapping it.
-        [Unsupported, Exact, Exact, Inexact, Inexact, Unsupported]
+        // empty field is NULL in SQL, which no `=` keeps. The scan keeps the
+        // windows that start within a bound by a whole millisecond; one
+        // between two milliseconds is left to DataFusion.
+        [
+            Unsupported,
+            Exact,
+            Exact,
+            Inexact,
+            Exact,
+            Inexact,
+            Unsupported
+        ]
     );
+    // Strict bounds by a whole millisecond exclude it.
+    let p = Pushdown::from_filters(&[col("ts").gt(ms(10)), col("ts").lt(ms(20))]);
+    assert_eq!((p.time.min_ts, p.time.max_ts), (11, 19));
+    let p = Pushdown::from_filters(&[fine]);
+    assert_eq!((p.time.min_ts, p.time.max_ts), (10, i64::MAX));
 }
 
 #[test]
