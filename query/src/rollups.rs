@@ -46,7 +46,7 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, Float64Builder, Int64Builder, RecordBatch, RecordBatchOptions, StringBuilder,
+    ArrayRef, Float64Builder, Int64Builder, RecordBatch, RecordBatchOptions,
     TimestampMillisecondBuilder,
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
@@ -536,7 +536,7 @@ struct RollupBatches {
 
 enum Builder {
     Ts(TimestampMillisecondBuilder),
-    Text(StringBuilder),
+    Text(TextRuns),
     Count(Int64Builder),
     Float(Float64Builder),
 }
@@ -580,6 +580,65 @@ impl RollupBatches {
             }
             .into_iter();
         }
+    }
+}
+
+/// A text column built a run of equal values at a time (a group's field, a
+/// level's name): the value's bytes are doubled into place rather than
+/// copied once a row.
+struct TextRuns {
+    values: Vec<u8>,
+    /// Where each row's value ends (the first row's starts at 0).
+    ends: Vec<usize>,
+    nulls: arrow::array::NullBufferBuilder,
+}
+
+impl Default for TextRuns {
+    fn default() -> Self {
+        Self {
+            values: Vec::new(),
+            ends: Vec::with_capacity(BATCH_ROWS),
+            nulls: arrow::array::NullBufferBuilder::new(BATCH_ROWS),
+        }
+    }
+}
+
+impl TextRuns {
+    /// `n` rows of `v` (NULL for `None`).
+    fn push(&mut self, v: Option<&str>, n: usize) {
+        let bytes = v.unwrap_or_default().as_bytes();
+        let start = self.values.len();
+        if !bytes.is_empty() && n > 0 {
+            self.values.extend_from_slice(bytes);
+            while self.values.len() - start < bytes.len() * n {
+                let have = self.values.len() - start;
+                let more = have.min(bytes.len() * n - have);
+                self.values.extend_from_within(start..start + more);
+            }
+        }
+        self.ends.extend((1..=n).map(|i| start + i * bytes.len()));
+        match v {
+            Some(_) => self.nulls.append_n_non_nulls(n),
+            None => self.nulls.append_n_nulls(n),
+        }
+    }
+
+    fn finish(mut self) -> Result<arrow::array::StringArray> {
+        let too_long = || {
+            datafusion::error::DataFusionError::Execution(
+                "a batch's text column is over 2 GiB".into(),
+            )
+        };
+        let mut offsets = Vec::with_capacity(self.ends.len() + 1);
+        offsets.push(0i32);
+        for &e in &self.ends {
+            offsets.push(i32::try_from(e).map_err(|_| too_long())?);
+        }
+        Ok(arrow::array::StringArray::try_new(
+            arrow::buffer::OffsetBuffer::new(offsets.into()),
+            arrow::buffer::Buffer::from_vec(self.values),
+            self.nulls.finish(),
+        )?)
     }
 }
 
@@ -662,9 +721,7 @@ impl Iterator for RollupBatches {
                         TimestampMillisecondBuilder::with_capacity(BATCH_ROWS).with_timezone("UTC"),
                     ),
                     Col::Count => Builder::Count(Int64Builder::with_capacity(BATCH_ROWS)),
-                    Col::Level | Col::Tier | Col::Group(_) => {
-                        Builder::Text(StringBuilder::with_capacity(BATCH_ROWS, BATCH_ROWS * 8))
-                    }
+                    Col::Level | Col::Tier | Col::Group(_) => Builder::Text(TextRuns::default()),
                     Col::Float(_) => Builder::Float(Float64Builder::with_capacity(BATCH_ROWS)),
                 };
                 (col, b)
@@ -687,21 +744,11 @@ impl Iterator for RollupBatches {
                             .iter()
                             .map(|r| Some(i64::try_from(r.count).unwrap_or(i64::MAX))),
                     ),
-                    (Col::Level, Builder::Text(b)) => {
-                        for _ in records {
-                            b.append_value(level.name());
-                        }
-                    }
-                    (Col::Tier, Builder::Text(b)) => {
-                        for _ in records {
-                            b.append_value(tier_label);
-                        }
-                    }
+                    (Col::Level, Builder::Text(b)) => b.push(Some(level.name()), records.len()),
+                    (Col::Tier, Builder::Text(b)) => b.push(Some(tier_label), records.len()),
                     (Col::Group(field), Builder::Text(b)) => {
                         let v = field(g);
-                        for _ in records {
-                            b.append_option((!v.is_empty()).then_some(v));
-                        }
+                        b.push((!v.is_empty()).then_some(v), records.len())
                     }
                     (Col::Float(v), Builder::Float(b)) => {
                         let rs = records.iter();
@@ -722,22 +769,22 @@ impl Iterator for RollupBatches {
         if rows == 0 {
             return None;
         }
-        let arrays: Vec<ArrayRef> = builders
+        let arrays: Result<Vec<ArrayRef>> = builders
             .into_iter()
-            .map(|(_, b)| -> ArrayRef {
-                match b {
+            .map(|(_, b)| -> Result<ArrayRef> {
+                Ok(match b {
                     Builder::Ts(mut b) => Arc::new(b.finish()),
-                    Builder::Text(mut b) => Arc::new(b.finish()),
+                    Builder::Text(b) => Arc::new(b.finish()?),
                     Builder::Count(mut b) => Arc::new(b.finish()),
                     Builder::Float(mut b) => Arc::new(b.finish()),
-                }
+                })
             })
             .collect();
         let options = RecordBatchOptions::new().with_row_count(Some(rows));
-        Some(
+        Some(arrays.and_then(|arrays| {
             RecordBatch::try_new_with_options(self.schema.clone(), arrays, &options)
-                .map_err(Into::into),
-        )
+                .map_err(Into::into)
+        }))
     }
 }
 

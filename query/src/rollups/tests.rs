@@ -526,3 +526,29 @@ async fn rollup_function_picks_a_tier_and_bounds_the_windows() {
         );
     }
 }
+
+/// A text column built from runs equals the one `StringBuilder` builds a
+/// row at a time: values, NULLs and empty strings, runs of 0 to 300 rows.
+#[test]
+fn text_runs_equal_a_row_at_a_time() {
+    let values = [
+        Some("rack-0001"),
+        None,
+        Some(""),
+        Some("a"),
+        Some("host-with-a-much-longer-name-0042"),
+    ];
+    let mut runs = TextRuns::default();
+    let mut rows = arrow::array::StringBuilder::new();
+    for (i, n) in [0usize, 1, 2, 3, 7, 64, 300, 1, 0, 5, 129]
+        .into_iter()
+        .enumerate()
+    {
+        let v = values[i % values.len()];
+        runs.push(v, n);
+        for _ in 0..n {
+            rows.append_option(v);
+        }
+    }
+    assert_eq!(runs.finish().unwrap(), rows.finish());
+}
