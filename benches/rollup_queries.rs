@@ -442,6 +442,14 @@ fn ts_literal(ms: i64) -> String {
     format!("to_timestamp_millis({ms})")
 }
 
+/// Reports a [`time_sql`] result: its row count, or why the table is not available.
+fn report_sql(what: &str, target: &str, timed: Result<(f64, f64, query::QueryResult), String>) {
+    match timed {
+        Ok((m, p95, out)) => report(what, target, (m, p95), &format!("{} rows", out.num_rows())),
+        Err(e) => println!("| {what} | - | - | {target} | not available: {e} |"),
+    }
+}
+
 /// Runs `sql` `reps` times; `None` (with the reason) when the build lacks the table.
 fn time_sql(
     rt: &tokio::runtime::Runtime,
@@ -559,17 +567,11 @@ fn main() -> anyhow::Result<()> {
             ts_literal(from),
             ts_literal(T_END)
         );
-        match time_sql(&rt, &engine, reps, &sql)? {
-            Ok((m, p95, out)) => report(
-                "same, SQL on `rollup_1h`",
-                "< 50 ms",
-                (m, p95),
-                &format!("{} rows", out.num_rows()),
-            ),
-            Err(e) => {
-                println!("| same, SQL on `rollup_1h` | - | - | < 50 ms | not available: {e} |")
-            }
-        }
+        report_sql(
+            "same, SQL on `rollup_1h`",
+            "< 50 ms",
+            time_sql(&rt, &engine, reps, &sql)?,
+        );
     }
 
     // 2. Cluster-wide power per day over a year.
@@ -605,17 +607,11 @@ fn main() -> anyhow::Result<()> {
             ts_literal(from),
             ts_literal(T_END)
         );
-        match time_sql(&rt, &engine, reps, &sql)? {
-            Ok((m, p95, out)) => report(
-                "same, SQL on `rollup_1d`",
-                "< 20 ms",
-                (m, p95),
-                &format!("{} rows", out.num_rows()),
-            ),
-            Err(e) => {
-                println!("| same, SQL on `rollup_1d` | - | - | < 20 ms | not available: {e} |")
-            }
-        }
+        report_sql(
+            "same, SQL on `rollup_1d`",
+            "< 20 ms",
+            time_sql(&rt, &engine, reps, &sql)?,
+        );
     }
 
     // 3. Raw samples of one GPU for the last hour.

@@ -134,15 +134,21 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0)
 }
 
-#[tokio::test]
-async fn rack_hours_equal_a_fold_of_the_raw_samples() {
-    let (_dir, st, samples) = fixture();
+/// The fold of the first metric's samples per rack and hour.
+fn rack_hours(samples: &[Sample]) -> BTreeMap<(&'static str, i64), Fold> {
     let mut want: BTreeMap<(&str, i64), Fold> = BTreeMap::new();
     for s in samples.iter().filter(|s| s.metric == METRICS[0]) {
         want.entry((s.rack, s.ts - s.ts.rem_euclid(3_600_000)))
             .or_default()
             .add(s.ts, s.value);
     }
+    want
+}
+
+#[tokio::test]
+async fn rack_hours_equal_a_fold_of_the_raw_samples() {
+    let (_dir, st, samples) = fixture();
+    let want = rack_hours(&samples);
     let engine = QueryEngine::new(st);
     let r = engine
         .sql(&format!(
@@ -185,12 +191,7 @@ async fn rack_hours_equal_a_fold_of_the_raw_samples() {
 #[tokio::test]
 async fn projections_and_filters_read_the_fields_they_need() {
     let (_dir, st, samples) = fixture();
-    let mut want: BTreeMap<(&str, i64), Fold> = BTreeMap::new();
-    for s in samples.iter().filter(|s| s.metric == METRICS[0]) {
-        want.entry((s.rack, s.ts - s.ts.rem_euclid(3_600_000)))
-            .or_default()
-            .add(s.ts, s.value);
-    }
+    let want = rack_hours(&samples);
     // A cut that keeps some windows and drops others.
     let mut firsts: Vec<f64> = want.values().map(|f| f.first.1).collect();
     firsts.sort_by(f64::total_cmp);

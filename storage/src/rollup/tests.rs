@@ -1221,19 +1221,24 @@ fn read_all(bytes: &[u8]) -> Vec<(RollupTier, RollupLevel, RollupGroup, [u64; 9]
     all
 }
 
+/// GPU `i`'s group of `metric`: 8 GPUs a host, `per_rack` GPUs a rack.
+fn gpu_group(metric: String, i: usize, per_rack: usize) -> RollupGroup {
+    RollupGroup {
+        metric,
+        cluster: "c".into(),
+        row: "r".into(),
+        rack: format!("rack-{}", i / per_rack),
+        host: format!("host-{}", i / 8),
+        gpu: (i % 8).to_string(),
+    }
+}
+
 /// 200 GPUs' groups, 30 minutes each, values that move a little from
 /// minute to minute and from GPU to GPU (as temperatures do).
 fn gpu_tables() -> Tables {
     let mut tables = empty_tables();
     for i in 0..200usize {
-        let g = RollupGroup {
-            metric: format!("DCGM_FI_DEV_METRIC_{:02}", i % 20),
-            cluster: "c".into(),
-            row: "r".into(),
-            rack: format!("rack-{}", i / 50),
-            host: format!("host-{}", i / 8),
-            gpu: (i % 8).to_string(),
-        };
+        let g = gpu_group(format!("DCGM_FI_DEV_METRIC_{:02}", i % 20), i, 50);
         let records: Vec<RollupRecord> = (0..30i64)
             .map(|m| {
                 RollupRecord::of_sample(
@@ -1256,14 +1261,7 @@ fn a_read_decodes_the_fields_asked_for() {
     // Records of two samples each, so that every field differs from the others.
     let mut tables = empty_tables();
     for i in 0..60usize {
-        let g = RollupGroup {
-            metric: format!("M{}", i % 3),
-            cluster: "c".into(),
-            row: "r".into(),
-            rack: format!("rack-{}", i / 16),
-            host: format!("host-{}", i / 8),
-            gpu: (i % 8).to_string(),
-        };
+        let g = gpu_group(format!("M{}", i % 3), i, 16);
         let records: Vec<RollupRecord> = (0..90i64)
             .map(|m| {
                 let mut r = RollupRecord::of_sample(m * 60_000, m * 60_000 + 7, i as f64 + 0.25);
