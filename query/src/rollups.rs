@@ -647,14 +647,14 @@ impl TextRuns {
 fn fields_of(cols: &[usize]) -> RecordFields {
     let mut f = RecordFields::NONE;
     for &i in cols {
-        match COLUMNS.get(i).copied() {
-            Some("sum") => f.sum = true,
-            Some("avg") => f.sum = true,
-            Some("min") => f.min = true,
-            Some("max") => f.max = true,
-            Some("first") => f.first = true,
-            Some("last") => f.last = true,
-            _ => {}
+        if let Col::Float(v) = Col::of(i) {
+            match v {
+                Value::Sum | Value::Avg => f.sum = true,
+                Value::Min => f.min = true,
+                Value::Max => f.max = true,
+                Value::First => f.first = true,
+                Value::Last => f.last = true,
+            }
         }
     }
     f

@@ -312,9 +312,9 @@ impl BlockContents {
 
 /// Parses one block's payload, calling `f` with each group that `keep`
 /// accepts (asked once per group, on the fields as they lie in the payload:
-/// only kept groups are copied out) and its records, in window order (a
-/// version 1 or 2 payload passes them one at a time). Decodes the fields of
-/// `fields` (see [`RecordFields`]); a version 1 or 2 payload has them all.
+/// only kept groups are copied out) and its records, in window order.
+/// Decodes the fields of `fields` (see [`RecordFields`]); a version 1 or 2
+/// payload has them all.
 /// Checks that windows are aligned, ascending per group and inside the
 /// block's range, that the sample timestamps it decodes lie in their window,
 /// and that group fields below the level are empty.
@@ -523,6 +523,7 @@ fn decode_rows(
         let g = read_group(&mut r, b)?;
         let kept = keep(&g).then(|| g.to_group());
         let n = r.len("record count", buf.len())?;
+        let mut records = Vec::new();
         let mut prev: Option<i64> = None;
         for _ in 0..n {
             let d = r.varint("window start")?;
@@ -566,9 +567,12 @@ fn decode_rows(
             if let Some(what) = record_problem(b.tier, &rec) {
                 return oob(&r, what);
             }
-            if let Some(g) = &kept {
-                f(g, vec![rec]);
+            if kept.is_some() {
+                records.push(rec);
             }
+        }
+        if let Some(g) = &kept {
+            f(g, records);
         }
     }
     if !r.is_empty() {
