@@ -182,6 +182,15 @@ impl GorillaEncoder {
         self.w.bytes()
     }
 
+    /// Timestamp of the first sample, if any: read back from the bytes (a
+    /// varint at the start), so that a head series need not keep it.
+    pub fn first_ts(&self) -> Option<i64> {
+        if self.count == 0 {
+            return None;
+        }
+        BitReader::new(self.w.bytes()).read_varint().ok()
+    }
+
     /// Timestamp of the last sample, if any.
     pub fn last_ts(&self) -> Option<i64> {
         (self.count > 0).then_some(self.t)

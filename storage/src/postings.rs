@@ -3,26 +3,32 @@
 
 use std::collections::HashMap;
 
+use roaring::RoaringBitmap;
+
 use crate::series::Matcher;
 
-/// Label name -> value -> ascending series ids (the metric name under
-/// `__name__`).
-pub(crate) type Postings = HashMap<String, HashMap<String, Vec<u32>>>;
+/// Label name -> value -> series ids (the metric name under `__name__`), as
+/// Roaring bitmaps: a list of a label every series has (model, driver,
+/// cluster) costs a bit a series instead of four bytes, a sparse one two
+/// bytes an id, and the intersections of a selector work a container at a
+/// time (docs/BENCHMARKS.md has the sizes).
+pub(crate) type Postings = HashMap<String, HashMap<String, RoaringBitmap>>;
 
 /// Adds `id`, greater than every id already listed, under `(name, value)`.
 pub(crate) fn add(postings: &mut Postings, name: &str, value: &str, id: u32) {
-    match postings.get_mut(name) {
+    let ids = match postings.get_mut(name) {
         Some(values) => match values.get_mut(value) {
-            Some(ids) => ids.push(id),
-            None => {
-                values.insert(value.to_owned(), vec![id]);
-            }
+            Some(ids) => ids,
+            None => values.entry(value.to_owned()).or_default(),
         },
-        None => {
-            let values = HashMap::from([(value.to_owned(), vec![id])]);
-            postings.insert(name.to_owned(), values);
-        }
-    }
+        None => postings
+            .entry(name.to_owned())
+            .or_default()
+            .entry(value.to_owned())
+            .or_default(),
+    };
+    let pushed = ids.push(id);
+    debug_assert!(pushed, "postings ids are added in ascending order");
 }
 
 /// The ids that may match all `matchers`, ascending, and the matchers left
@@ -35,26 +41,33 @@ pub(crate) fn select<'m>(
     postings: &Postings,
     matchers: &'m [Matcher],
 ) -> (Option<Vec<u32>>, Vec<&'m Matcher>) {
-    let mut candidates: Option<Vec<u32>> = None;
+    let mut candidates: Option<RoaringBitmap> = None;
     let mut rest = Vec::new();
     for m in matchers {
         let values = postings.get(m.name());
-        let list: Vec<u32> = match m {
-            Matcher::Equal { value, .. } if !value.is_empty() => values
-                .and_then(|v| v.get(value))
-                .cloned()
-                .unwrap_or_default(),
-            Matcher::Regex { pattern, .. } if !pattern.is_match("") => {
-                let mut ids: Vec<u32> = values
-                    .into_iter()
-                    .flatten()
-                    .filter(|(v, _)| pattern.is_match(v))
-                    .flat_map(|(_, ids)| ids.iter().copied())
-                    .collect();
-                ids.sort_unstable();
-                ids.dedup();
-                ids
+        let list: RoaringBitmap = match m {
+            Matcher::Equal { value, .. } if !value.is_empty() => {
+                let Some(ids) = values.and_then(|v| v.get(value)) else {
+                    candidates = Some(RoaringBitmap::new());
+                    continue;
+                };
+                match &mut candidates {
+                    // No copy of the list: intersect in place.
+                    Some(c) => {
+                        *c &= ids;
+                        continue;
+                    }
+                    None => ids.clone(),
+                }
             }
+            Matcher::Regex { pattern, .. } if !pattern.is_match("") => values
+                .into_iter()
+                .flatten()
+                .filter(|(v, _)| pattern.is_match(v))
+                .fold(RoaringBitmap::new(), |mut all, (_, ids)| {
+                    all |= ids;
+                    all
+                }),
             _ => {
                 rest.push(m);
                 continue;
@@ -62,27 +75,10 @@ pub(crate) fn select<'m>(
         };
         candidates = Some(match candidates {
             None => list,
-            Some(c) => intersect(&c, &list),
+            Some(c) => c & list,
         });
     }
-    (candidates, rest)
-}
-
-/// The ids in both ascending lists.
-fn intersect(a: &[u32], b: &[u32]) -> Vec<u32> {
-    let (mut i, mut j, mut out) = (0, 0, Vec::new());
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                out.push(a[i]);
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    out
+    (candidates.map(|c| c.iter().collect()), rest)
 }
 
 #[cfg(test)]
@@ -140,5 +136,64 @@ mod tests {
         let (ids, rest) = select(&p, &gpu_1_not_a);
         assert_eq!(ids, Some(vec![2, 3]));
         assert_eq!(rest, [&others[0]]);
+    }
+
+    proptest::proptest! {
+        /// The postings' picks, filtered by the matchers they leave, are
+        /// the series a test of every matcher against every key picks
+        /// (ids spread over several Roaring containers).
+        #[test]
+        fn select_picks_what_testing_every_series_picks(
+            series in proptest::collection::vec(
+                (0..3usize, proptest::option::of(0..4usize), proptest::option::of(0..3usize)),
+                1..200,
+            ),
+            spread in proptest::sample::select(vec![1u32, 70_001]),
+            picks in proptest::collection::vec((0..3usize, 0..5usize), 0..4),
+        ) {
+            use crate::series::{Label, SeriesKey};
+            let keys: Vec<SeriesKey> = series
+                .iter()
+                .map(|&(metric, host, gpu)| {
+                    let mut labels = Vec::new();
+                    labels.extend(host.map(|h| Label::new("host", format!("h{h}"))));
+                    labels.extend(gpu.map(|g| Label::new("gpu", g.to_string())));
+                    SeriesKey::new(format!("m{metric}"), labels).unwrap()
+                })
+                .collect();
+            let mut p = Postings::new();
+            for (i, k) in keys.iter().enumerate() {
+                let id = i as u32 * spread;
+                add(&mut p, crate::series::METRIC_NAME_LABEL, k.metric(), id);
+                for l in k.labels() {
+                    add(&mut p, &l.name, &l.value, id);
+                }
+            }
+            let matchers: Vec<Matcher> = picks
+                .iter()
+                .map(|&(name, kind)| {
+                    let name = ["__name__", "host", "gpu"][name];
+                    match kind {
+                        0 => Matcher::equal(name, "h1"),
+                        1 => Matcher::equal(name, "m0"),
+                        2 => Matcher::equal(name, "1"),
+                        3 => Matcher::regex(name, "h[02]|m1|2").unwrap(),
+                        _ => Matcher::not_equal(name, "h0"),
+                    }
+                })
+                .collect();
+            let want: Vec<u32> = (0..keys.len())
+                .filter(|&i| matchers.iter().all(|m| m.matches(&keys[i])))
+                .map(|i| i as u32 * spread)
+                .collect();
+            let (picked, rest) = select(&p, &matchers);
+            let all: Vec<u32> = (0..keys.len() as u32).map(|i| i * spread).collect();
+            let got: Vec<u32> = picked
+                .unwrap_or(all)
+                .into_iter()
+                .filter(|&id| rest.iter().all(|m| m.matches(&keys[(id / spread) as usize])))
+                .collect();
+            proptest::prop_assert_eq!(got, want);
+        }
     }
 }

@@ -658,7 +658,7 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
         let name = r.string("postings label name")?;
         let value = r.string("postings label value")?;
         let k = r.len("postings list length", nseries)?;
-        let mut ids = Vec::with_capacity(k);
+        let mut ids = roaring::RoaringBitmap::new();
         let mut cur: u64 = 0;
         for i in 0..k {
             let at = r.offset();
@@ -672,6 +672,7 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
                     },
                 ));
             }
+            // Ascending (a zero delta after the first is refused above).
             ids.push(cur as u32);
         }
         out.entry(name).or_default().insert(value, ids);
@@ -688,7 +689,7 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
     // section that was valid but belongs to another file.
     let named: usize = out
         .get(METRIC_NAME_LABEL)
-        .map_or(0, |v| v.values().map(Vec::len).sum());
+        .map_or(0, |v| v.values().map(|ids| ids.len() as usize).sum());
     if named != nseries {
         return Err((
             base,

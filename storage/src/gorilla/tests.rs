@@ -89,7 +89,11 @@ fn edge_cases_round_trip() {
         let e = encode(&samples);
         let got = decode(e.bytes(), e.count()).expect("decode");
         assert_bit_exact(&got, &samples);
+        // The first timestamp, read back from the bytes, and the last.
+        assert_eq!(e.first_ts(), samples.first().map(|s| s.0));
+        assert_eq!(e.last_ts(), samples.last().map(|s| s.0));
     }
+    assert_eq!(GorillaEncoder::new().first_ts(), None);
 }
 
 #[test]
