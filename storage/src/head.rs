@@ -500,7 +500,7 @@ impl Head {
             series: Vec::new(),
             slots: RefMap::default(),
             by_key: KeyIndex::default(),
-            postings: Postings::new(),
+            postings: Postings::default(),
             keys,
             ts_blocks: TsBlocks::default(),
             next_ref: 0,

@@ -5,14 +5,14 @@ use std::collections::HashMap;
 
 use roaring::RoaringBitmap;
 
-use crate::series::Matcher;
+use crate::series::{KeyHasher, Matcher};
 
 /// Label name -> value -> series ids (the metric name under `__name__`), as
 /// Roaring bitmaps: a list of a label every series has (model, driver,
 /// cluster) costs a bit a series instead of four bytes, a sparse one two
 /// bytes an id, and the intersections of a selector work a container at a
 /// time (docs/BENCHMARKS.md has the sizes).
-pub(crate) type Postings = HashMap<String, HashMap<String, RoaringBitmap>>;
+pub(crate) type Postings = HashMap<String, HashMap<String, RoaringBitmap, KeyHasher>, KeyHasher>;
 
 /// Adds `id`, greater than every id already listed, under `(name, value)`.
 pub(crate) fn add(postings: &mut Postings, name: &str, value: &str, id: u32) {
@@ -86,7 +86,7 @@ mod tests {
     use super::*;
 
     fn postings(series: &[&[(&str, &str)]]) -> Postings {
-        let mut p = Postings::new();
+        let mut p = Postings::default();
         for (id, labels) in series.iter().enumerate() {
             for (n, v) in labels.iter() {
                 add(&mut p, n, v, id as u32);
@@ -161,7 +161,7 @@ mod tests {
                     SeriesKey::new(format!("m{metric}"), labels).unwrap()
                 })
                 .collect();
-            let mut p = Postings::new();
+            let mut p = Postings::default();
             for (i, k) in keys.iter().enumerate() {
                 let id = i as u32 * spread;
                 add(&mut p, crate::series::METRIC_NAME_LABEL, k.metric(), id);

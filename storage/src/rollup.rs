@@ -81,7 +81,7 @@ use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::series::SeriesKey;
+use crate::series::{KeyHasher, SeriesKey};
 
 /// A rollup window length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -562,17 +562,21 @@ pub(crate) fn delta_tables(delta: &RollupDelta, gpu_minutes_below: i64) -> RunTa
 pub(crate) struct DeltaTables {
     gpu_minutes_below: i64,
     /// Gpu-level group -> its records in each tier, window order.
-    gpus: HashMap<RollupGroup, [Vec<RollupRecord>; 3]>,
+    gpus: HashMap<RollupGroup, [Vec<RollupRecord>; 3], KeyHasher>,
     /// Host-level group -> its minute records, window order.
-    hosts: HashMap<RollupGroup, Vec<RollupRecord>>,
+    hosts: GroupMinutes,
 }
+
+/// Group -> its minute records, window order (groups hash with foldhash:
+/// SipHash of their label strings showed in a flush's profile).
+type GroupMinutes = HashMap<RollupGroup, Vec<RollupRecord>, KeyHasher>;
 
 impl DeltaTables {
     pub(crate) fn new(gpu_minutes_below: i64) -> Self {
         Self {
             gpu_minutes_below,
-            gpus: HashMap::new(),
-            hosts: HashMap::new(),
+            gpus: HashMap::default(),
+            hosts: HashMap::default(),
         }
     }
 
@@ -635,7 +639,7 @@ impl DeltaTables {
             let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
                 break;
             };
-            let mut next = HashMap::new();
+            let mut next = GroupMinutes::default();
             for (g, minutes) in &below {
                 merge_into_parent(&mut next, g.at_level(*up), minutes);
             }
@@ -694,11 +698,7 @@ fn add_level<'a>(
 }
 
 /// Adds a group's minute records to its parent's in `parents`.
-fn merge_into_parent(
-    parents: &mut HashMap<RollupGroup, Vec<RollupRecord>>,
-    parent: RollupGroup,
-    minutes: &[RollupRecord],
-) {
+fn merge_into_parent(parents: &mut GroupMinutes, parent: RollupGroup, minutes: &[RollupRecord]) {
     match parents.entry(parent) {
         std::collections::hash_map::Entry::Vacant(e) => {
             e.insert(minutes.to_vec());

@@ -29,7 +29,6 @@
 pub(crate) mod writer;
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -653,7 +652,7 @@ fn parse_index(
 fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Postings> {
     let mut r = Reader::new(buf, base);
     let n = r.len("postings count", buf.len())?;
-    let mut out: Postings = HashMap::new();
+    let mut out = Postings::default();
     for _ in 0..n {
         let name = r.string("postings label name")?;
         let value = r.string("postings label value")?;
