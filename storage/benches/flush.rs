@@ -10,6 +10,12 @@
 //! 10 minutes. Once, first, it times the flush of issue #18's table: 200,000
 //! series x 1 hour (72 M samples, 60 minute records per series, as the raw
 //! hour of `benches/rollup_queries.rs`'s history), and prints it.
+//!
+//! Instructions of the flush alone, on both of its threads (20,000 series):
+//!
+//!   GPULSE_FLUSH_SERIES=20000 valgrind --tool=callgrind \
+//!     --toggle-collect='*flush_inner*' --toggle-collect='*write_segment_tmp*' \
+//!     --toggle-collect='*open_segment_tmp*' target/release/deps/flush-* --bench nomatch
 
 // A benchmark reports to stdout.
 #![allow(clippy::print_stdout)]
@@ -54,7 +60,14 @@ fn flush_once(n: usize, polls: usize) -> Duration {
 }
 
 fn bench(c: &mut Criterion) {
-    let (n, polls) = (200_000, 360);
+    // GPULSE_FLUSH_SERIES sets the series of this one flush (a smaller one
+    // for `valgrind --tool=callgrind`, whose instruction counts do not move
+    // with the machine's load).
+    let n = std::env::var("GPULSE_FLUSH_SERIES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(200_000);
+    let polls = 360;
     let took = flush_once(n, polls);
     println!(
         "flush of {n} series x {polls} samples (their segment and 60 minute records each): {:.2} s, {:.1} us per series",

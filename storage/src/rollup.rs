@@ -78,7 +78,7 @@ pub(crate) mod file;
 pub(crate) mod tests;
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::series::{KeyHasher, SeriesKey};
@@ -187,22 +187,7 @@ pub struct RollupGroup {
 impl RollupGroup {
     /// The gpu-level group of a series (see the module docs for the labels).
     pub fn of_series(key: &SeriesKey) -> Self {
-        let label = |name: &str| {
-            key.labels()
-                .iter()
-                .find(|l| l.name == name)
-                .map(|l| l.value.clone())
-        };
-        Self {
-            metric: key.metric().to_string(),
-            cluster: label("cluster").unwrap_or_default(),
-            row: label("row").unwrap_or_default(),
-            rack: label("rack").unwrap_or_default(),
-            host: label("Hostname")
-                .or_else(|| label("hostname"))
-                .unwrap_or_default(),
-            gpu: label("gpu").unwrap_or_default(),
-        }
+        GroupRef::of_series(key).to_group()
     }
 
     /// This group projected to a coarser (or the same) level.
@@ -241,8 +226,10 @@ impl RollupGroup {
 }
 
 /// A group's fields as borrowed text: what a rollup file reader tests
-/// before it allocates a [`RollupGroup`] for the groups it keeps.
-#[derive(Debug, Clone, Copy)]
+/// before it allocates a [`RollupGroup`] for the groups it keeps, and what a
+/// flush looks its groups up by. Hashes as the [`RollupGroup`] of the same
+/// text does (the same fields, in the same order).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct GroupRef<'a> {
     pub(crate) metric: &'a str,
     pub(crate) cluster: &'a str,
@@ -252,7 +239,39 @@ pub(crate) struct GroupRef<'a> {
     pub(crate) gpu: &'a str,
 }
 
-impl GroupRef<'_> {
+impl<'a> GroupRef<'a> {
+    /// [`RollupGroup::of_series`], borrowed from the key.
+    pub(crate) fn of_series(key: &'a SeriesKey) -> Self {
+        let label = |name: &str| {
+            key.labels()
+                .iter()
+                .find(|l| l.name == name)
+                .map(|l| l.value.as_str())
+        };
+        Self {
+            metric: key.metric(),
+            cluster: label("cluster").unwrap_or_default(),
+            row: label("row").unwrap_or_default(),
+            rack: label("rack").unwrap_or_default(),
+            host: label("Hostname")
+                .or_else(|| label("hostname"))
+                .unwrap_or_default(),
+            gpu: label("gpu").unwrap_or_default(),
+        }
+    }
+
+    /// [`RollupGroup::at_level`], borrowed.
+    pub(crate) fn at_level(self, level: RollupLevel) -> Self {
+        let keep = |l: RollupLevel, s: &'a str| if level <= l { s } else { "" };
+        Self {
+            row: keep(RollupLevel::Row, self.row),
+            rack: keep(RollupLevel::Rack, self.rack),
+            host: keep(RollupLevel::Host, self.host),
+            gpu: keep(RollupLevel::Gpu, self.gpu),
+            ..self
+        }
+    }
+
     /// [`RollupGroup::is_at_level`].
     pub(crate) fn is_at_level(&self, level: RollupLevel) -> bool {
         let empty_below = |l: RollupLevel, s: &str| level <= l || s.is_empty();
@@ -271,6 +290,12 @@ impl GroupRef<'_> {
             host: self.host.to_owned(),
             gpu: self.gpu.to_owned(),
         }
+    }
+}
+
+impl hashbrown::Equivalent<RollupGroup> for GroupRef<'_> {
+    fn equivalent(&self, key: &RollupGroup) -> bool {
+        *self == key.as_ref()
     }
 }
 
@@ -544,7 +569,7 @@ pub(crate) fn add_to_tables(tables: &mut Tables, group: &RollupGroup, minutes: &
 pub(crate) fn delta_tables(delta: &RollupDelta, gpu_minutes_below: i64) -> RunTables {
     let mut b = DeltaTables::new(gpu_minutes_below);
     for (g, minutes) in delta {
-        b.add(g, minutes);
+        b.add((**g).as_ref(), minutes);
     }
     b.finish()
 }
@@ -562,21 +587,23 @@ pub(crate) fn delta_tables(delta: &RollupDelta, gpu_minutes_below: i64) -> RunTa
 pub(crate) struct DeltaTables {
     gpu_minutes_below: i64,
     /// Gpu-level group -> its records in each tier, window order.
-    gpus: HashMap<RollupGroup, [Vec<RollupRecord>; 3], KeyHasher>,
+    gpus: hashbrown::HashMap<RollupGroup, [Vec<RollupRecord>; 3], KeyHasher>,
     /// Host-level group -> its minute records, window order.
     hosts: GroupMinutes,
 }
 
-/// Group -> its minute records, window order (groups hash with foldhash:
-/// SipHash of their label strings showed in a flush's profile).
-type GroupMinutes = HashMap<RollupGroup, Vec<RollupRecord>, KeyHasher>;
+/// Group -> its minute records, window order. Groups hash with foldhash
+/// (SipHash of their label strings showed in a flush's profile) and are
+/// looked up by their borrowed text ([`GroupRef`]): a flush allocates a
+/// group's strings once per group, not twice per series.
+type GroupMinutes = hashbrown::HashMap<RollupGroup, Vec<RollupRecord>, KeyHasher>;
 
 impl DeltaTables {
     pub(crate) fn new(gpu_minutes_below: i64) -> Self {
         Self {
             gpu_minutes_below,
-            gpus: HashMap::default(),
-            hosts: HashMap::default(),
+            gpus: hashbrown::HashMap::default(),
+            hosts: GroupMinutes::default(),
         }
     }
 
@@ -587,7 +614,7 @@ impl DeltaTables {
 
     /// Adds the minute records of one series of gpu-level `group`: in
     /// window order, one per window (as [`fold_minutes`] makes them).
-    pub(crate) fn add(&mut self, group: &RollupGroup, minutes: &[RollupRecord]) {
+    pub(crate) fn add(&mut self, group: GroupRef<'_>, minutes: &[RollupRecord]) {
         if minutes.is_empty() {
             return;
         }
@@ -597,14 +624,14 @@ impl DeltaTables {
             RollupTier::Minute => minutes[..n].to_vec(),
             _ => in_tier_windows(minutes, tier),
         });
-        match self.gpus.get_mut(group) {
+        match self.gpus.get_mut(&group) {
             Some(have) => {
                 for (have, new) in have.iter_mut().zip(runs) {
                     merge_windows_into(have, &new);
                 }
             }
             None => {
-                self.gpus.insert(group.clone(), runs);
+                self.gpus.insert(group.to_group(), runs);
             }
         }
         merge_into_parent(&mut self.hosts, group.at_level(RollupLevel::Host), minutes);
@@ -641,7 +668,7 @@ impl DeltaTables {
             };
             let mut next = GroupMinutes::default();
             for (g, minutes) in &below {
-                merge_into_parent(&mut next, g.at_level(*up), minutes);
+                merge_into_parent(&mut next, g.as_ref().at_level(*up), minutes);
             }
             below = next;
         }
@@ -698,13 +725,11 @@ fn add_level<'a>(
 }
 
 /// Adds a group's minute records to its parent's in `parents`.
-fn merge_into_parent(parents: &mut GroupMinutes, parent: RollupGroup, minutes: &[RollupRecord]) {
-    match parents.entry(parent) {
-        std::collections::hash_map::Entry::Vacant(e) => {
-            e.insert(minutes.to_vec());
-        }
-        std::collections::hash_map::Entry::Occupied(mut e) => {
-            merge_windows_into(e.get_mut(), minutes)
+fn merge_into_parent(parents: &mut GroupMinutes, parent: GroupRef<'_>, minutes: &[RollupRecord]) {
+    match parents.get_mut(&parent) {
+        Some(have) => merge_windows_into(have, minutes),
+        None => {
+            parents.insert(parent.to_group(), minutes.to_vec());
         }
     }
 }

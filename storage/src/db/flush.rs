@@ -15,7 +15,7 @@ use crate::error::Error;
 use crate::files;
 use crate::gorilla::DecodeError;
 use crate::head::{FrozenSeries, MemChunk};
-use crate::rollup::{DeltaTables, RollupDelta, RollupGroup, RollupRecord};
+use crate::rollup::{DeltaTables, GroupRef, RollupDelta, RollupGroup, RollupRecord};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
 use crate::series::SeriesKey;
@@ -236,10 +236,10 @@ impl Storage {
     ) -> DeltaTables {
         let mut tables = DeltaTables::new(gpu_minutes_below);
         for (group, minutes) in left_over.into_iter().flatten() {
-            tables.add(group, minutes);
+            tables.add((**group).as_ref(), minutes);
         }
         let folded = each_frozen_minutes(frozen, |key, minutes| {
-            tables.add(&RollupGroup::of_series(key), minutes);
+            tables.add(GroupRef::of_series(key), minutes);
         });
         for (key, e) in folded.err().into_iter().flatten() {
             error!(error = %e, series = %key, "head chunk does not decode; its rollups are left out");

@@ -2136,3 +2136,34 @@ proptest! {
         prop_assert_eq!(got, want.into_iter().collect::<Vec<_>>());
     }
 }
+
+/// A flush looks groups up by their borrowed text: that must hash and
+/// compare as the owned group does, at every level.
+#[test]
+fn borrowed_groups_hash_and_compare_as_owned_ones() {
+    use std::hash::BuildHasher;
+    let hasher = crate::series::KeyHasher::default();
+    for i in 0..200 {
+        let key = key_of(i);
+        let owned = RollupGroup {
+            metric: key.metric().to_string(),
+            cluster: key.get("cluster").unwrap_or_default().to_string(),
+            row: key.get("row").unwrap_or_default().to_string(),
+            rack: key.get("rack").unwrap_or_default().to_string(),
+            host: (key.get("Hostname").or_else(|| key.get("hostname")))
+                .unwrap_or_default()
+                .to_string(),
+            gpu: key.get("gpu").unwrap_or_default().to_string(),
+        };
+        assert_eq!(RollupGroup::of_series(&key), owned);
+        for level in RollupLevel::ALL {
+            let (o, b) = (
+                owned.at_level(level),
+                GroupRef::of_series(&key).at_level(level),
+            );
+            assert_eq!(b.to_group(), o);
+            assert_eq!(hasher.hash_one(b), hasher.hash_one(&o));
+            assert!(hashbrown::Equivalent::equivalent(&b, &o));
+        }
+    }
+}
