@@ -62,10 +62,13 @@ pub enum DecodeError {
 #[derive(Debug, Clone, Default)]
 pub struct GorillaEncoder {
     w: BitWriter,
-    count: u32,
     t: i64,
     t_delta: i64,
-    xor: XorState,
+    /// The value half ([`XorState`]'s fields, not the struct: the head holds
+    /// an encoder per series, and the struct's padding cost each 8 bytes).
+    v: u64,
+    count: u32,
+    window: Option<(u8, u8)>,
 }
 
 /// The value half of the codec: the previous value's bits and the current
@@ -78,32 +81,41 @@ struct XorState {
 
 impl XorState {
     fn write(&mut self, w: &mut BitWriter, vbits: u64) {
-        let xor = vbits ^ self.v;
-        self.v = vbits;
-        if xor == 0 {
-            w.write_bit(false);
-            return;
-        }
-        // Leading zeros are stored in 5 bits, so cap them at 31.
-        let leading = (xor.leading_zeros() as u8).min(31);
-        let trailing = xor.trailing_zeros() as u8;
-        if let Some((pl, pt)) = self.window
-            && leading >= pl
-            && trailing >= pt
-        {
-            w.write_bits(0b10, 2);
-            w.write_bits(xor >> pt, 64 - pl - pt);
-            return;
-        }
-        let len = 64 - leading - trailing;
-        w.write_bits(0b11, 2);
-        w.write_bits(leading as u64, 5);
-        // A 64-bit window is written as 0: 6 bits hold 0..=63.
-        w.write_bits((len & 63) as u64, 6);
-        w.write_bits(xor >> trailing, len);
-        self.window = Some((leading, trailing));
+        write_xor(w, &mut self.v, &mut self.window, vbits);
     }
+}
 
+/// Writes the XOR block of `vbits` after the value `v` with the current
+/// `window`, and updates both.
+#[inline]
+fn write_xor(w: &mut BitWriter, v: &mut u64, window: &mut Option<(u8, u8)>, vbits: u64) {
+    let xor = vbits ^ *v;
+    *v = vbits;
+    if xor == 0 {
+        w.write_bit(false);
+        return;
+    }
+    // Leading zeros are stored in 5 bits, so cap them at 31.
+    let leading = (xor.leading_zeros() as u8).min(31);
+    let trailing = xor.trailing_zeros() as u8;
+    if let Some((pl, pt)) = *window
+        && leading >= pl
+        && trailing >= pt
+    {
+        w.write_bits(0b10, 2);
+        w.write_bits(xor >> pt, 64 - pl - pt);
+        return;
+    }
+    let len = 64 - leading - trailing;
+    w.write_bits(0b11, 2);
+    w.write_bits(leading as u64, 5);
+    // A 64-bit window is written as 0: 6 bits hold 0..=63.
+    w.write_bits((len & 63) as u64, 6);
+    w.write_bits(xor >> trailing, len);
+    *window = Some((leading, trailing));
+}
+
+impl XorState {
     /// Reads one XOR block; `None` on bad input, with `kind` saying why.
     fn read(&mut self, r: &mut BitReader<'_>) -> Result<(), XorFault> {
         if !r.read_bit().map_err(|_| XorFault::Eof)? {
@@ -198,7 +210,7 @@ impl GorillaEncoder {
 
     /// The last sample, if any, without decoding.
     pub fn last(&self) -> Option<(i64, f64)> {
-        (self.count > 0).then(|| (self.t, f64::from_bits(self.xor.v)))
+        (self.count > 0).then(|| (self.t, f64::from_bits(self.v)))
     }
 
     /// Appends one sample.
@@ -208,12 +220,12 @@ impl GorillaEncoder {
             0 => {
                 self.w.write_varint(ts_ms);
                 self.w.write_bits(vbits, 64);
-                self.xor.v = vbits;
+                self.v = vbits;
             }
             1 => {
                 let delta = ts_ms.wrapping_sub(self.t);
                 self.w.write_varint(delta);
-                self.xor.write(&mut self.w, vbits);
+                write_xor(&mut self.w, &mut self.v, &mut self.window, vbits);
                 self.t_delta = delta;
             }
             _ => {
@@ -236,7 +248,7 @@ impl GorillaEncoder {
                     self.w.write_bits(0b1111, 4);
                     self.w.write_bits(dod as u64, 64);
                 }
-                self.xor.write(&mut self.w, vbits);
+                write_xor(&mut self.w, &mut self.v, &mut self.window, vbits);
                 self.t_delta = delta;
             }
         }

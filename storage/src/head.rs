@@ -77,6 +77,70 @@ impl Hasher for RefHasher {
 
 type RefMap<V> = HashMap<u32, V, BuildHasherDefault<RefHasher>>;
 
+/// Ref -> index in [`Head::series`], on the path of every sample. Refs are
+/// handed out in order and the series keep that order, so the refs from
+/// `base` on map through a dense table (4 bytes a ref, a hole where a series
+/// left); the older ones that survive evictions, through a map. A rebuild
+/// after evictions starts the table where at least half its refs are live,
+/// so the holes cost at most as much as the live refs. (A map of every ref
+/// took 12 bytes a series; docs/BENCHMARKS.md.)
+#[derive(Debug, Default)]
+struct Slots {
+    base: u32,
+    dense: Vec<u32>,
+    old: RefMap<u32>,
+}
+
+impl Slots {
+    /// A hole in the dense table.
+    const NONE: u32 = u32::MAX;
+
+    fn get(&self, r: u32) -> Option<u32> {
+        if r >= self.base {
+            let i = *self.dense.get((r - self.base) as usize)?;
+            (i != Self::NONE).then_some(i)
+        } else {
+            self.old.get(&r).copied()
+        }
+    }
+
+    /// Lists `r`, newer than every ref listed, at index `i`.
+    fn push(&mut self, r: u32, i: u32) {
+        debug_assert!(r >= self.base);
+        let at = (r - self.base) as usize;
+        debug_assert!(at >= self.dense.len(), "refs are listed in order");
+        // Grown by an eighth, as the series' vector.
+        let want = at + 1;
+        if want > self.dense.capacity() {
+            let len = self.dense.len();
+            self.dense.reserve_exact((want - len).max(len / 8).max(64));
+        }
+        self.dense.resize(at, Self::NONE);
+        self.dense.push(i);
+    }
+
+    /// Lists `refs` (ascending, at indices 0, 1, ...) anew; `next` is the
+    /// ref the next new series gets.
+    fn rebuild(&mut self, refs: &[u32], next: u32) {
+        // The first live ref from which the table is at least half full.
+        let n = refs.len();
+        let k = (0..n)
+            .find(|&k| (next - refs[k]) as usize <= 2 * (n - k))
+            .unwrap_or(n);
+        self.base = refs.get(k).copied().unwrap_or(next);
+        self.old = refs[..k]
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| (r, i as u32))
+            .collect();
+        self.dense = Vec::new();
+        for (i, &r) in refs.iter().enumerate().skip(k) {
+            self.push(r, i as u32);
+        }
+        self.dense.shrink_to_fit();
+    }
+}
+
 /// How a [`MemChunk`] encodes its samples.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChunkCodec {
@@ -455,7 +519,7 @@ pub(crate) struct Head {
     /// Live series in ref order (creation order; eviction keeps the order).
     series: Vec<HeadSeries>,
     /// Ref -> index in `series`.
-    slots: RefMap<u32>,
+    slots: Slots,
     by_key: KeyIndex,
     /// (label, value) -> the refs of its live series, ascending; the metric
     /// name under `__name__`. A selector visits the series its equality and
@@ -498,7 +562,7 @@ impl Head {
     ) -> Self {
         Self {
             series: Vec::new(),
-            slots: RefMap::default(),
+            slots: Slots::default(),
             by_key: KeyIndex::default(),
             postings: Postings::default(),
             keys,
@@ -523,12 +587,12 @@ impl Head {
     /// # Panics
     /// If `r` is not live (callers check with [`Self::contains`]).
     fn get(&self, r: SeriesRef) -> &HeadSeries {
-        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        let i = self.slots.get(r.0).expect("BUG: ref checked live");
         &self.series[i as usize]
     }
 
     fn get_mut(&mut self, r: SeriesRef) -> &mut HeadSeries {
-        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        let i = self.slots.get(r.0).expect("BUG: ref checked live");
         &mut self.series[i as usize]
     }
 
@@ -552,7 +616,7 @@ impl Head {
         let r = SeriesRef(self.next_ref);
         self.next_ref = next;
         let key = self.keys.share(key);
-        self.slots.insert(r.0, self.series.len() as u32);
+        self.slots.push(r.0, self.series.len() as u32);
         // The vector grows by an eighth, not by doubling: a head of
         // 100,000 series held 31 % more room than it used. Growing by an
         // eighth moves each series about eight times as the head grows (at
@@ -623,7 +687,7 @@ impl Head {
 
     /// Whether `r` names a live series.
     pub(crate) fn contains(&self, r: SeriesRef) -> bool {
-        self.slots.contains_key(&r.0)
+        self.slots.get(r.0).is_some()
     }
 
     /// Whether this head ever handed out `r`: a ref that was issued but is
@@ -670,11 +734,8 @@ impl Head {
         });
         let evicted = before - self.series.len();
         if evicted > 0 {
-            self.slots.clear();
-            for (i, s) in self.series.iter().enumerate() {
-                self.slots.insert(s.r.0, i as u32);
-            }
-            self.slots.shrink_to_fit();
+            let refs: Vec<u32> = self.series.iter().map(|s| s.r.0).collect();
+            self.slots.rebuild(&refs, self.next_ref);
             self.by_key.rebuild(&self.series);
             self.postings.clear();
             for s in &self.series {
@@ -708,7 +769,7 @@ impl Head {
         flushed: impl FnOnce(&SeriesKey, i64) -> bool,
     ) -> Appended {
         let (max, period) = (self.max_chunk_samples, self.period);
-        let i = *self.slots.get(&r.0).expect("BUG: ref checked live");
+        let i = self.slots.get(r.0).expect("BUG: ref checked live");
         let s = &mut self.series[i as usize];
         if let Some(last) = s.last_ts()
             && ts_ms <= last
@@ -1073,11 +1134,48 @@ mod tests {
         chunks.iter().flat_map(|c| c.samples().unwrap()).collect()
     }
 
+    proptest::proptest! {
+        /// The ref table answers what a map of every live ref does, through
+        /// rounds of new series and evictions (a rebuild after each).
+        #[test]
+        fn slots_map_refs_as_a_map_of_every_ref_does(
+            rounds in proptest::collection::vec(
+                (0..300u32, proptest::collection::vec(proptest::bool::ANY, 0..400)),
+                1..6,
+            ),
+        ) {
+            let (mut slots, mut live, mut next) = (Slots::default(), Vec::<u32>::new(), 0u32);
+            for (new, keep) in rounds {
+                for _ in 0..new {
+                    slots.push(next, live.len() as u32);
+                    live.push(next);
+                    next += 1;
+                }
+                let want: HashMap<u32, u32> =
+                    live.iter().enumerate().map(|(i, &r)| (r, i as u32)).collect();
+                for r in 0..next + 2 {
+                    proptest::prop_assert_eq!(slots.get(r), want.get(&r).copied());
+                }
+                let mut i = 0;
+                live.retain(|_| {
+                    i += 1;
+                    keep.get(i - 1).copied().unwrap_or(true)
+                });
+                slots.rebuild(&live, next);
+                proptest::prop_assert!(
+                    slots.dense.len() <= 2 * live.len(),
+                    "the dense table is at least half full"
+                );
+            }
+        }
+    }
+
     /// The head holds one per live series: a field added here costs every
     /// series its bytes (docs/BENCHMARKS.md, head memory per series).
     #[test]
-    fn a_head_series_fits_in_two_cache_lines() {
-        assert!(std::mem::size_of::<HeadSeries>() <= 128);
+    fn a_head_series_takes_at_most_120_bytes() {
+        assert!(std::mem::size_of::<GorillaEncoder>() <= 64);
+        assert!(std::mem::size_of::<HeadSeries>() <= 120);
     }
 
     #[test]

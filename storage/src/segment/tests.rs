@@ -372,7 +372,7 @@ fn parsed_keys_share_their_names() {
     let dir = tempfile::tempdir().unwrap();
     let seg = Segment::open(&write(dir.path()), SegmentId(1)).unwrap();
     let temp = seg.select(&[Matcher::equal("__name__", "DCGM_FI_DEV_GPU_TEMP")]);
-    let names: Vec<Arc<str>> = temp
+    let names: Vec<Arc<String>> = temp
         .iter()
         .map(|&o| seg.series_key(o).parts().0.clone())
         .collect();
