@@ -501,7 +501,9 @@ pub(crate) fn empty_tables() -> Tables {
 
 /// A (tier, level) table as a flush builds it, only to be encoded: groups in
 /// order, each with its records in window order, one per window.
-pub(crate) type RunTable = Vec<(RollupGroup, Vec<RollupRecord>)>;
+/// A group is shared by its tables in the three tiers (a flush of 200,000
+/// series cloned 400,000 of them, six strings each).
+pub(crate) type RunTable = Vec<(Arc<RollupGroup>, Vec<RollupRecord>)>;
 
 /// All 15 (tier, level) run tables, indexed `[tier][level]`.
 pub(crate) type RunTables = [[RunTable; 5]; 3];
@@ -526,7 +528,7 @@ impl TableView for RunTable {
     fn groups(
         &self,
     ) -> impl Iterator<Item = (&RollupGroup, impl ExactSizeIterator<Item = &RollupRecord>)> {
-        self.iter().map(|(g, w)| (g, w.iter()))
+        self.iter().map(|(g, w)| (&**g, w.iter()))
     }
 }
 
@@ -639,7 +641,11 @@ impl DeltaTables {
 
     pub(crate) fn finish(self) -> RunTables {
         let mut tables = RunTables::default();
-        let mut gpus: Vec<(RollupGroup, [Vec<RollupRecord>; 3])> = self.gpus.into_iter().collect();
+        let mut gpus: Vec<(Arc<RollupGroup>, [Vec<RollupRecord>; 3])> = self
+            .gpus
+            .into_iter()
+            .map(|(g, runs)| (Arc::new(g), runs))
+            .collect();
         gpus.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         for tier in RollupTier::ALL {
             tables[tier.index()][RollupLevel::Gpu.index()] = gpus
@@ -658,18 +664,15 @@ impl DeltaTables {
             RollupLevel::Row,
             RollupLevel::Cluster,
         ] {
-            add_level(
-                &mut tables,
-                (level, i64::MAX),
-                below.iter().map(|(g, m)| (g, m.as_slice())),
-            );
-            let Some(up) = RollupLevel::ALL.get(level.index() + 1) else {
-                break;
-            };
+            // The level above first: this level's minutes then move into
+            // its tables instead of being copied.
             let mut next = GroupMinutes::default();
-            for (g, minutes) in &below {
-                merge_into_parent(&mut next, g.as_ref().at_level(*up), minutes);
+            if let Some(up) = RollupLevel::ALL.get(level.index() + 1) {
+                for (g, minutes) in &below {
+                    merge_into_parent(&mut next, g.as_ref().at_level(*up), minutes);
+                }
             }
+            add_level(&mut tables, (level, i64::MAX), below);
             below = next;
         }
         tables
@@ -697,31 +700,35 @@ fn in_tier_windows(minutes: &[RollupRecord], tier: RollupTier) -> Vec<RollupReco
 /// under `level` in every tier, in the 1-minute tier only those of windows
 /// before `minutes_below`; the level's tables must be empty. The groups are
 /// sorted once; each table is their runs, in that order.
-fn add_level<'a>(
+fn add_level(
     tables: &mut RunTables,
     (level, minutes_below): (RollupLevel, i64),
-    groups: impl Iterator<Item = (&'a RollupGroup, &'a [RollupRecord])>,
+    groups: impl IntoIterator<Item = (RollupGroup, Vec<RollupRecord>)>,
 ) {
-    let mut groups: Vec<_> = groups.collect();
-    groups.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    for tier in RollupTier::ALL {
+    let mut groups: Vec<_> = groups
+        .into_iter()
+        .filter(|(_, minutes)| !minutes.is_empty())
+        .map(|(g, minutes)| (Arc::new(g), minutes))
+        .collect();
+    groups.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for tier in [RollupTier::Hour, RollupTier::Day] {
         let table = &mut tables[tier.index()][level.index()];
         debug_assert!(table.is_empty());
-        let below = if tier == RollupTier::Minute {
-            minutes_below
-        } else {
-            i64::MAX
-        };
         *table = groups
             .iter()
-            .filter_map(|&(g, minutes)| {
-                // Window order: the ones before the cut are a prefix.
-                let n = minutes.partition_point(|r| r.window_start_ms < below);
-                let minutes = minutes.get(..n).filter(|m| !m.is_empty())?;
-                Some((g.clone(), in_tier_windows(minutes, tier)))
-            })
+            .map(|(g, minutes)| (g.clone(), in_tier_windows(minutes, tier)))
             .collect();
     }
+    // The minutes themselves, those before the cut (a prefix: window order).
+    let table = &mut tables[RollupTier::Minute.index()][level.index()];
+    debug_assert!(table.is_empty());
+    *table = groups
+        .into_iter()
+        .filter_map(|(g, mut minutes)| {
+            minutes.truncate(minutes.partition_point(|r| r.window_start_ms < minutes_below));
+            (!minutes.is_empty()).then_some((g, minutes))
+        })
+        .collect();
 }
 
 /// Adds a group's minute records to its parent's in `parents`.

@@ -1,6 +1,7 @@
 //! Flushing: [`Storage::flush`] seals the head (and its rollups) into a new
 //! segment (and rollup file), then cuts the WAL.
 
+use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,9 @@ use crate::gorilla::DecodeError;
 use crate::head::{FrozenSeries, MemChunk};
 use crate::rollup::{DeltaTables, GroupRef, RollupDelta, RollupGroup, RollupRecord};
 use crate::segment::Segment;
-use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
+use crate::segment::writer::{
+    Ahead, AheadHelper, EncodedSeries, SegmentSummary, publish, write_segment_tmp_with,
+};
 use crate::series::SeriesKey;
 use crate::{Result, SegmentId};
 
@@ -124,20 +127,31 @@ impl Storage {
         };
         // The segment is opened and validated on that thread too, before
         // its rename: a segment that does not open is never published.
-        let write_tmp = || -> Result<(SegmentSummary, Segment)> {
-            let summary = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen)?;
+        let write_tmp = |ahead: Option<&Ahead>| -> Result<(SegmentSummary, Segment)> {
+            let summary = write_frozen(&tmp, &dst, (id.0, id.0), cut, &frozen, ahead)?;
             Ok((summary, self.open_segment_tmp(&tmp, &dst, id)?))
         };
+        let ahead = Ahead::new(frozen.len());
         let (rollups, encoded) = std::thread::scope(|scope| {
+            let (write_tmp, ahead) = (&write_tmp, &ahead);
+            let helper = AheadHelper(ahead);
             let segment = std::thread::Builder::new()
                 .name("gpulse-flush-segment".into())
-                .spawn_scoped(scope, write_tmp);
+                .spawn_scoped(scope, move || write_tmp(Some(ahead)));
             // The head's rollups are folded here, from the frozen chunks
             // they do not count yet, while the segment is written. The
             // gpu-level minutes of samples after the raw cut are folded from
             // the segment when read; those before it (late samples) are
             // written (see `RollupFile::raw_cut`).
             let tables = self.frozen_tables(&frozen, left_over.as_deref(), raw_cut);
+            // The segment's series take longer than the folding: this thread
+            // then encodes the last of them until the writer catches up, and
+            // writes the rollup file while the writer finishes and checks
+            // the segment's file.
+            if segment.is_ok() {
+                encode_ahead(&frozen, ahead);
+            }
+            drop(helper);
             let rollups = (!tables.is_empty())
                 .then(|| self.write_rollups(cut, raw_cut, &tables.finish(), None));
             let encoded = match segment {
@@ -145,7 +159,7 @@ impl Storage {
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic)),
                 // No second thread to be had: write it here, after.
-                Err(_) => write_tmp(),
+                Err(_) => write_tmp(None),
             };
             (rollups, encoded)
         });
@@ -332,27 +346,69 @@ fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) 
 }
 
 /// Writes frozen head chunks to a segment's temporary file (see
-/// [`write_segment_tmp`]); [`publish`] makes it the segment `dst`.
+/// [`write_segment_tmp_with`]); [`publish`] makes it the segment `dst`.
+/// Series that `ahead`'s helper encoded ([`encode_ahead`]) are taken from
+/// it.
 fn write_frozen(
     tmp: &Path,
     dst: &Path,
     seq: (u64, u64),
     wal_cut: u64,
     frozen: &[FrozenSeries],
+    ahead: Option<&Ahead>,
 ) -> Result<SegmentSummary> {
     let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
-    write_segment_tmp(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
-        let (key, chunks) = &frozen[i];
-        for (i, c) in chunks.iter().enumerate() {
-            c.decode_into(ts, vals)
-                .map_err(|source| Error::ChunkDecode {
-                    path: PathBuf::from("<head>"),
-                    series: key.to_string(),
-                    chunk: i,
-                    source,
-                })?;
+    let written = write_segment_tmp_with(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
+        if let Some(encoded) = ahead.and_then(|a| a.take(i)) {
+            return Ok(Some(encoded));
         }
-        normalize(ts, vals, 0);
-        Ok(())
-    })
+        let (key, chunks) = &frozen[i];
+        decode_series(chunks, ts, vals).map_err(|(chunk, source)| Error::ChunkDecode {
+            path: PathBuf::from("<head>"),
+            series: key.to_string(),
+            chunk,
+            source,
+        })?;
+        Ok(None)
+    });
+    // Failed early, it leaves the helper nothing to encode.
+    if let Some(ahead) = ahead {
+        ahead.writer_done();
+    }
+    written
+}
+
+/// Encodes batches of the last series of `frozen` for [`write_frozen`],
+/// from the end, while its writer is far enough behind ([`Ahead`]). A
+/// series that does not decode or would be refused is left to the writer,
+/// which reports it.
+fn encode_ahead(frozen: &[FrozenSeries], ahead: &Ahead) {
+    // About a millisecond of encoding: the writer seldom waits for one.
+    const BATCH: usize = 32;
+    let mut shared = HashSet::default();
+    let (mut ts, mut vals) = (Vec::new(), Vec::new());
+    while let Some(claimed) = ahead.claim(BATCH) {
+        let start = claimed.start;
+        let batch = frozen[claimed].iter().map(|(_, chunks)| {
+            ts.clear();
+            vals.clear();
+            decode_series(chunks, &mut ts, &mut vals).ok()?;
+            EncodedSeries::encode(&ts, &vals, &mut shared)
+        });
+        ahead.deliver(start, batch.collect());
+    }
+}
+
+/// Appends the samples of every chunk of a series, in time order; on an
+/// error, the chunk that did not decode.
+fn decode_series(
+    chunks: &[MemChunk],
+    ts: &mut Vec<i64>,
+    vals: &mut Vec<f64>,
+) -> std::result::Result<(), (usize, DecodeError)> {
+    for (i, c) in chunks.iter().enumerate() {
+        c.decode_into(ts, vals).map_err(|e| (i, e))?;
+    }
+    normalize(ts, vals, 0);
+    Ok(())
 }

@@ -1509,7 +1509,10 @@ proptest! {
             levels.map(|table| {
                 table
                     .into_iter()
-                    .map(|(g, w)| (g, w.into_iter().map(|r| (r.window_start_ms, r)).collect()))
+                    .map(|(g, w)| {
+                        let windows = w.into_iter().map(|r| (r.window_start_ms, r));
+                        (Arc::unwrap_or_clone(g), windows.collect())
+                    })
                     .collect()
             })
         });
@@ -1526,7 +1529,10 @@ proptest! {
             levels.map(|table| {
                 table
                     .into_iter()
-                    .map(|(g, w)| (g, w.into_iter().map(|r| (r.window_start_ms, r)).collect()))
+                    .map(|(g, w)| {
+                        let windows = w.into_iter().map(|r| (r.window_start_ms, r));
+                        (Arc::unwrap_or_clone(g), windows.collect())
+                    })
                     .collect()
             })
         });

@@ -379,3 +379,118 @@ fn parsed_keys_share_their_names() {
     assert_eq!(names.len(), 3);
     assert!(names.iter().all(|n| Arc::ptr_eq(n, &names[0])));
 }
+
+/// Series encoded ahead by another thread ([`writer::EncodedSeries`]) make
+/// the same file as the writer encoding them itself: whichever series are
+/// handed over encoded (none, some, all), the bytes are those of the plain
+/// writer, timestamp blocks shared across the two kinds included. A series
+/// the writer would refuse is not encoded ahead.
+#[test]
+fn series_encoded_ahead_write_the_same_bytes() {
+    use std::collections::HashSet;
+    use writer::{EncodedSeries, write_segment_tmp_with};
+    let dir = tempfile::tempdir().unwrap();
+    let keys: Vec<Arc<SeriesKey>> = (0..12)
+        .map(|i| Arc::new(SeriesKey::new("m", vec![Label::new("gpu", format!("{i:02}"))]).unwrap()))
+        .collect();
+    // Several chunks a series (the last one short), timestamps shared by
+    // every other series, values of several shapes.
+    let n = MAX_CHUNK_SAMPLES * 2 + 17;
+    let ts_of = |i: usize| -> Vec<i64> {
+        (0..n as i64)
+            .map(|j| 1_700_000_000_000 + j * 10_000 + (i % 2) as i64)
+            .collect()
+    };
+    let vals_of = |i: usize| -> Vec<f64> {
+        (0..n)
+            .map(|j| match i % 3 {
+                0 => (j % 50) as f64 * 0.25,
+                1 => ((i * 7919 + j * 104_729) % 65_521) as f64,
+                _ => (j as f64).sin(),
+            })
+            .collect()
+    };
+    let write = |name: &str, ahead: &dyn Fn(usize) -> bool| {
+        let tmp = dir.path().join(format!("{name}.tmp"));
+        let mut shared = HashSet::default();
+        write_segment_tmp_with(&tmp, &tmp, (1, 1), 0, &keys, |i, ts, vals| {
+            if ahead(i) {
+                return Ok(Some(
+                    EncodedSeries::encode(&ts_of(i), &vals_of(i), &mut shared).unwrap(),
+                ));
+            }
+            ts.extend(ts_of(i));
+            vals.extend(vals_of(i));
+            Ok(None)
+        })
+        .unwrap();
+        std::fs::read(&tmp).unwrap()
+    };
+    let plain = write("plain", &|_| false);
+    assert_eq!(write("all", &|_| true), plain);
+    assert_eq!(write("odd", &|i| i % 2 == 1), plain);
+    assert_eq!(write("tail", &|i| i >= 7), plain);
+    // Refused: not ascending, out of the storable range, lengths that differ.
+    let mut shared = HashSet::default();
+    assert!(EncodedSeries::encode(&[2, 1], &[0.0, 0.0], &mut shared).is_none());
+    assert!(EncodedSeries::encode(&[i64::MAX], &[0.0], &mut shared).is_none());
+    assert!(EncodedSeries::encode(&[1, 2], &[0.0], &mut shared).is_none());
+}
+
+/// The writer and a helper thread share out the series through
+/// [`writer::Ahead`]: every series is taken exactly once, in order, the
+/// helper's from the end, and a helper that dies with batches claimed but
+/// not delivered leaves them to the writer instead of hanging it.
+#[test]
+fn ahead_shares_the_series_between_writer_and_helper() {
+    use std::collections::HashSet;
+    use writer::{Ahead, AheadHelper, EncodedSeries};
+    let encoded = |i: usize| {
+        let mut shared = HashSet::default();
+        EncodedSeries::encode(&[i as i64 + 1], &[i as f64], &mut shared).unwrap()
+    };
+    for (n, deliver) in [(1_000, true), (1_000, false), (3, true), (0, true)] {
+        let ahead = Ahead::new(n);
+        let (own, claimed) = std::thread::scope(|s| {
+            let helper = s.spawn(|| {
+                let _guard = AheadHelper(&ahead);
+                let mut claimed = Vec::new();
+                while let Some(r) = ahead.claim(8) {
+                    claimed.extend(r.clone());
+                    if deliver {
+                        ahead.deliver(r.start, r.clone().map(|i| Some(encoded(i))).collect());
+                    } else if claimed.len() >= 16 {
+                        // Dies with two batches claimed, none delivered.
+                        return claimed;
+                    }
+                }
+                claimed
+            });
+            let mut own = Vec::new();
+            for i in 0..n {
+                match ahead.take(i) {
+                    Some(e) => {
+                        assert_eq!(format!("{e:?}"), format!("{:?}", encoded(i)), "series {i}")
+                    }
+                    None => own.push(i),
+                }
+                if i % 64 == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            (own, helper.join().unwrap())
+        });
+        let mut claimed = claimed;
+        claimed.sort_unstable();
+        if deliver {
+            // The writer's and the helper's are all the series, once each,
+            // the helper's a tail.
+            let mut all: Vec<usize> = own.iter().chain(&claimed).copied().collect();
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>(), "n = {n}");
+            assert!(claimed.iter().all(|&i| i >= own.len()), "n = {n}");
+        } else {
+            assert_eq!(own, (0..n).collect::<Vec<_>>(), "n = {n}");
+        }
+    }
+}

@@ -74,6 +74,22 @@ pub(crate) fn write_segment_tmp(
     keys: &[Arc<SeriesKey>],
     mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
+    write_segment_tmp_with(tmp, dst, seq, wal_cut, keys, |i, ts, vals| {
+        load(i, ts, vals).map(|()| None)
+    })
+}
+
+/// [`write_segment_tmp`], where `load` may hand over a series already
+/// encoded ([`EncodedSeries`], by another thread) instead of its samples:
+/// the file's bytes are the same either way.
+pub(crate) fn write_segment_tmp_with(
+    tmp: &Path,
+    dst: &Path,
+    seq: (u64, u64),
+    wal_cut: u64,
+    keys: &[Arc<SeriesKey>],
+    mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<Option<EncodedSeries>>,
+) -> Result<SegmentSummary> {
     let io = |e| Error::io(tmp, e);
     let file = File::create(tmp).map_err(io)?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
@@ -138,30 +154,23 @@ pub(crate) fn write_segment_tmp(
         }
         ts.clear();
         vals.clear();
-        load(i, &mut ts, &mut vals)?;
-        // The reader refuses chunks outside the storable range; timestamps
-        // must ascend strictly (one sample per timestamp, in time order).
-        if ts.len() != vals.len() {
-            return Err(unwritable(
-                key,
-                "timestamp and value columns differ in length",
-            ));
-        }
-        if !ts.iter().all(|&t| crate::ts_storable(t)) {
-            return Err(unwritable(
-                key,
-                "sample timestamp outside the storable range (years 1 to 9999)",
-            ));
-        }
-        if ts.windows(2).any(|w| w[0] >= w[1]) {
-            return Err(unwritable(key, "sample timestamps not strictly ascending"));
-        }
-        let n_chunks = ts.len().div_ceil(MAX_CHUNK_SAMPLES);
-        put_uvarint(&mut index, n_chunks as u64);
-        for (t, v) in ts
+        let encoded = match load(i, &mut ts, &mut vals)? {
+            Some(e) => e,
+            None => {
+                EncodedSeries::check(&ts, &vals).map_err(|what| unwritable(key, what))?;
+                EncodedSeries::default()
+            }
+        };
+        let own = ts
             .chunks(MAX_CHUNK_SAMPLES)
             .zip(vals.chunks(MAX_CHUNK_SAMPLES))
-        {
+            .map(|(t, v)| (t, ChunkValues::Samples(v)));
+        let ahead = encoded
+            .chunks
+            .iter()
+            .map(|c| (&*c.ts, ChunkValues::Encoded(&c.values, c.last)));
+        put_uvarint(&mut index, (own.len() + ahead.len()) as u64);
+        for (t, v) in own.chain(ahead) {
             // Looked up by the timestamps: a shared block is encoded once.
             let ts_ref = match ts_blocks.get(t) {
                 Some(r) => *r,
@@ -173,9 +182,14 @@ pub(crate) fn write_segment_tmp(
                     r
                 }
             };
-            block.clear();
-            column::encode_segment_values(v, &mut block);
-            let val_ref = put(&mut w, &block, &mut offset)?;
+            let (val_ref, last) = match v {
+                ChunkValues::Samples(v) => {
+                    block.clear();
+                    column::encode_segment_values(v, &mut block);
+                    (put(&mut w, &block, &mut offset)?, v[v.len() - 1])
+                }
+                ChunkValues::Encoded(bytes, last) => (put(&mut w, bytes, &mut offset)?, last),
+            };
             let (lo, hi) = (t[0], t[t.len() - 1]);
             put_varint(&mut index, lo);
             put_uvarint(&mut index, hi.wrapping_sub(lo) as u64);
@@ -187,7 +201,7 @@ pub(crate) fn write_segment_tmp(
             }
             // The newest sample's value, so that a read of each series'
             // latest sample (an instant selector) decodes nothing.
-            index.extend_from_slice(&v[v.len() - 1].to_bits().to_le_bytes());
+            index.extend_from_slice(&last.to_bits().to_le_bytes());
             samples += t.len() as u64;
             min_ts = min_ts.min(lo);
             max_ts = max_ts.max(hi);
@@ -267,6 +281,197 @@ pub(crate) fn write_segment_tmp(
         min_ts,
         max_ts,
     })
+}
+
+/// A chunk's values for the writer: its samples to encode, or its value
+/// block encoded already, with its last value.
+enum ChunkValues<'a> {
+    Samples(&'a [f64]),
+    Encoded(&'a [u8], f64),
+}
+
+/// A series' chunks encoded ahead of a segment writer, by another thread
+/// ([`write_segment_tmp_with`]): what the writer would encode from the same
+/// samples, but for the timestamp blocks, which it shares across series.
+#[derive(Debug, Default)]
+pub(crate) struct EncodedSeries {
+    chunks: Vec<EncodedChunk>,
+}
+
+#[derive(Debug)]
+struct EncodedChunk {
+    /// Shared by the chunks of other series with the same timestamps.
+    ts: Arc<[i64]>,
+    values: Vec<u8>,
+    last: f64,
+}
+
+impl EncodedSeries {
+    /// Encodes a series' samples as the writer does. `shared` holds the
+    /// timestamps seen so far, so that the series polled together keep one
+    /// copy. `None` if the writer would refuse them: it then finds why.
+    pub(crate) fn encode(
+        ts: &[i64],
+        vals: &[f64],
+        shared: &mut std::collections::HashSet<Arc<[i64]>, foldhash::fast::RandomState>,
+    ) -> Option<Self> {
+        Self::check(ts, vals).ok()?;
+        let chunks = ts
+            .chunks(MAX_CHUNK_SAMPLES)
+            .zip(vals.chunks(MAX_CHUNK_SAMPLES))
+            .map(|(t, v)| {
+                let ts = match shared.get(t) {
+                    Some(ts) => ts.clone(),
+                    None => {
+                        let ts: Arc<[i64]> = t.into();
+                        shared.insert(ts.clone());
+                        ts
+                    }
+                };
+                let mut values = Vec::new();
+                column::encode_segment_values(v, &mut values);
+                EncodedChunk {
+                    ts,
+                    values,
+                    last: v[v.len() - 1],
+                }
+            });
+        Some(EncodedSeries {
+            chunks: chunks.collect(),
+        })
+    }
+
+    /// What the reader relies on: chunks inside the storable range, and
+    /// timestamps that ascend strictly (one sample per timestamp, in time
+    /// order).
+    fn check(ts: &[i64], vals: &[f64]) -> std::result::Result<(), &'static str> {
+        if ts.len() != vals.len() {
+            return Err("timestamp and value columns differ in length");
+        }
+        if !ts.iter().all(|&t| crate::ts_storable(t)) {
+            return Err("sample timestamp outside the storable range (years 1 to 9999)");
+        }
+        if ts.windows(2).any(|w| w[0] >= w[1]) {
+            return Err("sample timestamps not strictly ascending");
+        }
+        Ok(())
+    }
+}
+
+/// Series that a second thread encodes ahead of a segment writer: the
+/// writer goes forward from the first series, the helper claims batches
+/// back from the last one while the writer is far enough behind, and the
+/// writer takes the helper's series in order when it gets there. The flush
+/// uses it to end its two threads together: its rollup thread, done with
+/// the rollups, encodes the segment's last series.
+#[derive(Debug)]
+pub(crate) struct Ahead {
+    state: std::sync::Mutex<AheadState>,
+    ready: std::sync::Condvar,
+}
+
+#[derive(Debug)]
+struct AheadState {
+    /// The writer's next series.
+    next: usize,
+    /// The first series claimed by the helper (all from it on are).
+    claimed: usize,
+    /// Batches the helper encoded, by their first series; `None` for a
+    /// series the helper could not encode (the writer then does, and tells
+    /// why if it cannot either).
+    done: std::collections::BTreeMap<usize, Vec<Option<EncodedSeries>>>,
+    /// The helper claims nothing more and has delivered what it claimed, or
+    /// died.
+    finished: bool,
+}
+
+impl Ahead {
+    /// For a segment of `n` series.
+    pub(crate) fn new(n: usize) -> Self {
+        Ahead {
+            state: std::sync::Mutex::new(AheadState {
+                next: 0,
+                claimed: n,
+                done: Default::default(),
+                finished: false,
+            }),
+            ready: std::sync::Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AheadState> {
+        // Each critical section leaves the state whole: a panic elsewhere
+        // does not make it wrong.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The helper's next batch of up to `batch` series (a range it
+    /// encodes, then [`Self::deliver`]s), while the writer is more than two
+    /// batches away from it; `None` once it is not.
+    pub(crate) fn claim(&self, batch: usize) -> Option<std::ops::Range<usize>> {
+        let mut s = self.lock();
+        let end = s.claimed;
+        let start = end.checked_sub(batch)?;
+        if s.finished || start < s.next.saturating_add(2 * batch) {
+            return None;
+        }
+        s.claimed = start;
+        Some(start..end)
+    }
+
+    /// Hands over the claimed batch that starts at `start`.
+    pub(crate) fn deliver(&self, start: usize, encoded: Vec<Option<EncodedSeries>>) {
+        self.lock().done.insert(start, encoded);
+        self.ready.notify_all();
+    }
+
+    /// The helper claims no more. Also called if it unwinds (see
+    /// [`AheadHelper`]): the writer then encodes what was not delivered.
+    pub(crate) fn finish(&self) {
+        self.lock().finished = true;
+        self.ready.notify_all();
+    }
+
+    /// The writer has stopped (done, or failed): the helper claims no more.
+    pub(crate) fn writer_done(&self) {
+        self.lock().next = usize::MAX;
+    }
+
+    /// The writer's turn at series `i` (in ascending order): the helper's
+    /// encoding of it, waiting for it if the helper has claimed it, or
+    /// `None` for the writer to load it itself.
+    pub(crate) fn take(&self, i: usize) -> Option<EncodedSeries> {
+        let mut s = self.lock();
+        s.next = s.next.max(i + 1);
+        if i < s.claimed {
+            return None;
+        }
+        loop {
+            if let Some((&start, batch)) = s.done.range_mut(..=i).next_back()
+                && let Some(slot) = batch.get_mut(i - start)
+            {
+                let encoded = slot.take();
+                if i - start + 1 == batch.len() {
+                    s.done.remove(&start);
+                }
+                return encoded;
+            }
+            if s.finished {
+                return None;
+            }
+            s = self.ready.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+/// Calls [`Ahead::finish`] when dropped, unwinding included, so that a
+/// writer never waits on a helper that is gone.
+pub(crate) struct AheadHelper<'a>(pub(crate) &'a Ahead);
+
+impl Drop for AheadHelper<'_> {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
 }
 
 /// Makes a rename or create inside `dir` durable.
