@@ -13,9 +13,13 @@
 //!
 //! Instructions of the flush alone, on both of its threads (20,000 series):
 //!
-//!   GPULSE_FLUSH_SERIES=20000 valgrind --tool=callgrind \
-//!     --toggle-collect='*flush_inner*' --toggle-collect='*write_segment_tmp*' \
-//!     --toggle-collect='*open_segment_tmp*' target/release/deps/flush-* --bench nomatch
+//!   GPULSE_FLUSH_SERIES=20000 valgrind --tool=callgrind --separate-threads=yes \
+//!     --toggle-collect='*flush_locked*' --toggle-collect='*write_frozen*' \
+//!     --toggle-collect='*Segment::open*' target/release/deps/flush-* --bench nomatch
+//!
+//! (callgrind runs one thread at a time, so it counts the work, not how the
+//! two threads share it: `perf record -F 999` and the samples per thread
+//! over time show that.)
 
 // A benchmark reports to stdout.
 #![allow(clippy::print_stdout)]
