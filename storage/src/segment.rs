@@ -653,11 +653,12 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
     let mut r = Reader::new(buf, base);
     let n = r.len("postings count", buf.len())?;
     let mut out = Postings::default();
+    let mut ids: Vec<u32> = Vec::new();
     for _ in 0..n {
         let name = r.string("postings label name")?;
         let value = r.string("postings label value")?;
         let k = r.len("postings list length", nseries)?;
-        let mut ids = roaring::RoaringBitmap::new();
+        ids.clear();
         let mut cur: u64 = 0;
         for i in 0..k {
             let at = r.offset();
@@ -671,10 +672,21 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
                     },
                 ));
             }
-            // Ascending (a zero delta after the first is refused above).
             ids.push(cur as u32);
         }
-        out.entry(name).or_default().insert(value, ids);
+        // Ascending (a zero delta after the first is refused above): the
+        // bitmap takes them without checking each against the last, as
+        // `push` does.
+        let bitmap =
+            roaring::RoaringBitmap::from_sorted_iter(ids.iter().copied()).map_err(|_| {
+                (
+                    r.offset(),
+                    Corruption::OutOfBounds {
+                        what: "postings series ids not ascending",
+                    },
+                )
+            })?;
+        out.entry(name).or_default().insert(value, bitmap);
     }
     if !r.is_empty() {
         return Err((
