@@ -292,33 +292,50 @@ impl Varints<'_> {
 /// `n / 10^d` for an integer `|n| < 2^53`, with its integers.
 fn as_decimal(vals: &[f64]) -> Option<(u8, Vec<i64>)> {
     let mut d = 0u8;
-    // The integers at `d`, while `d` has not changed since the first value
-    // (integer columns, and decimals whose first value has all their
-    // digits): then they need no second pass.
+    // The integers of the values so far at `d`: when a value needs a finer
+    // scale, those before it are rescaled rather than found again (most
+    // columns of halves or tenths start with a whole number).
     let mut ints = Vec::with_capacity(vals.len());
-    let mut same_scale = true;
+    let mut rescaled = true;
     for &v in vals {
         loop {
             if let Some(n) = exact_at(v, d) {
-                if same_scale {
-                    ints.push(n);
-                }
+                ints.push(n);
                 break;
             }
             d += 1;
             if d > MAX_SCALE {
                 return None;
             }
-            same_scale &= ints.is_empty();
+            rescaled = rescaled && rescale(&mut ints);
         }
     }
-    if same_scale {
+    if rescaled {
         return Some((d, ints));
     }
+    // A value so large that ten times its integer might not be what
+    // `exact_at` finds at the finer scale: all of them at the last one.
     vals.iter()
         .map(|&v| exact_at(v, d))
         .collect::<Option<Vec<i64>>>()
         .map(|ints| (d, ints))
+}
+
+/// The integers of [`exact_at`] at scale `d - 1` as those at `d`, each ten
+/// times as large, or false (and `ints` partly rescaled) if one is too large
+/// for that to hold. For `|10n| < 2^50` it does: `v` is `n / 10^(d-1)`
+/// rounded once, so `v * 10^d`, rounded once more, is within a quarter of
+/// `10n`, which rounds to it, and `10n / 10^d` is the same quotient as
+/// `n / 10^(d-1)`, rounded to the same `v`.
+fn rescale(ints: &mut [i64]) -> bool {
+    const LIMIT: i64 = (1 << 50) / 10;
+    for n in ints {
+        if n.abs() >= LIMIT {
+            return false;
+        }
+        *n *= 10;
+    }
+    true
 }
 
 /// The integer `n` the decoder would see for `v` at scale `d`, if `v`

@@ -210,6 +210,9 @@ proptest! {
         vals in prop::collection::vec(prop_oneof![
             (-100_000i64..100_000, 0u32..11).prop_map(|(n, d)| n as f64 / 10f64.powi(d as i32)),
             arb_f64(),
+            // Near the rescaling's limit (2^50) and the integers' (2^53).
+            (-(1i64 << 53)..(1i64 << 53), 0u32..4).prop_map(|(n, d)| n as f64 / 10f64.powi(d as i32)),
+            ((1i64 << 45)..(1i64 << 50), 0u32..6).prop_map(|(n, d)| n as f64 / 10f64.powi(d as i32)),
         ], 0..40),
     ) {
         let mut d = 0u8;
