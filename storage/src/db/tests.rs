@@ -124,8 +124,9 @@ fn series_refs_share_the_heads_keys() {
 
 /// A head chunk that does not decode fails the flush with a located error
 /// and is counted, whichever thread decodes it; it neither hangs the flush
-/// (the segment writer takes the decoded samples from a queue) nor loses the
-/// other series.
+/// (the rollup thread, encoding the segment's last series ahead of its
+/// writer, leaves a series it cannot decode to the writer, which reports
+/// it) nor loses the other series.
 #[test]
 fn a_head_chunk_that_does_not_decode_fails_the_flush_cleanly() {
     let dir = tempfile::tempdir().unwrap();
