@@ -539,19 +539,6 @@ impl Worker {
         let mut samples: Vec<(SeriesKey, i64, f64)> = Vec::new();
         for c in &changes {
             let e = c.event();
-            if let Some(tx) = &self.alerts
-                && tx.try_send(e.clone()).is_err()
-            {
-                self.shared
-                    .metrics
-                    .alerts
-                    .push_failures
-                    .fetch_add(1, Relaxed);
-                warn!(
-                    id = e.id,
-                    "Alertmanager pusher's queue is full; this change is not sent"
-                );
-            }
             if let Err(err) = self.log.append(e) {
                 self.shared.metrics.log_write_errors.fetch_add(1, Relaxed);
                 error!(error = %err, "health event log: append failed");
@@ -609,6 +596,25 @@ impl Worker {
             }
         }
         self.write(samples);
+        // Alertmanager hears of a change only once the log and the stored
+        // series have it: whoever reacts to the alert and queries
+        // `gpulse_health_active` finds the same state.
+        if let Some(tx) = &self.alerts {
+            for c in &changes {
+                let e = c.event();
+                if tx.try_send(e.clone()).is_err() {
+                    self.shared
+                        .metrics
+                        .alerts
+                        .push_failures
+                        .fetch_add(1, Relaxed);
+                    warn!(
+                        id = e.id,
+                        "Alertmanager pusher's queue is full; this change is not sent"
+                    );
+                }
+            }
+        }
     }
 
     /// Appends the engine's own series to storage.

@@ -59,6 +59,22 @@ fn promql(node: &Node, q: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("bad JSON for {q}: {e}: {body}"))
 }
 
+/// The answer to the instant query `q`, once its first sample's value is
+/// `want` (within 30 s): the health series are appended by the engine's
+/// thread just after its events change, so a reader that saw the event in
+/// `health_events` may be a moment ahead of them.
+fn promql_until(node: &Node, q: &str, want: &str) -> Value {
+    let started = Instant::now();
+    loop {
+        let r = promql(node, q);
+        if r["data"]["result"][0]["value"][1] == want || started.elapsed() > Duration::from_secs(30)
+        {
+            return r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 /// The rows `query` answers, once there are some (within 30 s).
 fn wait_rows(node: &Node, query: &str, what: &str) -> Vec<Vec<Value>> {
     let started = Instant::now();
@@ -568,9 +584,9 @@ fn health_events_and_the_health_api_answer_for_the_whole_cluster() {
 
             // The health series: once per event, and the per-rack counts
             // of events opened add up to the cluster's.
-            let r = promql(node, "count(gpulse_health_active{kind=\"xid\"} == 1)");
+            let r = promql_until(node, "count(gpulse_health_active{kind=\"xid\"} == 1)", "3");
             assert_eq!(r["data"]["result"][0]["value"][1], "3", "node {i}: {r}");
-            let r = promql(node, "sum(gpulse_health_events_total{kind=\"xid\"})");
+            let r = promql_until(node, "sum(gpulse_health_events_total{kind=\"xid\"})", "3");
             assert_eq!(r["data"]["result"][0]["value"][1], "3", "node {i}: {r}");
         }
     };
