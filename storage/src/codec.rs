@@ -70,7 +70,7 @@ pub(crate) fn zstd_section(
 }
 
 /// Reads a section; errors are `(absolute offset, what went wrong)`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

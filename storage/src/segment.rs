@@ -29,6 +29,7 @@
 pub(crate) mod writer;
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -38,7 +39,9 @@ use crate::codec::{self, Reader};
 use crate::column;
 use crate::error::Corruption;
 use crate::postings::Postings;
-use crate::series::{KeyParts, Label, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
+use crate::series::{
+    InvalidSeries, KeyHasher, Label, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys,
+};
 use crate::{Error, Result, SegmentId};
 
 pub(crate) const MAGIC: &[u8; 8] = b"GPLSSEG1";
@@ -552,22 +555,49 @@ fn parse_index(
     let mut starts = Vec::with_capacity(n + 1);
     starts.push(0u32);
     let mut all_chunks: Vec<ChunkRef> = Vec::with_capacity(n);
-    // The series of one GPU repeat one label set: one copy of it while the
-    // index is parsed (the storage's shared keys take them after).
-    let mut parts = KeyParts::default();
+    // The series of one GPU repeat one label set, those of one metric one
+    // name: each is checked and copied once, and found again by its bytes
+    // (the storage's shared keys take them after). Allocating every string
+    // of every series, to drop them all for the shared copies, was 60 % of
+    // opening a segment.
+    let mut names: HashMap<&[u8], Arc<String>, KeyHasher> = HashMap::default();
+    let mut label_sets: HashMap<&[u8], Arc<[Label]>, KeyHasher> = HashMap::default();
+    let at_pos = |r: &Reader| (r.offset() - base) as usize;
     for _ in 0..n {
         let at = r.offset();
-        let metric = r.string("metric name")?;
-        let nl = r.len("label count", buf.len())?;
-        let mut labels = Vec::with_capacity(nl.min(64));
-        for _ in 0..nl {
-            labels.push(Label::new(
-                r.string("label name")?,
-                r.string("label value")?,
-            ));
-        }
-        let mut key = SeriesKey::new(metric, labels).map_err(|e| (at, Corruption::BadSeries(e)))?;
-        parts.share(&mut key);
+        let name = r.len("metric name", buf.len())?;
+        let name = r.bytes(name, "metric name")?;
+        let metric = match names.get(name) {
+            Some(m) => m.clone(),
+            None => {
+                let m = std::str::from_utf8(name).map_err(|_| (at, Corruption::BadUtf8))?;
+                let m = Arc::new(m.to_owned());
+                names.insert(name, m.clone());
+                m
+            }
+        };
+        let bad = |e| (at, Corruption::BadSeries(e));
+        let from = r.clone();
+        let seen = skip_labels(&mut r, buf.len())
+            .ok()
+            .and_then(|()| label_sets.get(&buf[at_pos(&from)..at_pos(&r)]));
+        let labels = match seen {
+            Some(set) if !metric.is_empty() => set.clone(),
+            Some(_) => return Err(bad(InvalidSeries::EmptyMetric)),
+            // The first of its kind, or a bad one: parsed in full, the
+            // first error in the order the bytes lie in.
+            None => {
+                r = from.clone();
+                let labels = parse_labels(&mut r, buf.len())?;
+                if metric.is_empty() {
+                    return Err(bad(InvalidSeries::EmptyMetric));
+                }
+                let set = SeriesKey::label_set(labels).map_err(bad)?;
+                label_sets.insert(&buf[at_pos(&from)..at_pos(&r)], set.clone());
+                set
+            }
+        };
+        let key = SeriesKey::from_parts(metric, labels);
         let nc = r.len("chunk count", buf.len())?;
         for _ in 0..nc {
             let at = r.offset();
@@ -647,6 +677,31 @@ fn parse_index(
         ));
     }
     Ok((out, starts, all_chunks))
+}
+
+/// A series' labels in the index: their count, then each name and value.
+fn parse_labels(r: &mut Reader<'_>, max: usize) -> codec::ReadResult<Vec<Label>> {
+    let nl = r.len("label count", max)?;
+    let mut labels = Vec::with_capacity(nl.min(64));
+    for _ in 0..nl {
+        labels.push(Label::new(
+            r.string("label name")?,
+            r.string("label value")?,
+        ));
+    }
+    Ok(labels)
+}
+
+/// Moves `r` past what [`parse_labels`] reads, checking lengths only.
+fn skip_labels(r: &mut Reader<'_>, max: usize) -> codec::ReadResult<()> {
+    let nl = r.len("label count", max)?;
+    for _ in 0..nl {
+        for what in ["label name", "label value"] {
+            let n = r.len(what, max)?;
+            r.bytes(n, what)?;
+        }
+    }
+    Ok(())
 }
 
 fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Postings> {

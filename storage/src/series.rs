@@ -69,6 +69,18 @@ impl SeriesKey {
         if metric.is_empty() {
             return Err(InvalidSeries::EmptyMetric);
         }
+        Ok(Self {
+            metric: Arc::new(metric),
+            labels: Self::label_set(labels)?,
+        })
+    }
+
+    /// A label set as a key holds it: empty values dropped, sorted by name,
+    /// each name checked ([`Self::new`] without the metric).
+    ///
+    /// # Errors
+    /// As [`Self::new`], for the labels.
+    pub(crate) fn label_set(labels: Vec<Label>) -> Result<Arc<[Label]>, InvalidSeries> {
         let mut labels: Vec<Label> = labels.into_iter().filter(|l| !l.value.is_empty()).collect();
         labels.sort();
         for (i, l) in labels.iter().enumerate() {
@@ -82,10 +94,14 @@ impl SeriesKey {
                 return Err(InvalidSeries::DuplicateLabel(l.name.clone()));
             }
         }
-        Ok(Self {
-            metric: Arc::new(metric),
-            labels: labels.into(),
-        })
+        Ok(labels.into())
+    }
+
+    /// A key of checked parts: `metric` is not empty and `labels` came
+    /// from [`Self::label_set`].
+    pub(crate) fn from_parts(metric: Arc<String>, labels: Arc<[Label]>) -> Self {
+        debug_assert!(!metric.is_empty());
+        Self { metric, labels }
     }
 
     /// The shared metric name and label set.

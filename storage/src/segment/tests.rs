@@ -380,6 +380,92 @@ fn parsed_keys_share_their_names() {
     assert!(names.iter().all(|n| Arc::ptr_eq(n, &names[0])));
 }
 
+/// An index written by hand (no chunks): series that repeat a label set's
+/// bytes or a metric name share one copy of it, their keys equal those built
+/// from the strings, and a repeated set is still checked against its series
+/// (an empty metric) while a bad one is refused where it first lies.
+#[test]
+fn parsed_label_sets_are_checked_once_and_shared() {
+    use crate::codec::{put_str, put_uvarint};
+    type Labels<'a> = &'a [(&'a str, &'a [u8])];
+    fn series(out: &mut Vec<u8>, metric: &[u8], labels: Labels<'_>) {
+        put_uvarint(out, metric.len() as u64);
+        out.extend_from_slice(metric);
+        put_uvarint(out, labels.len() as u64);
+        for (name, value) in labels {
+            put_str(out, name);
+            put_uvarint(out, value.len() as u64);
+            out.extend_from_slice(value);
+        }
+        put_uvarint(out, 0); // chunks
+    }
+    let index = |all: &[(&[u8], Labels<'_>)]| {
+        let mut out = Vec::new();
+        put_uvarint(&mut out, all.len() as u64);
+        let mut starts = Vec::new();
+        for (metric, labels) in all {
+            starts.push(out.len() as u64);
+            series(&mut out, metric, labels);
+        }
+        (out, starts)
+    };
+    let parse = |buf: &[u8], n: usize| parse_index(buf, 1000, 2000, n as u64, VERSION);
+    let gpu0: Labels<'_> = &[("gpu", b"0"), ("Hostname", b"h0")];
+    let (buf, _) = index(&[
+        (b"temp", gpu0),
+        (b"power", gpu0),
+        (
+            b"temp",
+            &[("Hostname", b"h1"), ("gpu", b"0"), ("rack", b"")],
+        ),
+    ]);
+    let (keys, starts, chunks) = parse(&buf, 3).unwrap();
+    let want = |m: &str, host: &str| {
+        SeriesKey::new(
+            m,
+            vec![Label::new("Hostname", host), Label::new("gpu", "0")],
+        )
+        .unwrap()
+    };
+    assert_eq!(
+        keys,
+        vec![want("temp", "h0"), want("power", "h0"), want("temp", "h1")]
+    );
+    assert_eq!((starts, chunks.len()), (vec![0, 0, 0, 0], 0));
+    assert!(Arc::ptr_eq(keys[0].parts().1, keys[1].parts().1));
+    assert!(Arc::ptr_eq(keys[0].parts().0, keys[2].parts().0));
+
+    // An empty metric name, its labels those of a valid series before it.
+    let (buf, at) = index(&[(b"temp", gpu0), (b"", gpu0)]);
+    assert_eq!(
+        parse(&buf, 2).unwrap_err(),
+        (
+            1000 + at[1],
+            Corruption::BadSeries(InvalidSeries::EmptyMetric)
+        )
+    );
+    // A label set named twice is refused at its first series, the next
+    // one not reached.
+    let twice: Labels<'_> = &[("gpu", b"0"), ("gpu", b"1")];
+    let (buf, at) = index(&[(b"temp", gpu0), (b"temp", twice), (b"power", twice)]);
+    assert_eq!(
+        parse(&buf, 3).unwrap_err(),
+        (
+            1000 + at[1],
+            Corruption::BadSeries(InvalidSeries::DuplicateLabel("gpu".into()))
+        )
+    );
+    // A value that is not UTF-8: refused at its length's offset, the first
+    // error in the bytes' order although a later length runs past the end.
+    let (mut buf, at) = index(&[(b"temp", &[("gpu", b"\xff"), ("zz", b"abc")])]);
+    buf.truncate(buf.len() - 2);
+    let value_at = at[0] + 1 + 4 + 1 + 1 + 3;
+    assert_eq!(
+        parse(&buf, 1).unwrap_err(),
+        (1000 + value_at, Corruption::BadUtf8)
+    );
+}
+
 /// Series encoded ahead by another thread ([`writer::EncodedSeries`]) make
 /// the same file as the writer encoding them itself: whichever series are
 /// handed over encoded (none, some, all), the bytes are those of the plain
