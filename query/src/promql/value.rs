@@ -310,6 +310,14 @@ impl<const N: usize> Ascii<N> {
         self.len += s.len();
     }
 
+    /// Appends `text[..n]`, copying all of `text` (a copy of known length,
+    /// no call) and keeping `n` bytes of it; needs `M` bytes of room.
+    #[inline(always)]
+    pub(super) fn extend_prefix<const M: usize>(&mut self, text: &[u8; M], n: usize) {
+        self.buf[self.len..self.len + M].copy_from_slice(text);
+        self.len += n;
+    }
+
     /// The decimal digits of `x` (by `itoa`, the fastest found: digits
     /// written here two at a time with checked indexing took 2.5 times
     /// its instructions, `callgrind`).
