@@ -208,10 +208,15 @@ fn push_ts<const N: usize>(b: &mut Ascii<N>, t: i64) {
     }
     let t = t.unsigned_abs();
     b.push_u64(t / 1000);
-    let frac = t % 1000;
-    if frac != 0 {
+    push_millis(b, t % 1000);
+}
+
+/// A timestamp's milliseconds (`ms` < 1000) as three fraction digits
+/// after a point; nothing for a whole second.
+fn push_millis<const N: usize>(b: &mut Ascii<N>, ms: u64) {
+    if ms != 0 {
         let digit = |d: u64| b'0' + (d % 10) as u8;
-        b.extend(&[b'.', digit(frac / 100), digit(frac / 10), digit(frac)]);
+        b.extend(&[b'.', digit(ms / 100), digit(ms / 10), digit(ms)]);
     }
 }
 
@@ -278,11 +283,7 @@ fn push_ts_carried<const N: usize>(b: &mut Ascii<N>, t: i64, secs: &mut Seconds)
     };
     secs.set(t / 1000);
     b.extend_prefix(&secs.text, secs.len);
-    let frac = t % 1000;
-    if frac != 0 {
-        let digit = |d: u64| b'0' + (d % 10) as u8;
-        b.extend(&[b'.', digit(frac / 100), digit(frac / 10), digit(frac)]);
-    }
+    push_millis(b, t % 1000);
 }
 
 /// Room for a separating `,`, `[`, a timestamp, `,"`, a value and `"]`.
