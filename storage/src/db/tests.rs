@@ -741,6 +741,73 @@ fn the_order_check_agrees_with_a_pairwise_one() {
             }
         }
     }
+    // Timestamps far outside storage's range take the exact compare: the
+    // differences of these overflow, and the ones near ±2^62 are at the
+    // bounds of the fast check.
+    let far = [
+        (i64::MIN, i64::MAX, true),
+        (i64::MAX, i64::MIN, false),
+        (-(1 << 62) - 1, 1 << 62, true),
+        ((1 << 62) - 1, 1 << 62, true),
+        (1 << 62, (1 << 62) - 1, false),
+        (-(1 << 62), (1 << 62) - 1, true),
+        (i64::MAX - 1, i64::MAX, true),
+        (i64::MIN, i64::MIN + 1, true),
+        (i64::MIN + 1, i64::MIN, false),
+        (5, 5, false),
+        // Within the fast check's range before, far below after: the
+        // difference wraps to a positive number.
+        ((1 << 62) - 1, i64::MIN, false),
+        ((1 << 62) - 1, i64::MIN + (1 << 62) - 2, false),
+        // Steps at the fast check's largest and just past it.
+        (0, 1 << 57, true),
+        (0, (1 << 57) + 1, true),
+        (-(1 << 62), i64::MAX, true),
+    ];
+    // Steps of one that wrap past i64::MAX: small steps, but no order.
+    let wrapping: Vec<i64> = (i64::MAX - 100..=i64::MAX)
+        .chain(i64::MIN..i64::MIN + 100)
+        .collect();
+    for from in [0, 40, 90] {
+        assert!(!pairwise(&wrapping[from..]));
+        assert!(!strictly_ascending(&wrapping[from..]), "from {from}");
+    }
+    // Steps of 2^57 that wrap once between a first or a last timestamp
+    // within the fast check's range and one outside it.
+    let big = 1i64 << 57;
+    let into_range: Vec<i64> = [i64::MAX - 1, i64::MAX]
+        .into_iter()
+        .chain((0..=32).map(|k| i64::MIN + k * big))
+        .collect();
+    let out_of_range: Vec<i64> = (0..34)
+        .map(|k| ((1i64 << 62) - 1).wrapping_add(k * big))
+        .collect();
+    for ts in [into_range, out_of_range] {
+        assert!(!pairwise(&ts));
+        assert!(!strictly_ascending(&ts), "{ts:?}");
+    }
+    for (x, y, want) in far {
+        // Ascending by one before and after the pair, as many as fit in
+        // i64, so that only the pair decides; the pair at the start, at the
+        // end, and on either side of a block's end.
+        let below = x.abs_diff(i64::MIN).min(200) as i64;
+        let above = y.abs_diff(i64::MAX).min(200) as i64;
+        for k in [0, 1, 62, 63, 64, 130].map(|k| k.min(below)) {
+            for m in [0, 1, 70].map(|m| m.min(above)) {
+                let ts: Vec<i64> = (0..k)
+                    .map(|i| x - (k - i))
+                    .chain([x, y])
+                    .chain((1..=m).map(|i| y + i))
+                    .collect();
+                assert_eq!(pairwise(&ts), want, "{x} {y}, {k} before, {m} after");
+                assert_eq!(
+                    strictly_ascending(&ts),
+                    want,
+                    "{x} {y}, {k} before, {m} after"
+                );
+            }
+        }
+    }
 }
 
 /// The head and every open segment point at one copy of each series key
