@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use promql_parser::parser::{AggregateExpr, Expr, LabelModifier};
 
-use super::eval::{Evaluator, Keep, Operand, SelectedPoints, unsupported};
+use super::eval::{Evaluator, Keep, KeyedPoint, Operand, SelectedPoints, unsupported};
 use super::value::{
     Elem, METRIC_NAME, Val, Vector, format_value, key_of, set_label, valid_label_name,
 };
@@ -38,6 +38,24 @@ impl Evaluator<'_> {
         // need no check for duplicates.
         let group = Keep::Group { by, names: &names };
         let local = self.engine.is_local();
+        if let ("topk" | "bottomk", Expr::VectorSelector(vs), true) = (op.as_str(), bare, local)
+            && let Some(points) = self.newest_points(vs)?
+        {
+            let k = match a.param.as_deref().map(|p| self.eval(p)).transpose()? {
+                Some(Val::Scalar(k)) => k.first().copied().unwrap_or(f64::NAN),
+                _ => {
+                    return Err(PromError::BadData(format!(
+                        "expected a scalar parameter in aggregation {op}"
+                    )));
+                }
+            };
+            return Ok(Val::Vector(vec![top_k_of_keys(
+                op == "topk",
+                points,
+                k,
+                group,
+            )]));
+        }
         let mut projected = false;
         let operand = match (folding, bare) {
             (None, _) => None,
@@ -457,19 +475,55 @@ pub(super) fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) ->
     let mut out = Vec::new();
     for mut g in groups {
         // topk: NaN is the smallest value; bottomk: NaN is the largest.
-        g.sort_by(|a, b| match (a.v.is_nan(), b.v.is_nan()) {
-            (true, true) => std::cmp::Ordering::Equal,
-            (true, false) => std::cmp::Ordering::Greater,
-            (false, true) => std::cmp::Ordering::Less,
-            _ => {
-                let o = a.v.partial_cmp(&b.v).unwrap_or(std::cmp::Ordering::Equal);
-                if top { o.reverse() } else { o }
-            }
-        });
+        g.sort_by(|a, b| ranked(top, a.v, b.v));
         g.truncate(k.min(g.len() as i64) as usize);
         out.extend(g);
     }
     out
+}
+
+/// [`top_k`] of an instant selector's series, given by their keys in key
+/// order: the same groups, order and ties, but only the `k` kept per group
+/// get their label sets. Making every series' set (every label string
+/// copied) and dropping all but ten was four fifths of `topk(10, x)` over
+/// 1,000 GPUs (callgrind of the server).
+fn top_k_of_keys(top: bool, points: Vec<KeyedPoint>, k: f64, group: Keep<'_>) -> Vector {
+    let k = if k.is_nan() { 0 } else { k as i64 };
+    if k < 1 {
+        return Vec::new();
+    }
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut groups: Vec<Vec<KeyedPoint>> = Vec::new();
+    for (key, v) in points {
+        let i = *index.entry(key_of(&group.labels(&key))).or_insert_with(|| {
+            groups.push(Vec::new());
+            groups.len() - 1
+        });
+        groups[i].push((key, v));
+    }
+    let mut out = Vec::new();
+    for mut g in groups {
+        g.sort_by(|a, b| ranked(top, a.1, b.1));
+        g.truncate(k.min(g.len() as i64) as usize);
+        out.extend(g.into_iter().map(|(key, v)| Elem {
+            labels: Arc::new(super::labels_of(&key)),
+            v,
+        }));
+    }
+    out
+}
+
+/// The order of `topk` (`top`) or `bottomk`: NaN after every number.
+fn ranked(top: bool, a: f64, b: f64) -> std::cmp::Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Greater,
+        (false, true) => std::cmp::Ordering::Less,
+        _ => {
+            let o = a.partial_cmp(&b).unwrap_or(std::cmp::Ordering::Equal);
+            if top { o.reverse() } else { o }
+        }
+    }
 }
 
 fn count_values(v: Vector, label: &str, by: bool, names: &[String]) -> Vector {

@@ -63,6 +63,9 @@ pub(super) struct Evaluator<'a> {
     pub(super) deadline: crate::limits::Deadline,
 }
 
+/// A series' key and one of its values.
+pub(super) type KeyedPoint = (Arc<storage::SeriesKey>, f64);
+
 /// Which labels a read gives each series.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Keep<'a> {
@@ -80,7 +83,7 @@ pub(super) enum Keep<'a> {
 }
 
 impl Keep<'_> {
-    fn labels(self, key: &storage::SeriesKey) -> LabelSet {
+    pub(super) fn labels(self, key: &storage::SeriesKey) -> LabelSet {
         let (by, names) = match self {
             Self::Named => return labels_of(key),
             Self::Unnamed => return super::unnamed_labels_of(key),
@@ -460,6 +463,32 @@ impl<'a> Evaluator<'a> {
                     ts: vec![n.ts_ms],
                     vs: vec![n.value],
                 })
+                .collect(),
+        ))
+    }
+
+    /// An instant query's vector selector as each series' key and newest
+    /// sample value, sorted by key, before any label set is made: what
+    /// [`Self::selector_points`] gives at the one step (the newest sample
+    /// within the lookback, none for a staleness marker). `None` for a
+    /// range query, or where storage cannot give newest samples.
+    pub(super) fn newest_points(&self, vs: &VectorSelector) -> Result<Option<Vec<KeyedPoint>>> {
+        let &[step] = self.steps.as_slice() else {
+            return Ok(None);
+        };
+        let matchers = Self::matchers(vs)?;
+        let r = self.at_ms(&vs.at).unwrap_or(step) - offset_ms(&vs.offset);
+        let lookback = self.engine.limits.lookback_ms;
+        let Some(mut newest) = self.engine.newest(&matchers, r - lookback, r) else {
+            return Ok(None);
+        };
+        self.account(newest.len())?;
+        newest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(
+            newest
+                .into_iter()
+                .filter(|(_, n)| n.ts_ms >= r - lookback && n.ts_ms <= r && !is_stale_nan(n.value))
+                .map(|(key, n)| (key, n.value))
                 .collect(),
         ))
     }

@@ -366,6 +366,110 @@ fn aggregations_by_and_without() {
     );
 }
 
+/// `topk`/`bottomk` straight over a selector at an instant rank the
+/// series by their newest samples before making any label set; the answers,
+/// worked out by hand, are those of the general path (a range query's
+/// step): NaN ranks after every number, ties keep the series' order,
+/// stale, too old and later samples are not seen, groups by and without.
+#[test]
+fn topk_over_a_selector_at_an_instant() {
+    let f = fixture(&[
+        ("t", &[("h", "a"), ("g", "0")], &[(0, 5.0)]),
+        ("t", &[("h", "a"), ("g", "1")], &[(0, 9.0)]),
+        ("t", &[("h", "a"), ("g", "2")], &[(0, f64::NAN)]),
+        ("t", &[("h", "b"), ("g", "0")], &[(0, 9.0)]),
+        ("t", &[("h", "b"), ("g", "1")], &[(0, 1.0), (30, stale())]),
+        ("t", &[("h", "b"), ("g", "2")], &[(0, 3.0)]),
+        // Older than the lookback at 60 s, and later than 60 s.
+        ("t", &[("h", "c"), ("g", "0")], &[(-400, 8.0)]),
+        ("t", &[("h", "c"), ("g", "1")], &[(0, 2.0), (90, 200.0)]),
+        ("t", &[("h", "c"), ("g", "3")], &[(90, 100.0)]),
+        ("other", &[("h", "a"), ("g", "0")], &[(0, 1000.0)]),
+    ]);
+    let t = T0 + 60 * S;
+    let cases: &[(&str, &[(&str, f64)])] = &[
+        // Keys sort by g, then h: 5 (0/a), 9 (0/b), 9 (1/a), 2 (1/c),
+        // NaN (2/a), 3 (2/b); ranked 9 (0/b), 9 (1/a), 5, 3, 2, NaN.
+        ("topk(1, t)", &[("{__name__=t,g=0,h=b}", 9.0)]),
+        (
+            "topk(3, t)",
+            &[
+                ("{__name__=t,g=0,h=b}", 9.0),
+                ("{__name__=t,g=1,h=a}", 9.0),
+                ("{__name__=t,g=0,h=a}", 5.0),
+            ],
+        ),
+        (
+            "bottomk(2, t)",
+            &[("{__name__=t,g=1,h=c}", 2.0), ("{__name__=t,g=2,h=b}", 3.0)],
+        ),
+        (
+            "topk by (h) (1, t)",
+            &[
+                ("{__name__=t,g=1,h=a}", 9.0),
+                ("{__name__=t,g=0,h=b}", 9.0),
+                ("{__name__=t,g=1,h=c}", 2.0),
+            ],
+        ),
+        (
+            "bottomk without (g) (1, t)",
+            &[
+                ("{__name__=t,g=0,h=a}", 5.0),
+                ("{__name__=t,g=2,h=b}", 3.0),
+                ("{__name__=t,g=1,h=c}", 2.0),
+            ],
+        ),
+        // At 0 s: the same 9s, b/1 not yet stale.
+        ("topk(1, t offset 1m)", &[("{__name__=t,g=0,h=b}", 9.0)]),
+        ("bottomk(1, t offset 1m)", &[("{__name__=t,g=1,h=b}", 1.0)]),
+        ("topk(0, t)", &[]),
+        ("bottomk(-1, t)", &[]),
+    ];
+    for &(q, want) in cases {
+        let got = match f.engine.instant(q, t).unwrap() {
+            PromValue::Vector(v) => v,
+            other => panic!("{q}: {other:?}"),
+        };
+        let got: Vec<(String, f64)> = got.iter().map(|s| (show(&s.labels), s.v)).collect();
+        let want: Vec<(String, f64)> = want.iter().map(|(l, v)| (l.to_string(), *v)).collect();
+        assert_eq!(got, want, "{q}");
+        // The general path: the same query as a range of two steps.
+        let range = f.engine.range(q, t - 60 * S, t, 60 * S).unwrap();
+        let PromValue::Matrix(series) = range else {
+            panic!("{q}: {range:?}")
+        };
+        let mut at_t: Vec<(String, f64)> = series
+            .iter()
+            .filter_map(|s| {
+                let v = s.points.iter().find(|p| p.0 == t)?.1;
+                Some((show(&s.labels), v))
+            })
+            .collect();
+        at_t.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut sorted = want.clone();
+        sorted.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(at_t, sorted, "{q} as a range");
+    }
+    // With room for all: NaN last, the stale, old and later ones absent.
+    let all = match f.engine.instant("topk(10, t)", t).unwrap() {
+        PromValue::Vector(v) => v,
+        other => panic!("{other:?}"),
+    };
+    let shown: Vec<String> = all.iter().map(|s| show(&s.labels)).collect();
+    assert_eq!(
+        shown,
+        [
+            "{__name__=t,g=0,h=b}",
+            "{__name__=t,g=1,h=a}",
+            "{__name__=t,g=0,h=a}",
+            "{__name__=t,g=2,h=b}",
+            "{__name__=t,g=1,h=c}",
+            "{__name__=t,g=2,h=a}",
+        ]
+    );
+    assert!(all[5].v.is_nan());
+}
+
 #[test]
 fn histogram_quantile_over_classic_buckets() {
     let f = gauges();
