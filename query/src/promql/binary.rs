@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use promql_parser::parser::{BinaryExpr, Expr, LabelModifier, VectorMatchCardinality};
 
-use super::eval::{Evaluator, Operand, unsupported};
+use super::eval::{Evaluator, Keep, Operand, unsupported};
 use super::value::{Elem, METRIC_NAME, NameDropper, Val, Vector, display, get, key_of, set_label};
 use super::{LabelSet, PromError};
 
@@ -199,7 +199,23 @@ impl Evaluator<'_> {
         };
         let return_bool = b.return_bool();
         let drop = drops_name(&op) || return_bool;
-        Ok(match self.operand(x)? {
+        // A selector whose names go is read without them: the same label
+        // sets as dropping the name from each named one, without making the
+        // named one first and copying every label string of it again (15 %
+        // of a dashboard panel's `DCGM_FI_DEV_SM_CLOCK * 1000000` over 1,000
+        // GPUs, callgrind of the server).
+        let operand = match (drop, super::functions::unwrap_parens(x)) {
+            (true, Expr::VectorSelector(vs)) => {
+                self.deadline.check().map_err(PromError::Refused)?;
+                Some(Operand::Series(self.selector_points(
+                    vs,
+                    false,
+                    Keep::Unnamed,
+                )?))
+            }
+            _ => self.operand(x)?,
+        };
+        Ok(match operand {
             Some(Operand::Series(series)) => {
                 let mut names = NameDropper::default();
                 let mut out = Vec::with_capacity(series.len());
