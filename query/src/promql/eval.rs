@@ -66,6 +66,9 @@ pub(super) struct Evaluator<'a> {
 /// A series' key and one of its values.
 pub(super) type KeyedPoint = (Arc<storage::SeriesKey>, f64);
 
+/// A series' key and its newest sample.
+type KeyedNewest = (Arc<storage::SeriesKey>, storage::Newest);
+
 /// Which labels a read gives each series.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Keep<'a> {
@@ -439,6 +442,23 @@ impl<'a> Evaluator<'a> {
         Ok(out)
     }
 
+    /// Each matching series' key and newest sample in `[min_ts, max_ts]`,
+    /// sorted by key and counted against the query's limits; `None` where
+    /// the source cannot answer that by itself.
+    fn newest_by_key(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<Option<Vec<KeyedNewest>>> {
+        let Some(mut newest) = self.engine.newest(matchers, min_ts, max_ts) else {
+            return Ok(None);
+        };
+        self.account(newest.len())?;
+        newest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        Ok(Some(newest))
+    }
+
     /// Each matching series' newest sample in `[min_ts, max_ts]`, staleness
     /// markers included, as [`Self::load`] would end: series sorted by key,
     /// one sample each. `None` where the source cannot answer that by
@@ -450,11 +470,9 @@ impl<'a> Evaluator<'a> {
         max_ts: i64,
         keep: Keep<'_>,
     ) -> Result<Option<Vec<RawSeries>>> {
-        let Some(mut newest) = self.engine.newest(matchers, min_ts, max_ts) else {
+        let Some(newest) = self.newest_by_key(matchers, min_ts, max_ts)? else {
             return Ok(None);
         };
-        self.account(newest.len())?;
-        newest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(Some(
             newest
                 .into_iter()
@@ -479,11 +497,9 @@ impl<'a> Evaluator<'a> {
         let matchers = Self::matchers(vs)?;
         let r = self.at_ms(&vs.at).unwrap_or(step) - offset_ms(&vs.offset);
         let lookback = self.engine.limits.lookback_ms;
-        let Some(mut newest) = self.engine.newest(&matchers, r - lookback, r) else {
+        let Some(newest) = self.newest_by_key(&matchers, r - lookback, r)? else {
             return Ok(None);
         };
-        self.account(newest.len())?;
-        newest.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         Ok(Some(
             newest
                 .into_iter()
