@@ -836,6 +836,8 @@ pub(super) fn range_series(
             ),
             _ => return (labels, points),
         };
+        // A point for each step reached, at most (see `selector_points`).
+        points.reserve_exact(reach.len());
         for (i, &t) in steps.iter().enumerate().take(reach.end).skip(reach.start) {
             let reference = input.reference(t);
             let (lo, hi) = input.next_window(s, reference, &mut at);
@@ -860,6 +862,7 @@ pub(super) fn range_series(
                 points.push((i as u32, v));
             }
         }
+        super::eval::shrink_if_sparse(&mut points);
         (labels, points)
     });
     ev.account(per_series.iter().map(|(_, p)| p.len()).sum())?;

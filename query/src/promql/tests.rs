@@ -1169,3 +1169,19 @@ fn aggregations_over_a_range_function_group_by_the_labels_they_name() {
         ]
     );
 }
+
+/// Points reserved for every step reached are given back where most steps
+/// found none, and kept (the same allocation) where most did.
+#[test]
+fn sparse_points_give_back_their_room() {
+    let mut sparse: Vec<(u32, f64)> = Vec::with_capacity(1000);
+    sparse.extend((0..10).map(|i| (i, 1.0)));
+    eval::shrink_if_sparse(&mut sparse);
+    assert!(sparse.capacity() < 20, "{}", sparse.capacity());
+    let mut dense: Vec<(u32, f64)> = Vec::with_capacity(1000);
+    dense.extend((0..600).map(|i| (i, 1.0)));
+    let at = dense.as_ptr();
+    eval::shrink_if_sparse(&mut dense);
+    assert_eq!((dense.capacity(), dense.as_ptr()), (1000, at));
+    assert_eq!(sparse.len() + dense.len(), 610);
+}
