@@ -524,9 +524,9 @@ pub(crate) fn normalize(ts: &mut Vec<i64>, vals: &mut Vec<f64>, start: usize) {
 }
 
 /// Whether every timestamp is above the one before it. Checked a block
-/// at a time without stopping at the first miss, which the compiler turns
-/// into vector compares (`windows(2).all(..)` stops early and runs a
-/// sample at a time: 2 % of a 1,000-series `rate` query, `perf`).
+/// at a time without stopping at the first miss, which the compiler
+/// vectorises (`windows(2).all(..)` stops early and runs a sample at a
+/// time: 2 % of a 1,000-series `rate` query, `perf`).
 ///
 /// The x86-64 baseline has no 64-bit vector compare, so a compare of two
 /// timestamps cost 8 instructions a sample (callgrind of the server's

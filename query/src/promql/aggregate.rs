@@ -458,28 +458,13 @@ fn aggregate_series(
 }
 
 pub(super) fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) -> Vector {
-    let k = if k.is_nan() { 0 } else { k as i64 };
-    if k < 1 {
-        return Vec::new();
-    }
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut groups: Vec<Vec<Elem>> = Vec::new();
-    for e in v {
-        let k = key_of(&group_labels(&e.labels, by, names));
-        let i = *index.entry(k).or_insert_with(|| {
-            groups.push(Vec::new());
-            groups.len() - 1
-        });
-        groups[i].push(e);
-    }
-    let mut out = Vec::new();
-    for mut g in groups {
-        // topk: NaN is the smallest value; bottomk: NaN is the largest.
-        g.sort_by(|a, b| ranked(top, a.v, b.v));
-        g.truncate(k.min(g.len() as i64) as usize);
-        out.extend(g);
-    }
-    out
+    top_k_by(
+        top,
+        v,
+        k,
+        |e| key_of(&group_labels(&e.labels, by, names)),
+        |e| e.v,
+    )
 }
 
 /// [`top_k`] of an instant selector's series, given by their keys in key
@@ -488,27 +473,49 @@ pub(super) fn top_k(top: bool, v: Vector, k: f64, by: bool, names: &[String]) ->
 /// copied) and dropping all but ten was four fifths of `topk(10, x)` over
 /// 1,000 GPUs (callgrind of the server).
 fn top_k_of_keys(top: bool, points: Vec<KeyedPoint>, k: f64, group: Keep<'_>) -> Vector {
+    top_k_by(
+        top,
+        points,
+        k,
+        |(key, _)| key_of(&group.labels(key)),
+        |p| p.1,
+    )
+    .into_iter()
+    .map(|(key, v)| Elem {
+        labels: Arc::new(super::labels_of(&key)),
+        v,
+    })
+    .collect()
+}
+
+/// The `k` first of each group by [`ranked`] order, groups in the order
+/// their first item comes, ties in the items' order: `group` names an
+/// item's group, `value` gives its value.
+fn top_k_by<T>(
+    top: bool,
+    items: Vec<T>,
+    k: f64,
+    group: impl Fn(&T) -> String,
+    value: impl Fn(&T) -> f64,
+) -> Vec<T> {
     let k = if k.is_nan() { 0 } else { k as i64 };
     if k < 1 {
         return Vec::new();
     }
     let mut index: HashMap<String, usize> = HashMap::new();
-    let mut groups: Vec<Vec<KeyedPoint>> = Vec::new();
-    for (key, v) in points {
-        let i = *index.entry(key_of(&group.labels(&key))).or_insert_with(|| {
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        let i = *index.entry(group(&item)).or_insert_with(|| {
             groups.push(Vec::new());
             groups.len() - 1
         });
-        groups[i].push((key, v));
+        groups[i].push(item);
     }
     let mut out = Vec::new();
     for mut g in groups {
-        g.sort_by(|a, b| ranked(top, a.1, b.1));
+        g.sort_by(|a, b| ranked(top, value(a), value(b)));
         g.truncate(k.min(g.len() as i64) as usize);
-        out.extend(g.into_iter().map(|(key, v)| Elem {
-            labels: Arc::new(super::labels_of(&key)),
-            v,
-        }));
+        out.extend(g);
     }
     out
 }

@@ -646,14 +646,18 @@ impl<'a> Evaluator<'a> {
     /// either against a number literal. `None` for every other expression
     /// (evaluate it with [`Self::eval`]).
     pub(super) fn operand(&self, expr: &Expr) -> Result<Option<Operand>> {
+        self.operand_as(expr, Keep::Named)
+    }
+
+    /// [`Self::operand`], a vector selector's series with the labels `keep`
+    /// says (everything else keeps all of its own).
+    pub(super) fn operand_as(&self, expr: &Expr, keep: Keep<'_>) -> Result<Option<Operand>> {
         self.deadline.check().map_err(PromError::Refused)?;
         match expr {
-            Expr::Paren(p) => self.operand(&p.expr),
-            Expr::VectorSelector(vs) => Ok(Some(Operand::Series(self.selector_points(
-                vs,
-                false,
-                Keep::Named,
-            )?))),
+            Expr::Paren(p) => self.operand_as(&p.expr, keep),
+            Expr::VectorSelector(vs) => Ok(Some(Operand::Series(
+                self.selector_points(vs, false, keep)?,
+            ))),
             Expr::Binary(b) => self.scalar_operand(b),
             Expr::Call(c) if super::functions::is_range_function(c.func.name) => {
                 Ok(Some(

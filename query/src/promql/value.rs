@@ -431,7 +431,8 @@ fn exact_digits_at_least(v: f64) -> i64 {
 /// of writing it (callgrind of `host_energy_rate_6h`).
 fn push_short_decimal<const N: usize>(b: &mut Ascii<N>, v: f64) -> bool {
     const PLACES: usize = 6;
-    const SCALE: f64 = 1e6;
+    const SCALE_INT: u64 = 10u64.pow(PLACES as u32);
+    const SCALE: f64 = SCALE_INT as f64;
     let a = v.abs();
     if !(1e-6..1e9).contains(&a) {
         return false;
@@ -446,7 +447,7 @@ fn push_short_decimal<const N: usize>(b: &mut Ascii<N>, v: f64) -> bool {
         return false;
     }
     let m = m as u64;
-    let (int, mut frac, mut digits) = (m / 1_000_000, m % 1_000_000, PLACES);
+    let (int, mut frac, mut digits) = (m / SCALE_INT, m % SCALE_INT, PLACES);
     if frac == 0 {
         return false;
     }
