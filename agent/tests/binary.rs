@@ -68,7 +68,7 @@ fn stored(storage: &Storage, host: &str) -> Samples {
             .key
             .labels()
             .iter()
-            .map(|l| (l.name.clone(), l.value.clone()))
+            .map(|l| (l.name.to_string(), l.value.to_string()))
             .collect();
         let n = name(s.key.metric(), labels);
         let (mut ts, mut values) = (Vec::new(), Vec::new());

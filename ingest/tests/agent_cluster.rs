@@ -168,7 +168,7 @@ impl Node {
                 .key
                 .labels()
                 .iter()
-                .map(|l| (l.name.clone(), l.value.clone()))
+                .map(|l| (l.name.to_string(), l.value.to_string()))
                 .collect();
             let name = series_name(s.key.metric(), labels);
             let (mut ts, mut values) = (Vec::new(), Vec::new());

@@ -354,8 +354,8 @@ fn select(
             value: s.key.metric().into(),
         })
         .chain(s.key.labels().iter().map(|l| PromLabel {
-            name: l.name.clone(),
-            value: l.value.clone(),
+            name: l.name.to_string(),
+            value: l.value.to_string(),
         }))
         .collect();
         labels.sort_by(|a, b| a.name.cmp(&b.name));

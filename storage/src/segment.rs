@@ -684,10 +684,7 @@ fn parse_labels(r: &mut Reader<'_>, max: usize) -> codec::ReadResult<Vec<Label>>
     let nl = r.len("label count", max)?;
     let mut labels = Vec::with_capacity(nl.min(64));
     for _ in 0..nl {
-        labels.push(Label::new(
-            r.string("label name")?,
-            r.string("label value")?,
-        ));
+        labels.push(Label::new(r.str("label name")?, r.str("label value")?));
     }
     Ok(labels)
 }

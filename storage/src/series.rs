@@ -12,18 +12,20 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
+pub use crate::sym::Sym;
+
 /// The reserved label name that matchers use for the metric name.
 pub const METRIC_NAME_LABEL: &str = "__name__";
 
 /// One label pair.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Label {
-    pub name: String,
-    pub value: String,
+    pub name: Sym,
+    pub value: Sym,
 }
 
 impl Label {
-    pub fn new(name: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn new(name: impl Into<Sym>, value: impl Into<Sym>) -> Self {
         Self {
             name: name.into(),
             value: value.into(),
@@ -88,10 +90,10 @@ impl SeriesKey {
                 return Err(InvalidSeries::EmptyLabelName);
             }
             if l.name == METRIC_NAME_LABEL {
-                return Err(InvalidSeries::ReservedLabel(l.name.clone()));
+                return Err(InvalidSeries::ReservedLabel(l.name.to_string()));
             }
             if i > 0 && labels[i - 1].name == l.name {
-                return Err(InvalidSeries::DuplicateLabel(l.name.clone()));
+                return Err(InvalidSeries::DuplicateLabel(l.name.to_string()));
             }
         }
         Ok(labels.into())

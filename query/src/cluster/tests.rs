@@ -418,7 +418,7 @@ fn rows_of_matrix(v: &PromValue) -> Vec<Row> {
             s.labels
                 .iter()
                 .find(|(k, _)| k == n)
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| v.to_string())
                 .unwrap_or_default()
         };
         for &(t, v) in &s.points {
@@ -511,7 +511,7 @@ async fn every_sample_exactly_once_through_one_node() {
                 .labels
                 .iter()
                 .find(|(n, _)| n == "rack")
-                .map(|(_, v)| v.clone())
+                .map(|(_, v)| v.to_string())
                 .unwrap_or_default();
             (rack, s.v)
         })
@@ -1628,7 +1628,10 @@ async fn aggregations_are_pushed_down_and_answer_as_one_node() {
     let PromValue::Vector(max) = max.unwrap() else {
         panic!("not a vector")
     };
-    let max: BTreeMap<String, f64> = max.iter().map(|s| (s.labels[0].1.clone(), s.v)).collect();
+    let max: BTreeMap<String, f64> = max
+        .iter()
+        .map(|s| (s.labels[0].1.to_string(), s.v))
+        .collect();
     assert_eq!(max, hottest);
     let PromValue::Vector(avg) = avg.unwrap() else {
         panic!("not a vector")
@@ -1714,10 +1717,7 @@ fn malformed_partial_answers_are_refused() {
     assert_eq!(rows[0].query, 1);
     assert_eq!(
         rows[0].labels,
-        [
-            ("Hostname".to_owned(), "h".to_owned()),
-            ("rack".to_owned(), "r".to_owned())
-        ]
+        [("Hostname".into(), "h".into()), ("rack".into(), "r".into())]
     );
     for (b, why) in [
         (batch("2", &[], &[1], &[0.0]), "names none"),

@@ -833,10 +833,8 @@ pub(crate) fn decode_partials(
                     metric.value(row)
                 )
             })?;
-        let row_labels: crate::promql::LabelSet = c
-            .labels(row)
-            .map(|(n, v)| (n.to_owned(), v.to_owned()))
-            .collect();
+        let row_labels: crate::promql::LabelSet =
+            c.labels(row).map(|(n, v)| (n.into(), v.into())).collect();
         if row_labels.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(format!("row {row}: labels not sorted by name, or repeated"));
         }

@@ -644,7 +644,7 @@ async fn labels(
         let (all, warnings) = matched_series(&engine, &p, false)?;
         let names: BTreeSet<String> = all
             .into_iter()
-            .flat_map(|l| l.into_iter().map(|(n, _)| n))
+            .flat_map(|l| l.into_iter().map(|(n, _)| String::from(n)))
             .collect();
         Ok((string_list(&names), warnings))
     })
@@ -670,7 +670,11 @@ async fn label_values(
         let (all, warnings) = matched_series(&engine, &p, false)?;
         let values: BTreeSet<String> = all
             .into_iter()
-            .filter_map(|l| l.into_iter().find(|(n, _)| *n == name).map(|(_, v)| v))
+            .filter_map(|l| {
+                l.into_iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| String::from(v))
+            })
             .collect();
         Ok((string_list(&values), warnings))
     })

@@ -111,7 +111,7 @@ impl Keep<'_> {
             .collect();
         if by && listed(METRIC_NAME) {
             let at = out.partition_point(|(n, _)| n.as_str() < METRIC_NAME);
-            out.insert(at, (METRIC_NAME.to_string(), key.metric().to_string()));
+            out.insert(at, super::name_label(key.metric()));
         }
         out
     }

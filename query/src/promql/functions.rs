@@ -400,13 +400,13 @@ pub(super) fn call(ev: &Evaluator<'_>, c: &Call) -> Result<Val> {
 
 /// The labels of `absent()`'s answer (`createLabelsForAbsentFunction`): the
 /// selector's equality matchers, except `__name__` and names matched twice.
-fn absent_labels(e: &Expr) -> Vec<(String, String)> {
+fn absent_labels(e: &Expr) -> LabelSet {
     let vs = match unwrap_parens(e) {
         Expr::VectorSelector(vs) => vs,
         Expr::MatrixSelector(ms) => &ms.vs,
         _ => return Vec::new(),
     };
-    let mut labels: Vec<(String, String)> = Vec::new();
+    let mut labels: LabelSet = Vec::new();
     let mut dropped: Vec<&str> = Vec::new();
     for m in &vs.matchers.matchers {
         if m.name == METRIC_NAME {
@@ -497,7 +497,7 @@ fn histogram_quantile(q: f64, v: Vector) -> Vector {
         let Some(upper) = get(&e.labels, "le").and_then(|s| s.trim().parse::<f64>().ok()) else {
             continue;
         };
-        let key: Vec<(String, String)> = e
+        let key: LabelSet = e
             .labels
             .iter()
             .filter(|(n, _)| n != "le")
@@ -505,8 +505,7 @@ fn histogram_quantile(q: f64, v: Vector) -> Vector {
             .collect();
         let k = super::value::key_of(&key);
         let i = *index.entry(k).or_insert_with(|| {
-            let out: Vec<(String, String)> =
-                key.into_iter().filter(|(n, _)| n != METRIC_NAME).collect();
+            let out: LabelSet = key.into_iter().filter(|(n, _)| n != METRIC_NAME).collect();
             groups.push((Arc::new(out), Vec::new()));
             groups.len() - 1
         });

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use promql_parser::parser::Expr;
 
-use storage::Storage;
+use storage::{Storage, Sym};
 
 use crate::cluster::{ClusterError, ClusterReader, Selection, Source};
 
@@ -56,7 +56,7 @@ pub const MAX_POINTS_PER_SERIES: i64 = 11_000;
 
 /// A label set, sorted by name, with the metric name as `__name__` (absent
 /// where Prometheus drops it).
-pub type LabelSet = Vec<(String, String)>;
+pub type LabelSet = Vec<(Sym, Sym)>;
 
 /// One sample of an instant vector.
 #[derive(Debug, Clone, PartialEq)]
@@ -506,9 +506,27 @@ pub(crate) fn parse(query: &str) -> Result<promql_parser::parser::Expr, PromErro
 /// A label set from a stored series key: `__name__` plus the labels, sorted.
 pub(crate) fn labels_of(key: &storage::SeriesKey) -> LabelSet {
     let mut out = unnamed_labels_of(key);
-    let at = out.partition_point(|(n, _)| n.as_str() < "__name__");
-    out.insert(at, ("__name__".to_string(), key.metric().to_string()));
+    let at = out.partition_point(|(n, _)| n.as_str() < value::METRIC_NAME);
+    out.insert(at, name_label(key.metric()));
     out
+}
+
+/// The label `__name__="<metric>"`, from one copy per thread of the name and
+/// of the last metric asked for: the series of a selector share their
+/// metric's string instead of an allocation each, and a thread's clones
+/// count on its own copies.
+pub(crate) fn name_label(metric: &str) -> (Sym, Sym) {
+    thread_local! {
+        static NAMES: std::cell::RefCell<(Sym, Sym)> =
+            std::cell::RefCell::new((Sym::from(value::METRIC_NAME), Sym::default()));
+    }
+    NAMES.with(|names| {
+        let mut names = names.borrow_mut();
+        if names.1 != metric {
+            names.1 = Sym::from(metric);
+        }
+        names.clone()
+    })
 }
 
 /// [`labels_of`] without `__name__`: what a function that drops the name
@@ -520,10 +538,9 @@ pub(crate) fn unnamed_labels_of(key: &storage::SeriesKey) -> LabelSet {
             .iter()
             .map(|l| (l.name.clone(), l.value.clone())),
     );
-    // A key's labels are sorted by name, each name once.
-    if !out.is_sorted() {
-        out.sort();
-    }
+    // A key's labels are sorted by name, each name once
+    // (`SeriesKey::labels`).
+    debug_assert!(out.is_sorted_by(|a, b| a.0 < b.0));
     out
 }
 

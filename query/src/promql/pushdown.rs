@@ -287,7 +287,7 @@ fn min_max(min: bool, a: f64, b: f64) -> f64 {
 
 /// The position of a label set in series-key order (metric name, then the
 /// other labels), the order of a selector's series on one node.
-fn key_order(labels: &LabelSet) -> (&str, impl Iterator<Item = &(String, String)>) {
+fn key_order(labels: &LabelSet) -> (&str, impl Iterator<Item = &(storage::Sym, storage::Sym)>) {
     let name = labels
         .iter()
         .find(|(n, _)| n == super::value::METRIC_NAME)
@@ -512,7 +512,7 @@ mod tests {
         let steps = [10, 20];
         let row = |query: usize, g: &str, ts: &[i64], values: &[f64]| PartialRow {
             query,
-            labels: vec![("rack".to_owned(), g.to_owned())],
+            labels: vec![("rack".into(), g.into())],
             ts: ts.to_vec(),
             values: values.to_vec(),
         };
@@ -530,7 +530,7 @@ mod tests {
                 .into_iter()
                 .map(|v| {
                     v.into_iter()
-                        .map(|e| (e.labels[0].1.clone(), e.v))
+                        .map(|e| (e.labels[0].1.to_string(), e.v))
                         .collect()
                 })
                 .collect()

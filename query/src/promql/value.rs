@@ -151,9 +151,9 @@ pub(super) fn set_label(labels: &mut LabelSet, name: &str, value: &str) {
         Ok(i) if value.is_empty() => {
             labels.remove(i);
         }
-        Ok(i) => labels[i].1 = value.to_string(),
+        Ok(i) => labels[i].1 = value.into(),
         Err(_) if value.is_empty() => {}
-        Err(i) => labels.insert(i, (name.to_string(), value.to_string())),
+        Err(i) => labels.insert(i, (name.into(), value.into())),
     }
 }
 
@@ -472,7 +472,7 @@ mod tests {
     use super::*;
 
     fn set(host: &str) -> Arc<LabelSet> {
-        Arc::new(vec![("host".to_owned(), host.to_owned())])
+        Arc::new(vec![("host".into(), host.into())])
     }
 
     fn elem(labels: &Arc<LabelSet>) -> Elem {
@@ -625,14 +625,14 @@ mod tests {
     fn names_are_dropped_once_per_label_set() {
         let named = |host: &str| {
             Arc::new(vec![
-                ("__name__".to_owned(), "m".to_owned()),
-                ("host".to_owned(), host.to_owned()),
+                ("__name__".into(), "m".into()),
+                ("host".into(), host.into()),
             ])
         };
         let (a, also_a, unnamed) = (named("a"), named("a"), set("b"));
         let mut d = NameDropper::default();
         let first = d.drop_name(&a);
-        assert_eq!(*first, vec![("host".to_owned(), "a".to_owned())]);
+        assert_eq!(*first, vec![("host".into(), "a".into())]);
         assert!(Arc::ptr_eq(&first, &d.drop_name(&a)));
         let other = d.drop_name(&also_a);
         assert_eq!(other, first);

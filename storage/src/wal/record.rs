@@ -103,7 +103,7 @@ fn parse_series(r: &mut Reader<'_>, max: usize) -> Option<(u32, SeriesKey)> {
     let n = r.len("labels", max).ok()?;
     let mut labels = Vec::with_capacity(n.min(64));
     for _ in 0..n {
-        labels.push(Label::new(r.string("name").ok()?, r.string("value").ok()?));
+        labels.push(Label::new(r.str("name").ok()?, r.str("value").ok()?));
     }
     Some((wal_ref, SeriesKey::new(metric, labels).ok()?))
 }
