@@ -72,6 +72,45 @@ pub(super) fn shrink_if_sparse<T>(points: &mut Vec<T>) {
     }
 }
 
+/// A series' point at each of `steps` (the index of the first, and their
+/// reference times) that finds a sample within `lookback` at or before it,
+/// staleness markers ending the series: the sample's value, or with
+/// `SAMPLE_TIME` its time in seconds (`timestamp()`). Each step moves on
+/// from where the one before left the series' position where `ascending`,
+/// and searches anew otherwise. A loop of its own, made twice: a dashboard
+/// panel's steps cost 94 instructions each in the selector's closure, the
+/// time's division made at every step whichever was wanted (callgrind).
+fn step_points<const SAMPLE_TIME: bool>(
+    ts: &[i64],
+    vs: &[f64],
+    (first, steps): (usize, &[i64]),
+    ascending: bool,
+    lookback: i64,
+    points: &mut Vec<(u32, f64)>,
+) {
+    assert_eq!(
+        ts.len(),
+        vs.len(),
+        "BUG: a series' times and values differ in number"
+    );
+    let (mut idx, mut moved) = (0, 0);
+    for (i, &r) in (first..).zip(steps) {
+        idx = if ascending {
+            super::value::partition_from(ts, idx, &mut moved, |t| t <= r)
+        } else {
+            ts.partition_point(|&t| t <= r)
+        };
+        let Some(at) = idx.checked_sub(1) else {
+            continue;
+        };
+        let (t, v) = (ts[at], vs[at]);
+        if t < r - lookback || is_stale_nan(v) {
+            continue;
+        }
+        points.push((i as u32, if SAMPLE_TIME { t as f64 / 1000.0 } else { v }));
+    }
+}
+
 /// A series' key and one of its values.
 pub(super) type KeyedPoint = (Arc<storage::SeriesKey>, f64);
 
@@ -571,7 +610,6 @@ impl<'a> Evaluator<'a> {
         let ascending = refs.is_sorted();
         let work = series.iter().map(|s| s.ts.len()).sum::<usize>() + series.len() * refs.len();
         let out = super::parallel::map_owned(series, work, |s| {
-            let mut idx = 0;
             // Ascending steps: only those whose lookback window can hold one
             // of the series' samples.
             let (reach, room) = match (s.ts.first(), s.ts.last()) {
@@ -585,22 +623,11 @@ impl<'a> Evaluator<'a> {
             // growing by pushes reallocated six times a series (5 % of a
             // dashboard panel's `avg` over 1,000 GPUs, callgrind).
             let mut points = Vec::with_capacity(room);
-            for (i, &r) in refs.iter().enumerate().take(reach.end).skip(reach.start) {
-                if ascending {
-                    while idx < s.ts.len() && s.ts[idx] <= r {
-                        idx += 1;
-                    }
-                } else {
-                    idx = s.ts.partition_point(|&t| t <= r);
-                }
-                if idx == 0 {
-                    continue;
-                }
-                let (t, v) = (s.ts[idx - 1], s.vs[idx - 1]);
-                if t < r - lookback || is_stale_nan(v) {
-                    continue;
-                }
-                points.push((i as u32, if sample_time { t as f64 / 1000.0 } else { v }));
+            let steps = (reach.start, &refs[reach]);
+            if sample_time {
+                step_points::<true>(&s.ts, &s.vs, steps, ascending, lookback, &mut points);
+            } else {
+                step_points::<false>(&s.ts, &s.vs, steps, ascending, lookback, &mut points);
             }
             shrink_if_sparse(&mut points);
             (s.labels, points)

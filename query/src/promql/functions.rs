@@ -820,7 +820,7 @@ pub(super) fn range_series(
             drop_name(&s.labels)
         };
         let mut points: Vec<(u32, f64)> = Vec::new();
-        let mut at = None;
+        let mut at = super::value::WindowCursor::default();
         let mut memo = RateMemo::default();
         // For a counter's rate, how many times it fell before each sample:
         // a window without a fall (most of them) skips the search for one.

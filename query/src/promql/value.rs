@@ -59,31 +59,64 @@ impl RangeInput {
     }
 
     /// [`Self::window`] for one series at references that mostly increase
-    /// (the steps of a range query): the bounds in `at` move forward from
-    /// the last window, a step costing the samples it passes rather than
-    /// two binary searches; a reference below the last one searches anew.
+    /// (the steps of a range query): the bounds move forward from where
+    /// `at` left them ([`partition_from`]), a step costing about two
+    /// comparisons a bound rather than two binary searches; a reference
+    /// below the last one searches anew.
     pub(super) fn next_window(
         &self,
         s: &RawSeries,
         reference: i64,
-        at: &mut Option<(i64, usize, usize)>,
+        at: &mut WindowCursor,
     ) -> (usize, usize) {
-        let (lo, hi) = match *at {
-            Some((last, mut lo, mut hi)) if reference >= last => {
-                let start = reference - self.range_ms;
-                while lo < s.ts.len() && s.ts[lo] < start {
-                    lo += 1;
-                }
-                while hi < s.ts.len() && s.ts[hi] <= reference {
-                    hi += 1;
-                }
-                (lo, hi)
-            }
+        let start = reference - self.range_ms;
+        let (lo, hi) = match at.last {
+            Some(last) if reference >= last => (
+                partition_from(&s.ts, at.lo, &mut at.lo_moved, |t| t < start),
+                partition_from(&s.ts, at.hi, &mut at.hi_moved, |t| t <= reference),
+            ),
             _ => self.window(s, reference),
         };
-        *at = Some((reference, lo, hi));
+        (at.last, at.lo, at.hi) = (Some(reference), lo, hi);
         (lo, hi.max(lo))
     }
+}
+
+/// Where [`RangeInput::next_window`] left a series: the last reference,
+/// the window's bounds then, and how far each moved at that step.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct WindowCursor {
+    last: Option<i64>,
+    lo: usize,
+    hi: usize,
+    lo_moved: usize,
+    hi_moved: usize,
+}
+
+/// The partition point of ascending `ts` under `before` (the number of its
+/// first samples for which `before` holds), known to be at least `from`.
+/// It is guessed at `from + *moved`, then walked a sample at a time to
+/// where it is, and `*moved` becomes how far it is from `from`: samples
+/// come at a steady interval, so a range query's step passes about as many
+/// as the step before did, and a right guess costs two comparisons where
+/// walking from `from` cost one per sample passed (six at a 1 m step over
+/// 10 s scrapes: a fifth of a dashboard panel's evaluation, callgrind).
+#[inline]
+pub(super) fn partition_from(
+    ts: &[i64],
+    from: usize,
+    moved: &mut usize,
+    before: impl Fn(i64) -> bool,
+) -> usize {
+    let mut n = from.saturating_add(*moved).min(ts.len());
+    while n > from && !before(ts[n - 1]) {
+        n -= 1;
+    }
+    while n < ts.len() && before(ts[n]) {
+        n += 1;
+    }
+    *moved = n - from;
+    n
 }
 
 /// The steps `[from, to)` whose window `[reference - range, reference]` can
@@ -658,7 +691,7 @@ mod tests {
                 offset_ms: 0,
                 at_ms: None,
             };
-            let mut at = None;
+            let mut at = WindowCursor::default();
             let mut reference = -400i64;
             let mut x = 17u64;
             for _ in 0..500 {
@@ -678,6 +711,25 @@ mod tests {
             }
             assert!(reference > 3000, "the references passed the samples");
         }
+    }
+
+    /// Wherever the guess lands (short of the point, past it, past the
+    /// end) and with repeated times, the point is `partition_point`'s.
+    #[test]
+    fn a_partition_from_a_guess_is_the_searched_one() {
+        let ts: Vec<i64> = [0, 0, 5, 10, 10, 10, 20, 31, 40, 40].to_vec();
+        for r in -1..=41 {
+            let want = ts.partition_point(|&t| t <= r);
+            for from in 0..=want {
+                for guess in [0, 1, 2, 3, 5, 9, 10, 11, usize::MAX] {
+                    let mut moved = guess;
+                    let got = partition_from(&ts, from, &mut moved, |t| t <= r);
+                    assert_eq!(got, want, "r {r}, from {from}, guess {guess}");
+                    assert_eq!(moved, want - from);
+                }
+            }
+        }
+        assert_eq!(partition_from(&[], 0, &mut 4, |_| true), 0);
     }
 
     /// Integers of every length, between other text.
