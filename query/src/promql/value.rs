@@ -100,7 +100,8 @@ pub(super) struct WindowCursor {
 /// come at a steady interval, so a range query's step passes about as many
 /// as the step before did, and a right guess costs two comparisons where
 /// walking from `from` cost one per sample passed (six at a 1 m step over
-/// 10 s scrapes: a fifth of a dashboard panel's evaluation, callgrind).
+/// 10 s scrapes). `from` must not be past the point: it is a point found
+/// before for a `before` that held for no fewer samples.
 #[inline]
 pub(super) fn partition_from(
     ts: &[i64],
