@@ -1341,6 +1341,26 @@ mod tests {
     /// window is left to Prometheus's steps, which then decide.
     #[test]
     fn a_comparison_too_close_to_call_is_left_to_prometheus() {
+        // A counter of subnormal values, its zero about 0.1 s before its
+        // first sample: their products with whole milliseconds are exact
+        // (multiples of the smallest subnormal), so the margin still holds.
+        let ts: Vec<i64> = (0..40).map(|i| 1_000 + 10_000 * i).collect();
+        let vs: Vec<f64> = (0..40).map(|i| f64::from(100 * i + 1) * 1e-320).collect();
+        for start in [0, 900, 1_000] {
+            let w = RawWindow {
+                ts: &ts[..],
+                vs: &vs[..],
+                may_fall: false,
+            };
+            let end = ts[ts.len() - 1] + 900;
+            for is_rate in [true, false] {
+                assert_same_bits(
+                    extrapolated_rate(&w, start, end, true, is_rate),
+                    by_prometheus_steps(&w, start, end, true, is_rate),
+                    &format!("subnormal counter from {start} ms"),
+                );
+            }
+        }
         for (to_start, sampled, intervals) in
             [(1_100, 3_000, 3), (12_067, 76_790, 7), (3_094, 30_940, 11)]
         {
