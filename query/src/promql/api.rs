@@ -364,19 +364,61 @@ fn push_ts_carried<const N: usize>(b: &mut Ascii<N>, t: i64, secs: &mut Seconds)
     push_millis(b, t % 1000);
 }
 
+/// The text of the timestamps of the series a matrix piece wrote before,
+/// by place in the series: an answer's series mostly share their
+/// timestamps (a range query's steps; the fields of one GPU, polled
+/// together), so a point whose timestamp is that of the point at its place
+/// in the series before copies its text instead of writing it again.
+#[derive(Default)]
+struct Stamps {
+    /// (timestamp, its text, the text's length), by place.
+    at: Vec<(i64, [u8; STAMP_MAX], u8)>,
+}
+
+/// The longest timestamp text [`Stamps`] keeps: a sign, 16 digits of
+/// seconds, a point and three digits.
+const STAMP_MAX: usize = 24;
+
+impl Stamps {
+    /// The timestamp `t` of a series' point `j` onto `b` (as
+    /// [`push_ts_carried`] writes it), from the text kept for place `j`
+    /// when it is `t`'s; kept there otherwise. `j` is at most the number
+    /// of places kept (points come in order). Needs 25 bytes of room.
+    fn push<const N: usize>(&mut self, b: &mut Ascii<N>, j: usize, t: i64, secs: &mut Seconds) {
+        if let Some((at, text, len)) = self.at.get(j)
+            && *at == t
+        {
+            b.extend_prefix(text, usize::from(*len));
+            return;
+        }
+        let start = b.len();
+        push_ts_carried(b, t, secs);
+        let written = b.since(start);
+        if written.len() > STAMP_MAX {
+            return;
+        }
+        let mut text = [0; STAMP_MAX];
+        text[..written.len()].copy_from_slice(written);
+        let kept = (t, text, written.len() as u8);
+        match self.at.get_mut(j) {
+            Some(place) => *place = kept,
+            None => self.at.push(kept),
+        }
+    }
+}
+
 /// Room for a separating `,`, `[`, a timestamp, `,"`, a value and `"]`.
 const POINT_MAX: usize = 1 + 1 + 25 + 2 + super::value::VALUE_MAX + 2;
 
 /// `[<seconds>,"<value>"]`, after a `,` unless `first`, onto `b`, or through
 /// it onto `out` where the value needs the float formatter; `b` is flushed
-/// first if it lacks room.
+/// first if it lacks room. `ts` writes the timestamp (25 bytes of room).
 fn push_point<const N: usize>(
     b: &mut Ascii<N>,
     out: &mut String,
     first: bool,
-    t: i64,
     v: f64,
-    secs: &mut Seconds,
+    ts: impl FnOnce(&mut Ascii<N>),
 ) {
     if b.room() < POINT_MAX {
         b.flush(out);
@@ -385,7 +427,7 @@ fn push_point<const N: usize>(
         b.push(b',');
     }
     b.push(b'[');
-    push_ts_carried(b, t, secs);
+    ts(b);
     b.extend(b",\"");
     if super::value::push_value(b, v) {
         b.extend(b"\"]");
@@ -399,7 +441,7 @@ fn push_point<const N: usize>(
 
 fn write_point(out: &mut String, t: i64, v: f64) {
     let mut b = Ascii::<POINT_MAX>::new();
-    push_point(&mut b, out, true, t, v, &mut Seconds::new());
+    push_point(&mut b, out, true, v, |b| push_ts(b, t));
     b.flush(out);
 }
 
@@ -423,7 +465,7 @@ const RENDER_PIECES: usize = 16;
 const POINT_BYTES: usize = 24;
 
 /// One series of a matrix; series after the first in a piece get a comma.
-fn write_series(out: &mut String, s: &Series) {
+fn write_series(out: &mut String, s: &Series, stamps: &mut Stamps) {
     if !out.is_empty() {
         out.push(',');
     }
@@ -433,8 +475,8 @@ fn write_series(out: &mut String, s: &Series) {
     // The points go through one stack buffer, moved to `out` when full.
     let mut b = Ascii::<1024>::new();
     let mut secs = Seconds::new();
-    for (j, (t, v)) in s.points.iter().enumerate() {
-        push_point(&mut b, out, j == 0, *t, *v, &mut secs);
+    for (j, &(t, v)) in s.points.iter().enumerate() {
+        push_point(&mut b, out, j == 0, v, |b| stamps.push(b, j, t, &mut secs));
     }
     b.flush(out);
     out.push_str("]}");
@@ -507,8 +549,9 @@ fn matrix_pieces(series: &[Series]) -> Vec<String> {
     super::parallel::map(&numbered, points, |&(i, piece)| {
         let n: usize = piece.iter().map(|s| s.points.len()).sum();
         let mut text = String::with_capacity(n * POINT_BYTES + piece.len() * 256 + 1);
+        let mut stamps = Stamps::default();
         for s in piece.iter() {
-            write_series(&mut text, s);
+            write_series(&mut text, s, &mut stamps);
         }
         if i < last {
             text.push(',');
@@ -938,6 +981,74 @@ mod tests {
                 let parsed: serde_json::Value = serde_json::from_slice(&body).unwrap();
                 assert_eq!(parsed["data"]["result"].as_array().unwrap().len(), n);
             }
+        }
+    }
+
+    /// Series that share their timestamps, in whole or in part, at other
+    /// places or not at all, give the text of each point written alone:
+    /// the seconds, a point and three digits where there are milliseconds,
+    /// the value quoted.
+    #[test]
+    fn timestamps_shared_between_series_are_written_as_their_own() {
+        use super::super::{PromValue, Series};
+        use std::sync::Arc;
+        let steps: Vec<i64> = (0..50).map(|i| 1_796_547_240_000 + 60_000 * i).collect();
+        let jittered: Vec<i64> = (0..50)
+            .map(|i| 1_796_547_240_000 + 10_000 * i + (i * 37) % 1000)
+            .collect();
+        let times: Vec<Vec<i64>> = vec![
+            steps.clone(),
+            steps.clone(),
+            // Steps missing: the same times at other places.
+            steps.iter().copied().filter(|t| t % 180_000 != 0).collect(),
+            steps[..10].to_vec(),
+            jittered.clone(),
+            jittered.clone(),
+            // Longer than any before, then shorter again.
+            (0..80).map(|i| 1_796_547_240_000 + 60_000 * i).collect(),
+            vec![-1_500, -1_000, 0, 999, 1_000, 1_001],
+            steps.clone(),
+            Vec::new(),
+            jittered,
+        ];
+        let ts_text = |t: i64| {
+            let (sign, a) = (if t < 0 { "-" } else { "" }, t.unsigned_abs());
+            match a % 1000 {
+                0 => format!("{sign}{}", a / 1000),
+                ms => format!("{sign}{}.{ms:03}", a / 1000),
+            }
+        };
+        // Counts of series that the pieces split one by one and several
+        // to a piece, each after every other kind.
+        for n in [1, 2, 5, 11, 17, 33, 40, 121] {
+            let series: Vec<Series> = (0..n)
+                .map(|i| (i, &times[(i * 7 + i / times.len()) % times.len()]))
+                .map(|(i, ts)| Series {
+                    labels: Arc::new(vec![("gpu".into(), i.to_string().into())]),
+                    points: ts.iter().map(|&t| (t, (t % 7_919) as f64)).collect(),
+                })
+                .collect();
+            let want: Vec<String> = series
+                .iter()
+                .map(|s| {
+                    let points: Vec<String> = s
+                        .points
+                        .iter()
+                        .map(|&(t, v)| format!("[{},\"{v}\"]", ts_text(t)))
+                        .collect();
+                    format!(
+                        r#"{{"metric":{{"gpu":"{}"}},"values":[{}]}}"#,
+                        s.labels[0].1,
+                        points.join(",")
+                    )
+                })
+                .collect();
+            let want = format!(r#"{{"resultType":"matrix","result":[{}]}}"#, want.join(","));
+            assert_eq!(
+                super::render(&PromValue::Matrix(series)),
+                want,
+                "{n} series"
+            );
         }
     }
 }

@@ -330,6 +330,16 @@ impl<const N: usize> Ascii<N> {
         N - self.len
     }
 
+    /// Bytes held.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes appended since there were `start`.
+    pub(super) fn since(&self, start: usize) -> &[u8] {
+        &self.buf[start..self.len]
+    }
+
     #[inline]
     pub(super) fn push(&mut self, b: u8) {
         self.buf[self.len] = b;
