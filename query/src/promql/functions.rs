@@ -667,20 +667,12 @@ fn clear_extrapolation(shape: &WindowShape, first: Option<f64>, result: f64) -> 
     let threshold = sampled_ms * 1.1;
     let reaches_start = clearly_less(shape.to_start as f64 * n, threshold)?;
     let reaches_end = clearly_less(shape.to_end as f64 * n, threshold)?;
-    let sampled = sampled_ms / 1000.0;
-    let half_between = || sampled / n / 2.0;
-    let mut interval = sampled;
-    interval += if reaches_start {
-        shape.to_start as f64 / 1000.0
-    } else {
-        half_between()
-    };
-    interval += if reaches_end {
-        shape.to_end as f64 / 1000.0
-    } else {
-        half_between()
-    };
-    Some(interval / sampled)
+    Some(extension(
+        sampled_ms / 1000.0,
+        shape.intervals,
+        reaches_start.then(|| shape.to_start as f64 / 1000.0),
+        reaches_end.then(|| shape.to_end as f64 / 1000.0),
+    ))
 }
 
 /// The factor `extrapolatedRate` multiplies a window's rise by (before a
@@ -703,17 +695,23 @@ fn prometheus_extrapolation(shape: &WindowShape, first: Option<f64>, result: f64
         }
     }
     let threshold = avg_between * 1.1;
+    extension(
+        sampled,
+        shape.intervals,
+        (to_start < threshold).then_some(to_start),
+        (to_end < threshold).then_some(to_end),
+    )
+}
+
+/// The sampled interval (in seconds) extended at each end by the time to
+/// the range's end where the samples reach close enough to it (`Some`), by
+/// half an average interval otherwise, over the sampled interval: the sums
+/// and the quotient of `extrapolatedRate`, in its order.
+fn extension(sampled: f64, intervals: usize, start: Option<f64>, end: Option<f64>) -> f64 {
+    let half_between = || sampled / intervals as f64 / 2.0;
     let mut interval = sampled;
-    interval += if to_start < threshold {
-        to_start
-    } else {
-        avg_between / 2.0
-    };
-    interval += if to_end < threshold {
-        to_end
-    } else {
-        avg_between / 2.0
-    };
+    interval += start.unwrap_or_else(half_between);
+    interval += end.unwrap_or_else(half_between);
     interval / sampled
 }
 
