@@ -7,7 +7,9 @@ use std::sync::Arc;
 
 use promql_parser::label::MatchOp;
 use promql_parser::parser::value::ValueType;
-use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
+use promql_parser::parser::{
+    AtModifier, Expr, MatrixSelector, Offset, SubqueryExpr, VectorSelector,
+};
 use storage::Matcher;
 
 use super::functions::RangeValue;
@@ -21,6 +23,48 @@ type Result<T> = std::result::Result<T, PromError>;
 
 /// A series' label set and its (step index, value) points.
 pub(super) type SelectedPoints = (Arc<LabelSet>, Vec<(u32, f64)>);
+
+/// A matrix selector's series before they are read
+/// ([`Evaluator::matrix_selection`]).
+pub(super) struct MatrixSelection {
+    /// The selector's range and modifiers; no series.
+    pub(super) input: RangeInput,
+    pub(super) series: Vec<crate::cluster::ClusterSeries>,
+    /// The span `[min_ts, max_ts]` to read.
+    pub(super) window: (i64, i64),
+    /// The samples the series may hold in all.
+    pub(super) work: usize,
+}
+
+/// Reads `s`'s samples in `window` into `ts` and `vs` (cleared first),
+/// without staleness markers unless `keep_stale`; checks the deadline
+/// first, so that a long selection still stops between series.
+pub(super) fn read_series(
+    deadline: crate::limits::Deadline,
+    s: &crate::cluster::ClusterSeries,
+    (min_ts, max_ts): (i64, i64),
+    keep_stale: bool,
+    ts: &mut Vec<i64>,
+    vs: &mut Vec<f64>,
+) -> Result<()> {
+    deadline.check().map_err(PromError::Refused)?;
+    ts.clear();
+    vs.clear();
+    s.read_into(min_ts, max_ts, ts, vs)
+        .map_err(|e| PromError::Internal(format!("reading {}: {e}", s.key)))?;
+    if !keep_stale && vs.iter().any(|&v| is_stale_nan(v)) {
+        let mut kept = 0;
+        for i in 0..vs.len() {
+            if !is_stale_nan(vs[i]) {
+                (ts[kept], vs[kept]) = (ts[i], vs[i]);
+                kept += 1;
+            }
+        }
+        ts.truncate(kept);
+        vs.truncate(kept);
+    }
+    Ok(())
+}
 
 /// Prometheus's default `evaluation_interval`, the step of a subquery
 /// written without one (`x[1h:]`).
@@ -447,32 +491,12 @@ impl<'a> Evaluator<'a> {
         keep_stale: bool,
         keep: Keep<'_>,
     ) -> Result<Vec<RawSeries>> {
-        let selection = self.engine.select(matchers, min_ts, max_ts)?;
-        crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
-        let selected = selection.series;
-        // Every series is counted against the limit before any is read.
-        let mut work = 0usize;
-        for s in &selected {
-            self.account(s.max_samples())?;
-            work = work.saturating_add(s.max_samples());
-        }
-        // The deadline is checked before each series' read, as it was
-        // between reads on one thread, so that a long selection still stops.
+        let (selected, work) = self.select_counted(matchers, min_ts, max_ts)?;
         let deadline = self.deadline;
         let read = |s: &crate::cluster::ClusterSeries| -> Result<Option<RawSeries>> {
-            deadline.check().map_err(PromError::Refused)?;
             let cap = s.max_samples();
             let (mut ts, mut vs) = (Vec::with_capacity(cap), Vec::with_capacity(cap));
-            s.read_into(min_ts, max_ts, &mut ts, &mut vs)
-                .map_err(|e| PromError::Internal(format!("reading {}: {e}", s.key)))?;
-            if !keep_stale && vs.iter().any(|&v| is_stale_nan(v)) {
-                (ts, vs) = ts
-                    .iter()
-                    .zip(&vs)
-                    .filter(|(_, v)| !is_stale_nan(**v))
-                    .map(|(t, v)| (*t, *v))
-                    .unzip();
-            }
+            read_series(deadline, s, (min_ts, max_ts), keep_stale, &mut ts, &mut vs)?;
             if ts.is_empty() {
                 return Ok(None);
             }
@@ -488,6 +512,69 @@ impl<'a> Evaluator<'a> {
             out.extend(s?);
         }
         Ok(out)
+    }
+
+    /// The series matching `matchers` with samples in `[min_ts, max_ts]`,
+    /// each counted against the limit before any is read, and the samples
+    /// they may hold in all (the work of reading them).
+    fn select_counted(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+    ) -> Result<(Vec<crate::cluster::ClusterSeries>, usize)> {
+        let selection = self.engine.select(matchers, min_ts, max_ts)?;
+        crate::cluster::add_warnings(&mut self.warnings.borrow_mut(), selection.warnings);
+        let selected = selection.series;
+        let mut work = 0usize;
+        for s in &selected {
+            self.account(s.max_samples())?;
+            work = work.saturating_add(s.max_samples());
+        }
+        Ok((selected, work))
+    }
+
+    /// A matrix selector's series, selected and counted but not read, with
+    /// the window they are to be read over and its range and modifiers
+    /// (the [`RangeInput`] without series): for a range function that
+    /// reads each series and reduces it to its points at once, so that a
+    /// query never holds all the selected samples. `None` for a subquery.
+    pub(super) fn matrix_selection(&self, expr: &Expr) -> Result<Option<MatrixSelection>> {
+        match expr {
+            Expr::Paren(p) => self.matrix_selection(&p.expr),
+            Expr::MatrixSelector(sel) => {
+                let vs = &sel.vs;
+                let matchers = Self::matchers(vs)?;
+                let (input, window) = self.matrix_window(sel);
+                let (series, work) = self.select_counted(&matchers, window.0, window.1)?;
+                Ok(Some(MatrixSelection {
+                    input,
+                    series,
+                    window,
+                    work,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// A matrix selector's range and modifiers (a [`RangeInput`] without
+    /// series) and the span its windows cover at the query's steps.
+    fn matrix_window(&self, sel: &MatrixSelector) -> (RangeInput, (i64, i64)) {
+        let vs = &sel.vs;
+        let off = offset_ms(&vs.offset);
+        let at = self.at_ms(&vs.at);
+        let range_ms = ms(sel.range);
+        let refs = self.steps.iter().map(|&t| at.unwrap_or(t) - off);
+        let lo = refs.clone().min().unwrap_or(0) - range_ms;
+        let hi = refs.max().unwrap_or(0);
+        let input = RangeInput {
+            series: Vec::new(),
+            range_ms,
+            offset_ms: off,
+            at_ms: at,
+        };
+        (input, (lo, hi))
     }
 
     /// Each matching series' key and newest sample in `[min_ts, max_ts]`,
@@ -715,20 +802,10 @@ impl<'a> Evaluator<'a> {
         match expr {
             Expr::Paren(p) => self.range_input_as(&p.expr, keep),
             Expr::MatrixSelector(sel) => {
-                let vs = &sel.vs;
-                let matchers = Self::matchers(vs)?;
-                let off = offset_ms(&vs.offset);
-                let at = self.at_ms(&vs.at);
-                let range_ms = ms(sel.range);
-                let refs = self.steps.iter().map(|&t| at.unwrap_or(t) - off);
-                let lo = refs.clone().min().unwrap_or(0) - range_ms;
-                let hi = refs.max().unwrap_or(0);
-                Ok(RangeInput {
-                    series: self.load(&matchers, lo, hi, false, keep)?,
-                    range_ms,
-                    offset_ms: off,
-                    at_ms: at,
-                })
+                let matchers = Self::matchers(&sel.vs)?;
+                let (mut input, (lo, hi)) = self.matrix_window(sel);
+                input.series = self.load(&matchers, lo, hi, false, keep)?;
+                Ok(input)
             }
             Expr::Subquery(sq) => self.subquery(sq),
             _ => Err(PromError::BadData(format!(

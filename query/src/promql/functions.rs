@@ -5,10 +5,10 @@ use std::sync::Arc;
 use promql_parser::parser::{Call, Expr};
 
 use super::aggregate::quantile;
-use super::eval::{Evaluator, Keep, SelectedPoints, unsupported};
+use super::eval::{Evaluator, Keep, SelectedPoints, read_series, unsupported};
 use super::value::{
-    Elem, LabelSetIds, METRIC_NAME, NameDropper, Val, Vector, check_unique_steps, drop_name, get,
-    set_label, valid_label_name,
+    Elem, LabelSetIds, METRIC_NAME, NameDropper, RangeInput, RawSeries, Val, Vector,
+    check_unique_steps, drop_name, get, set_label, valid_label_name,
 };
 use super::{LabelSet, PromError};
 
@@ -873,65 +873,102 @@ pub(super) fn range_series(
     } else {
         Keep::Unnamed
     });
-    let mut input = ev.range_input_as(&range_arg, keep)?;
     let param = param.as_deref();
-    let work: usize = input.series.iter().map(|s| s.ts.len()).sum();
     let steps = &ev.steps;
+    // A matrix selector's series are read and reduced one by one, each
+    // into buffers its thread reuses: the query never holds all their
+    // samples, and they are still in cache when the windows read them.
+    if let Some(sel) = ev.matrix_selection(&range_arg)? {
+        let (input, deadline, window) = (&sel.input, ev.deadline, sel.window);
+        let per_series = super::parallel::map_init(
+            &sel.series,
+            sel.work,
+            RawSeries::default,
+            |raw: &mut RawSeries, s| -> Result<Option<SelectedPoints>> {
+                read_series(deadline, s, window, false, &mut raw.ts, &mut raw.vs)?;
+                if raw.ts.is_empty() {
+                    return Ok(None);
+                }
+                raw.labels = Arc::new(keep.labels(&s.key));
+                Ok(Some(series_points(f, raw, input, steps, param, keep_name)))
+            },
+        );
+        let mut out = Vec::with_capacity(per_series.len());
+        for s in per_series {
+            out.extend(s?);
+        }
+        ev.account(out.iter().map(|(_, p)| p.len()).sum())?;
+        return Ok(RangeValue::Series(out));
+    }
+    let mut input = ev.range_input_as(&range_arg, keep)?;
+    let work: usize = input.series.iter().map(|s| s.ts.len()).sum();
     let series = std::mem::take(&mut input.series);
     let input = &input;
     // Series by series, across cores: each one's label set and points.
     let per_series = super::parallel::map_owned(series, work, |s| {
-        let s = &s;
-        let labels = if keep_name {
-            s.labels.clone()
-        } else {
-            drop_name(&s.labels)
-        };
-        let mut points: Vec<(u32, f64)> = Vec::new();
-        let mut at = super::value::WindowCursor::default();
-        // For a counter's rate, how many times it fell before each sample:
-        // a window without a fall (most of them) skips the search for one.
-        let falls = counter_falls(f, &s.vs);
-        // Only the steps whose window can hold one of the series' samples.
-        let reach = match (s.ts.first(), s.ts.last()) {
-            (Some(&first), Some(&last)) => super::value::steps_reaching(
-                steps,
-                |t| input.reference(t),
-                input.range_ms,
-                (first, last),
-            ),
-            _ => return (labels, points),
-        };
-        // A point for each step reached, at most (see `selector_points`).
-        points.reserve_exact(reach.len());
-        for (i, &t) in steps.iter().enumerate().take(reach.end).skip(reach.start) {
-            let reference = input.reference(t);
-            let (lo, hi) = input.next_window(s, reference, &mut at);
-            if hi == lo {
-                continue;
-            }
-            let w = RawWindow {
-                ts: &s.ts[lo..hi],
-                vs: &s.vs[lo..hi],
-                may_fall: falls.within(lo, hi),
-            };
-            let v = range_value(
-                f,
-                &w,
-                reference - input.range_ms,
-                reference,
-                param.map(|p| p[i]),
-                t,
-            );
-            if let Some(v) = v {
-                points.push((i as u32, v));
-            }
-        }
-        super::eval::shrink_if_sparse(&mut points);
-        (labels, points)
+        series_points(f, &s, input, steps, param, keep_name)
     });
     ev.account(per_series.iter().map(|(_, p)| p.len()).sum())?;
     Ok(RangeValue::Series(per_series))
+}
+
+/// `f` over one series' windows at the query's steps: its label set and
+/// a point for each step whose window holds samples (and gives a value).
+fn series_points(
+    f: RangeFn,
+    s: &RawSeries,
+    input: &RangeInput,
+    steps: &[i64],
+    param: Option<&[f64]>,
+    keep_name: bool,
+) -> SelectedPoints {
+    let labels = if keep_name {
+        s.labels.clone()
+    } else {
+        drop_name(&s.labels)
+    };
+    let mut points: Vec<(u32, f64)> = Vec::new();
+    let mut at = super::value::WindowCursor::default();
+    // For a counter's rate, how many times it fell before each sample:
+    // a window without a fall (most of them) skips the search for one.
+    let falls = counter_falls(f, &s.vs);
+    // Only the steps whose window can hold one of the series' samples.
+    let reach = match (s.ts.first(), s.ts.last()) {
+        (Some(&first), Some(&last)) => super::value::steps_reaching(
+            steps,
+            |t| input.reference(t),
+            input.range_ms,
+            (first, last),
+        ),
+        _ => return (labels, points),
+    };
+    // A point for each step reached, at most (see `selector_points`).
+    points.reserve_exact(reach.len());
+    for (i, &t) in steps.iter().enumerate().take(reach.end).skip(reach.start) {
+        let reference = input.reference(t);
+        let (lo, hi) = input.next_window(s, reference, &mut at);
+        if hi == lo {
+            continue;
+        }
+        let w = RawWindow {
+            ts: &s.ts[lo..hi],
+            vs: &s.vs[lo..hi],
+            may_fall: falls.within(lo, hi),
+        };
+        let v = range_value(
+            f,
+            &w,
+            reference - input.range_ms,
+            reference,
+            param.map(|p| p[i]),
+            t,
+        );
+        if let Some(v) = v {
+            points.push((i as u32, v));
+        }
+    }
+    super::eval::shrink_if_sparse(&mut points);
+    (labels, points)
 }
 
 struct RawWindow<'a> {

@@ -68,6 +68,26 @@ where
     }
 }
 
+/// [`map`] with a scratch value per thread, made by `init` and handed to
+/// `f` with each item: buffers that one item fills and the next reuses.
+pub(super) fn map_init<T, U, S, I, F>(items: &[T], work: usize, init: I, f: F) -> Vec<U>
+where
+    T: Sync,
+    U: Send,
+    I: Fn() -> S + Sync + Send,
+    F: Fn(&mut S, &T) -> U + Sync + Send,
+{
+    match pool() {
+        Some(pool) if work >= MIN_PARALLEL_SAMPLES && items.len() > 1 => {
+            pool.install(|| items.par_iter().map_init(&init, &f).collect())
+        }
+        _ => {
+            let mut scratch = init();
+            items.iter().map(|x| f(&mut scratch, x)).collect()
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +104,18 @@ mod tests {
             map_owned(items.clone(), MIN_PARALLEL_SAMPLES, owned),
             expected
         );
-        assert_eq!(map_owned(items, 0, owned), expected);
+        assert_eq!(map_owned(items.clone(), 0, owned), expected);
+        // A scratch vector that keeps what earlier items left in it only
+        // within one thread: each answer must not depend on it.
+        let scratch = |buf: &mut Vec<u64>, x: &u64| {
+            buf.clear();
+            buf.extend([*x, *x]);
+            buf.iter().product::<u64>()
+        };
+        assert_eq!(
+            map_init(&items, MIN_PARALLEL_SAMPLES, Vec::new, scratch),
+            expected
+        );
+        assert_eq!(map_init(&items, 0, Vec::new, scratch), expected);
     }
 }

@@ -766,16 +766,26 @@ fn api_parsing_and_rendering() {
 
 /// Enough samples that the reads and the range function are split across
 /// the scan threads (`parallel::MIN_PARALLEL_SAMPLES`): 64 series of 600
-/// samples, gpu `g` at second `i` holding `1000 g + i`. Every series keeps
-/// its own answer and the series their order.
+/// samples, gpu `g` at second `i` holding `1000 g + i`, except that every
+/// seventh gpu has a staleness marker at second 300. Every series keeps its
+/// own answer and the series their order (each thread reads series after
+/// series into the same buffers).
 #[test]
 fn series_split_across_cores_keep_their_own_answers() {
     const SERIES: i64 = 128;
     const SAMPLES: i64 = 600;
+    let marked = |g: i64| g % 7 == 3;
     assert!((SERIES * SAMPLES) as usize >= super::parallel::MIN_PARALLEL_SAMPLES);
     let gpus: Vec<String> = (0..SERIES).map(|g| format!("{g:03}")).collect();
     let samples: Vec<Vec<(i64, f64)>> = (0..SERIES)
-        .map(|g| (0..SAMPLES).map(|i| (i, (1000 * g + i) as f64)).collect())
+        .map(|g| {
+            (0..SAMPLES)
+                .map(|i| match i {
+                    300 if marked(g) => (i, stale()),
+                    _ => (i, (1000 * g + i) as f64),
+                })
+                .collect()
+        })
         .collect();
     let labels: Vec<[(&str, &str); 1]> = gpus.iter().map(|g| [("gpu", g.as_str())]).collect();
     let specs: Vec<Spec<'_>> = (0..SERIES as usize)
@@ -787,7 +797,9 @@ fn series_split_across_cores_keep_their_own_answers() {
     let sums = vector(&f, "sum_over_time(m[1h])", end);
     assert_eq!(sums.len(), SERIES as usize);
     for (g, gpu) in gpus.iter().enumerate() {
-        let expected = (600_000 * g as i64 + 599 * 600 / 2) as f64;
+        let g = g as i64;
+        let marker = if marked(g) { 1000 * g + 300 } else { 0 };
+        let expected = (600_000 * g + 599 * 600 / 2 - marker) as f64;
         assert_eq!(sums[&format!("{{gpu={gpu}}}")], expected, "gpu {gpu}");
     }
     // At each minute, the newest sample is the one at that second.
@@ -805,8 +817,13 @@ fn series_split_across_cores_keep_their_own_answers() {
         .collect();
     assert_eq!(got, want, "series in label order");
     for (g, s) in r.iter().enumerate() {
+        let g = g as i64;
         let expected: Vec<(i64, f64)> = (1..=9)
-            .map(|k| (T0 + k * 60 * S, (1000 * g as i64 + k * 60) as f64))
+            .map(|k| match k {
+                // The marker is dropped: the sample before it is the newest.
+                5 if marked(g) => (T0 + k * 60 * S, (1000 * g + k * 60 - 1) as f64),
+                _ => (T0 + k * 60 * S, (1000 * g + k * 60) as f64),
+            })
             .collect();
         assert_eq!(s.points, expected, "gpu {g}");
     }

@@ -29,7 +29,7 @@ pub(super) enum Val {
 
 /// One series of a range vector: samples in time order, staleness markers
 /// removed.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct RawSeries {
     pub(super) labels: Arc<LabelSet>,
     pub(super) ts: Vec<i64>,
