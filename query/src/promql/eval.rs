@@ -66,6 +66,40 @@ pub(super) fn read_series(
     Ok(())
 }
 
+/// A selector's points for one series at reference times `refs`: the
+/// newest sample within `lookback` of each (staleness markers end a
+/// series; see [`step_points`]).
+fn series_step_points(
+    ts: &[i64],
+    vs: &[f64],
+    refs: &[i64],
+    ascending: bool,
+    lookback: i64,
+    sample_time: bool,
+) -> Vec<(u32, f64)> {
+    // Ascending steps: only those whose lookback window can hold one of
+    // the series' samples.
+    let (reach, room) = match (ts.first(), ts.last()) {
+        (Some(&first), Some(&last)) if ascending => {
+            let reach = super::value::steps_reaching(refs, |r| r, lookback, (first, last));
+            (reach.clone(), reach.len())
+        }
+        _ => (0..refs.len(), 0),
+    };
+    // A point for each step reached, at most: one allocation, where
+    // growing by pushes reallocated six times a series (5 % of a
+    // dashboard panel's `avg` over 1,000 GPUs, callgrind).
+    let mut points = Vec::with_capacity(room);
+    let steps = (reach.start, &refs[reach]);
+    if sample_time {
+        step_points::<true>(ts, vs, steps, ascending, lookback, &mut points);
+    } else {
+        step_points::<false>(ts, vs, steps, ascending, lookback, &mut points);
+    }
+    shrink_if_sparse(&mut points);
+    points
+}
+
 /// Prometheus's default `evaluation_interval`, the step of a subquery
 /// written without one (`x[1h:]`).
 const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
@@ -688,37 +722,44 @@ impl<'a> Evaluator<'a> {
             }
             _ => None,
         };
-        let series = match newest {
-            Some(series) => series,
-            None => self.load(&matchers, lo, hi, true, keep)?,
-        };
         // The steps of a range query ascend: each series' position then
         // moves forward over its samples instead of a search per step.
         let ascending = refs.is_sorted();
-        let work = series.iter().map(|s| s.ts.len()).sum::<usize>() + series.len() * refs.len();
-        let out = super::parallel::map_owned(series, work, |s| {
-            // Ascending steps: only those whose lookback window can hold one
-            // of the series' samples.
-            let (reach, room) = match (s.ts.first(), s.ts.last()) {
-                (Some(&first), Some(&last)) if ascending => {
-                    let reach = super::value::steps_reaching(&refs, |r| r, lookback, (first, last));
-                    (reach.clone(), reach.len())
-                }
-                _ => (0..refs.len(), 0),
-            };
-            // A point for each step reached, at most: one allocation, where
-            // growing by pushes reallocated six times a series (5 % of a
-            // dashboard panel's `avg` over 1,000 GPUs, callgrind).
-            let mut points = Vec::with_capacity(room);
-            let steps = (reach.start, &refs[reach]);
-            if sample_time {
-                step_points::<true>(&s.ts, &s.vs, steps, ascending, lookback, &mut points);
-            } else {
-                step_points::<false>(&s.ts, &s.vs, steps, ascending, lookback, &mut points);
+        let points = |ts: &[i64], vs: &[f64]| {
+            series_step_points(ts, vs, &refs, ascending, lookback, sample_time)
+        };
+        let out = match newest {
+            Some(series) => {
+                let work =
+                    series.iter().map(|s| s.ts.len()).sum::<usize>() + series.len() * refs.len();
+                super::parallel::map_owned(series, work, |s| (s.labels, points(&s.ts, &s.vs)))
             }
-            shrink_if_sparse(&mut points);
-            (s.labels, points)
-        });
+            None => {
+                // Each series read and reduced to its points at once, into
+                // buffers its thread reuses (see `functions::range_series`).
+                let (selected, work) = self.select_counted(&matchers, lo, hi)?;
+                let work = work.saturating_add(selected.len().saturating_mul(refs.len()));
+                let deadline = self.deadline;
+                let read = super::parallel::map_init(
+                    &selected,
+                    work,
+                    RawSeries::default,
+                    |raw: &mut RawSeries, s| -> Result<Option<SelectedPoints>> {
+                        read_series(deadline, s, (lo, hi), true, &mut raw.ts, &mut raw.vs)?;
+                        if raw.ts.is_empty() {
+                            return Ok(None);
+                        }
+                        let labels = Arc::new(keep.labels(&s.key));
+                        Ok(Some((labels, points(&raw.ts, &raw.vs))))
+                    },
+                );
+                let mut out = Vec::with_capacity(read.len());
+                for s in read {
+                    out.extend(s?);
+                }
+                out
+            }
+        };
         self.account(out.iter().map(|(_, p)| p.len()).sum())?;
         Ok(out)
     }

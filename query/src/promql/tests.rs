@@ -827,6 +827,21 @@ fn series_split_across_cores_keep_their_own_answers() {
             .collect();
         assert_eq!(s.points, expected, "gpu {g}");
     }
+    // The selector at each minute: the newest sample, none where it is
+    // the marker.
+    let r = match f.engine.range("m", T0 + 60 * S, end, 60 * S) {
+        Ok(PromValue::Matrix(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(r.len(), SERIES as usize);
+    for (g, s) in r.iter().enumerate() {
+        let g = g as i64;
+        let expected: Vec<(i64, f64)> = (1..=9)
+            .filter(|&k| !(k == 5 && marked(g)))
+            .map(|k| (T0 + k * 60 * S, (1000 * g + k * 60) as f64))
+            .collect();
+        assert_eq!(s.points, expected, "gpu {g}");
+    }
 }
 
 /// Aggregations over a selector or a range function fold each series'
