@@ -169,6 +169,26 @@ pub(crate) fn unpack(
 /// offset: one pass over all planes for the common widths, where a pass per
 /// plane cost 25 instructions a value on the simulated fleet (callgrind).
 fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, base: i64, out: &mut [i64]) {
+    #[cfg(target_arch = "x86_64")]
+    if (1..=3).contains(&planes.len()) {
+        let p = |i: usize| planes.get(i).map_or(&[][..], |p| &p[range.clone()]);
+        let done = sse2::combine(p(0), p(1), p(2), base, out);
+        if done == out.len() {
+            return;
+        }
+        let rest = range.start + done..range.end;
+        return combine_scalar(planes, rest, base, &mut out[done..]);
+    }
+    combine_scalar(planes, range, base, out)
+}
+
+/// [`combine`] a value at a time.
+fn combine_scalar(
+    planes: &[Cow<'_, [u8]>],
+    range: std::ops::Range<usize>,
+    base: i64,
+    out: &mut [i64],
+) {
     let p = |i: usize| &planes[i][range.clone()];
     let o = out.iter_mut();
     let at = |offset: u64| base.wrapping_add(offset as i64);
@@ -198,6 +218,123 @@ fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, base: i64, o
                 }
             }
             out.iter_mut().for_each(|x| *x = at(*x as u64));
+        }
+    }
+}
+
+/// [`combine`] of one to three planes sixteen values at a time with SSE2,
+/// which every x86-64 processor has: the compiler left the loops above
+/// scalar (8 and 11 instructions a value for two and three planes,
+/// callgrind), where this takes about two.
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::{
+        __m128i, _mm_add_epi64, _mm_loadu_si128, _mm_set1_epi64x, _mm_setzero_si128,
+        _mm_storeu_si128, _mm_unpackhi_epi8, _mm_unpackhi_epi16, _mm_unpackhi_epi32,
+        _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm_unpacklo_epi32,
+    };
+
+    /// Puts together the first whole sixteens of `out` from planes `a`
+    /// (low bytes), `b` and `c` (empty where the width is smaller; else as
+    /// long as `out`) and returns how many values it wrote (none if a plane
+    /// is shorter).
+    pub(super) fn combine(a: &[u8], b: &[u8], c: &[u8], base: i64, out: &mut [i64]) -> usize {
+        // SAFETY: SSE2 is part of x86-64: every processor this code runs
+        // on has it.
+        unsafe { combine_sse2(a, b, c, base, out) }
+    }
+
+    /// Sixteen bytes.
+    #[target_feature(enable = "sse2")]
+    fn load(p: &[u8; 16]) -> __m128i {
+        // SAFETY: `p` is 16 bytes; the load is unaligned.
+        unsafe { _mm_loadu_si128(p.as_ptr().cast::<__m128i>()) }
+    }
+
+    /// The sixteen bytes of plane `p` from `i`, zeros for an absent plane.
+    #[target_feature(enable = "sse2")]
+    fn bytes(p: &[u8], i: usize) -> __m128i {
+        match p.get(i..i + 16) {
+            Some(b) => load(b.try_into().expect("BUG: 16 bytes")),
+            None => _mm_setzero_si128(),
+        }
+    }
+
+    #[target_feature(enable = "sse2")]
+    fn combine_sse2(a: &[u8], b: &[u8], c: &[u8], base: i64, out: &mut [i64]) -> usize {
+        let n = out.len() / 16 * 16;
+        if a.len() < n || (!b.is_empty() && b.len() < n) || (!c.is_empty() && c.len() < n) {
+            return 0;
+        }
+        let zero = _mm_setzero_si128();
+        let base = _mm_set1_epi64x(base);
+        for (j, dst) in out[..n].chunks_exact_mut(16).enumerate() {
+            let i = 16 * j;
+            let (lo, hi, top) = (bytes(a, i), bytes(b, i), bytes(c, i));
+            // Bytes interleaved: 16-bit lanes `a | b << 8`, and `c`'s.
+            let ab = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
+            let cc = [_mm_unpacklo_epi8(top, zero), _mm_unpackhi_epi8(top, zero)];
+            // 32-bit lanes `ab | c << 16`, four values each, in order.
+            let quads = [
+                _mm_unpacklo_epi16(ab[0], cc[0]),
+                _mm_unpackhi_epi16(ab[0], cc[0]),
+                _mm_unpacklo_epi16(ab[1], cc[1]),
+                _mm_unpackhi_epi16(ab[1], cc[1]),
+            ];
+            let dst = dst.as_mut_ptr();
+            for (k, q) in quads.into_iter().enumerate() {
+                let pair = [
+                    _mm_add_epi64(_mm_unpacklo_epi32(q, zero), base),
+                    _mm_add_epi64(_mm_unpackhi_epi32(q, zero), base),
+                ];
+                for (h, x) in pair.into_iter().enumerate() {
+                    // SAFETY: `dst` points at 16 i64s (a chunk of
+                    // `chunks_exact_mut(16)`) and `4k + 2h + 2 <= 16`; the
+                    // store is unaligned.
+                    unsafe { _mm_storeu_si128(dst.add(4 * k + 2 * h).cast::<__m128i>(), x) };
+                }
+            }
+        }
+        n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every width, lengths around the SSE2 path's sixteens, ranges that
+    /// start inside the planes, and bases whose sums wrap: each value
+    /// against its bytes added up one by one.
+    #[test]
+    fn combined_values_are_their_bytes_over_the_base() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut byte = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        };
+        for width in 0..=8usize {
+            for len in [0usize, 1, 15, 16, 17, 31, 32, 33, 100, 127, 128] {
+                for skip in [0usize, 1, 5] {
+                    let planes: Vec<Cow<'_, [u8]>> = (0..width)
+                        .map(|_| Cow::Owned((0..skip + len).map(|_| byte()).collect()))
+                        .collect();
+                    for base in [0i64, -7, 1 << 40, i64::MAX, i64::MIN] {
+                        let mut out = vec![0i64; len];
+                        combine(&planes, skip..skip + len, base, &mut out);
+                        for (i, &x) in out.iter().enumerate() {
+                            let offset = planes
+                                .iter()
+                                .enumerate()
+                                .fold(0u64, |o, (p, b)| o | (b[skip + i] as u64) << (8 * p));
+                            let want = base.wrapping_add(offset as i64);
+                            assert_eq!(x, want, "width {width} len {len} skip {skip} value {i}");
+                        }
+                    }
+                }
+            }
         }
     }
 }
