@@ -39,7 +39,7 @@ pub(super) struct MatrixSelection {
 /// Reads `s`'s samples in `window` into `ts` and `vs` (cleared first),
 /// without staleness markers unless `keep_stale`; checks the deadline
 /// first, so that a long selection still stops between series.
-pub(super) fn read_series(
+fn read_series(
     deadline: crate::limits::Deadline,
     s: &crate::cluster::ClusterSeries,
     (min_ts, max_ts): (i64, i64),
@@ -568,11 +568,51 @@ impl<'a> Evaluator<'a> {
         Ok((selected, work))
     }
 
+    /// `f` of each of `selected` as read over `window` (staleness markers
+    /// dropped unless `keep_stale`, labels as `keep` says), in order,
+    /// leaving out those without samples there. Each series is read into
+    /// buffers its scan thread reuses and reduced before the next: a query
+    /// never holds all the samples, and they are still in cache when `f`
+    /// reads them.
+    pub(super) fn reduce_series<U, F>(
+        &self,
+        selected: &[crate::cluster::ClusterSeries],
+        window: (i64, i64),
+        work: usize,
+        keep_stale: bool,
+        keep: Keep<'_>,
+        f: F,
+    ) -> Result<Vec<U>>
+    where
+        U: Send,
+        F: Fn(&RawSeries) -> U + Sync + Send,
+    {
+        let deadline = self.deadline;
+        let read = super::parallel::map_init(
+            selected,
+            work,
+            RawSeries::default,
+            |raw: &mut RawSeries, s| -> Result<Option<U>> {
+                read_series(deadline, s, window, keep_stale, &mut raw.ts, &mut raw.vs)?;
+                if raw.ts.is_empty() {
+                    return Ok(None);
+                }
+                raw.labels = Arc::new(keep.labels(&s.key));
+                Ok(Some(f(raw)))
+            },
+        );
+        let mut out = Vec::with_capacity(read.len());
+        for s in read {
+            out.extend(s?);
+        }
+        Ok(out)
+    }
+
     /// A matrix selector's series, selected and counted but not read, with
     /// the window they are to be read over and its range and modifiers
     /// (the [`RangeInput`] without series): for a range function that
-    /// reads each series and reduces it to its points at once, so that a
-    /// query never holds all the selected samples. `None` for a subquery.
+    /// reduces each series to its points as it is read
+    /// ([`Self::reduce_series`]). `None` for a subquery.
     pub(super) fn matrix_selection(&self, expr: &Expr) -> Result<Option<MatrixSelection>> {
         match expr {
             Expr::Paren(p) => self.matrix_selection(&p.expr),
@@ -735,29 +775,11 @@ impl<'a> Evaluator<'a> {
                 super::parallel::map_owned(series, work, |s| (s.labels, points(&s.ts, &s.vs)))
             }
             None => {
-                // Each series read and reduced to its points at once, into
-                // buffers its thread reuses (see `functions::range_series`).
                 let (selected, work) = self.select_counted(&matchers, lo, hi)?;
                 let work = work.saturating_add(selected.len().saturating_mul(refs.len()));
-                let deadline = self.deadline;
-                let read = super::parallel::map_init(
-                    &selected,
-                    work,
-                    RawSeries::default,
-                    |raw: &mut RawSeries, s| -> Result<Option<SelectedPoints>> {
-                        read_series(deadline, s, (lo, hi), true, &mut raw.ts, &mut raw.vs)?;
-                        if raw.ts.is_empty() {
-                            return Ok(None);
-                        }
-                        let labels = Arc::new(keep.labels(&s.key));
-                        Ok(Some((labels, points(&raw.ts, &raw.vs))))
-                    },
-                );
-                let mut out = Vec::with_capacity(read.len());
-                for s in read {
-                    out.extend(s?);
-                }
-                out
+                self.reduce_series(&selected, (lo, hi), work, true, keep, |s| {
+                    (s.labels.clone(), points(&s.ts, &s.vs))
+                })?
             }
         };
         self.account(out.iter().map(|(_, p)| p.len()).sum())?;

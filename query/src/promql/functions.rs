@@ -5,7 +5,7 @@ use std::sync::Arc;
 use promql_parser::parser::{Call, Expr};
 
 use super::aggregate::quantile;
-use super::eval::{Evaluator, Keep, SelectedPoints, read_series, unsupported};
+use super::eval::{Evaluator, Keep, SelectedPoints, unsupported};
 use super::value::{
     Elem, LabelSetIds, METRIC_NAME, NameDropper, RangeInput, RawSeries, Val, Vector,
     check_unique_steps, drop_name, get, set_label, valid_label_name,
@@ -875,28 +875,12 @@ pub(super) fn range_series(
     });
     let param = param.as_deref();
     let steps = &ev.steps;
-    // A matrix selector's series are read and reduced one by one, each
-    // into buffers its thread reuses: the query never holds all their
-    // samples, and they are still in cache when the windows read them.
+    // A matrix selector's series are reduced as they are read.
     if let Some(sel) = ev.matrix_selection(&range_arg)? {
-        let (input, deadline, window) = (&sel.input, ev.deadline, sel.window);
-        let per_series = super::parallel::map_init(
-            &sel.series,
-            sel.work,
-            RawSeries::default,
-            |raw: &mut RawSeries, s| -> Result<Option<SelectedPoints>> {
-                read_series(deadline, s, window, false, &mut raw.ts, &mut raw.vs)?;
-                if raw.ts.is_empty() {
-                    return Ok(None);
-                }
-                raw.labels = Arc::new(keep.labels(&s.key));
-                Ok(Some(series_points(f, raw, input, steps, param, keep_name)))
-            },
-        );
-        let mut out = Vec::with_capacity(per_series.len());
-        for s in per_series {
-            out.extend(s?);
-        }
+        let input = &sel.input;
+        let out = ev.reduce_series(&sel.series, sel.window, sel.work, false, keep, |s| {
+            series_points(f, s, input, steps, param, keep_name)
+        })?;
         ev.account(out.iter().map(|(_, p)| p.len()).sum())?;
         return Ok(RangeValue::Series(out));
     }
