@@ -160,6 +160,44 @@ fn bench(c: &mut Criterion) {
             })
         });
     }
+    // The chunks as a segment holds them: the series of a GPU's poll share
+    // one timestamp block (the size printed above as "shared ts"), and a
+    // scan thread decodes it once while consecutive chunks name it, keeping
+    // the decoded copy (`segment::read`'s per-thread reuse, keyed there by
+    // the block's offset and here by its index).
+    let mut shared: Vec<&[u8]> = Vec::new();
+    let segment_chunks: Vec<(usize, &[u8], usize)> = columns
+        .iter()
+        .map(|(tb, vb, n)| {
+            if shared.last() != Some(&tb.as_slice()) {
+                shared.push(tb);
+            }
+            (shared.len() - 1, vb.as_slice(), *n)
+        })
+        .collect();
+    println!(
+        "  {} chunks name {} timestamp blocks as a segment stores them",
+        segment_chunks.len(),
+        shared.len()
+    );
+    g.bench_function("column_shared_ts_decode_sum", |b| {
+        let (mut ts, mut vals) = (Vec::new(), Vec::new());
+        b.iter(|| {
+            let mut sum = 0.0;
+            let mut decoded = usize::MAX;
+            for &(t, vb, n) in &segment_chunks {
+                if t != decoded {
+                    ts.clear();
+                    decode_ts(shared[t], n, &mut ts).unwrap();
+                    decoded = t;
+                }
+                vals.clear();
+                decode_values(vb, n, &mut vals).unwrap();
+                sum += vals.iter().sum::<f64>();
+            }
+            black_box(sum)
+        })
+    });
     g.finish();
 }
 

@@ -33,6 +33,7 @@
 use crate::codec::{Reader, put_uvarint, put_varint};
 use crate::gorilla::{XorDecoder, XorEncoder};
 
+mod floats;
 mod packed;
 mod planes;
 
@@ -610,14 +611,8 @@ fn decode_values_of(
                 }
             }
             let start = out.len();
-            let unpacked = if d == 0 {
-                unpack(kind, rest, n, |f| out.extend(f.iter().map(|&x| x as f64)))
-            } else {
-                let scale = POW10[d as usize];
-                unpack(kind, rest, n, |f| {
-                    out.extend(f.iter().map(|&x| x as f64 / scale))
-                })
-            };
+            let scale = (d > 0).then(|| POW10[d as usize]);
+            let unpacked = unpack(kind, rest, n, |f| floats::extend(out, f, scale));
             if let Err(e) = unpacked {
                 out.truncate(start);
                 return Err(e);
@@ -655,19 +650,34 @@ fn decode_repeats(payload: &[u8], n: usize, out: &mut Vec<f64>) -> Result<(), Co
     let repeats: usize = bits.iter().map(|b| b.count_ones() as usize).sum();
     let start = out.len();
     decode_values_of(inner, n - repeats, out, false)?;
-    // From the back: slot i takes the value of the last clear bit at or
-    // before it, whose index among the decoded values is below i unless
-    // every slot up to i is clear (then it is i itself).
     out.resize(start + n, 0.0);
-    let dst = &mut out[start..];
-    let mut kept = n - repeats;
-    for i in (0..n).rev() {
-        dst[i] = dst[kept - 1];
-        if bits[i / 8] >> (i % 8) & 1 == 0 {
-            kept -= 1;
+    spread_repeats(&bits, &mut out[start..], n - repeats);
+    Ok(())
+}
+
+/// Spreads the first `kept` values of `dst` over all its slots, in place:
+/// slot i takes the value of the last clear bit of `bits` at or before it.
+/// From the back, where that value's index is below i unless every slot up
+/// to i is clear (then it is i itself). `bits` is checked: its first bit
+/// is clear and it has `dst.len() - kept` bits set, none past the end.
+fn spread_repeats(bits: &[u8], dst: &mut [f64], mut kept: usize) {
+    let n = dst.len();
+    for (byte, &b) in bits.iter().enumerate().rev() {
+        let lo = byte * 8;
+        let hi = (lo + 8).min(n);
+        if b == 0 && hi - lo == 8 {
+            // No repeats among these eight (half the bytes of a noisy
+            // column): the eight values before `kept`, as they are.
+            let run: [f64; 8] = dst[kept - 8..kept].try_into().expect("BUG: eight values");
+            dst[lo..hi].copy_from_slice(&run);
+            kept -= 8;
+            continue;
+        }
+        for i in (lo..hi).rev() {
+            dst[i] = dst[kept - 1];
+            kept -= usize::from((b >> (i - lo)) & 1 == 0);
         }
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -166,13 +166,16 @@ pub(crate) fn unpack(
 }
 
 /// Puts together values `range` from their planes, each `base` plus its
-/// offset: one pass over all planes for the common widths, where a pass per
-/// plane cost 25 instructions a value on the simulated fleet (callgrind).
+/// offset: one pass over all planes, where a pass per plane cost 25
+/// instructions a value on the simulated fleet (callgrind).
 fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, base: i64, out: &mut [i64]) {
     #[cfg(target_arch = "x86_64")]
-    if (1..=3).contains(&planes.len()) {
-        let p = |i: usize| planes.get(i).map_or(&[][..], |p| &p[range.clone()]);
-        let done = sse2::combine(p(0), p(1), p(2), base, out);
+    if !planes.is_empty() {
+        let mut p: [&[u8]; 8] = [&[]; 8];
+        for (p, plane) in p.iter_mut().zip(planes) {
+            *p = &plane[range.clone()];
+        }
+        let done = sse2::combine(&p[..planes.len()], base, out);
         if done == out.len() {
             return;
         }
@@ -222,10 +225,10 @@ fn combine_scalar(
     }
 }
 
-/// [`combine`] of one to three planes sixteen values at a time with SSE2,
-/// which every x86-64 processor has: the compiler left the loops above
-/// scalar (4.1, 8 and 11 instructions a value for one, two and three
-/// planes, callgrind), where this takes about 3.7 for any of them.
+/// [`combine`] sixteen values at a time with SSE2, which every x86-64
+/// processor has: the compiler left the loops scalar (4.1, 8, 11 and about
+/// 12 instructions a value for one to four planes, callgrind), where this
+/// takes about 3.7 up to four planes and 5 up to eight.
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use std::arch::x86_64::{
@@ -234,14 +237,26 @@ mod sse2 {
         _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm_unpacklo_epi32,
     };
 
-    /// Puts together the first whole sixteens of `out` from planes `a`
-    /// (low bytes), `b` and `c` (empty where the width is smaller; else as
-    /// long as `out`) and returns how many values it wrote (none if a plane
-    /// is shorter).
-    pub(super) fn combine(a: &[u8], b: &[u8], c: &[u8], base: i64, out: &mut [i64]) -> usize {
+    /// Puts together the first whole sixteens of `out` from `planes` (one
+    /// to eight, the low bytes first, each as long as `out`) and returns
+    /// how many values it wrote (none if a plane is shorter).
+    pub(super) fn combine(planes: &[&[u8]], base: i64, out: &mut [i64]) -> usize {
+        let n = out.len() / 16 * 16;
+        if planes.is_empty() || planes.len() > 8 || planes.iter().any(|p| p.len() < n) {
+            return 0;
+        }
+        let mut p: [&[u8]; 8] = [&[]; 8];
+        p[..planes.len()].copy_from_slice(planes);
         // SAFETY: SSE2 is part of x86-64: every processor this code runs
         // on has it.
-        unsafe { combine_sse2(a, b, c, base, out) }
+        unsafe {
+            if planes.len() <= 4 {
+                combine_sse2::<false>(&p, base, &mut out[..n]);
+            } else {
+                combine_sse2::<true>(&p, base, &mut out[..n]);
+            }
+        }
+        n
     }
 
     /// Sixteen bytes.
@@ -260,32 +275,47 @@ mod sse2 {
         }
     }
 
+    /// Sixteen 32-bit values `a | b << 8 | c << 16 | d << 24` from the
+    /// bytes at `i` of four planes, in order, four to a register.
     #[target_feature(enable = "sse2")]
-    fn combine_sse2(a: &[u8], b: &[u8], c: &[u8], base: i64, out: &mut [i64]) -> usize {
-        let n = out.len() / 16 * 16;
-        if a.len() < n || (!b.is_empty() && b.len() < n) || (!c.is_empty() && c.len() < n) {
-            return 0;
-        }
-        let zero = _mm_setzero_si128();
+    fn quads(p: &[&[u8]], i: usize) -> [__m128i; 4] {
+        let (a, b, c, d) = (
+            bytes(p[0], i),
+            bytes(p[1], i),
+            bytes(p[2], i),
+            bytes(p[3], i),
+        );
+        // Bytes interleaved: 16-bit lanes `a | b << 8` and `c | d << 8`.
+        let ab = [_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b)];
+        let cd = [_mm_unpacklo_epi8(c, d), _mm_unpackhi_epi8(c, d)];
+        [
+            _mm_unpacklo_epi16(ab[0], cd[0]),
+            _mm_unpackhi_epi16(ab[0], cd[0]),
+            _mm_unpacklo_epi16(ab[1], cd[1]),
+            _mm_unpackhi_epi16(ab[1], cd[1]),
+        ]
+    }
+
+    /// `out.len()` is a multiple of sixteen and every plane of `p` at
+    /// least as long (an absent one empty); `WIDE`: planes five to eight
+    /// are there too.
+    #[target_feature(enable = "sse2")]
+    fn combine_sse2<const WIDE: bool>(p: &[&[u8]; 8], base: i64, out: &mut [i64]) {
         let base = _mm_set1_epi64x(base);
-        for (j, dst) in out[..n].chunks_exact_mut(16).enumerate() {
+        for (j, dst) in out.chunks_exact_mut(16).enumerate() {
             let i = 16 * j;
-            let (lo, hi, top) = (bytes(a, i), bytes(b, i), bytes(c, i));
-            // Bytes interleaved: 16-bit lanes `a | b << 8`, and `c`'s.
-            let ab = [_mm_unpacklo_epi8(lo, hi), _mm_unpackhi_epi8(lo, hi)];
-            let cc = [_mm_unpacklo_epi8(top, zero), _mm_unpackhi_epi8(top, zero)];
-            // 32-bit lanes `ab | c << 16`, four values each, in order.
-            let quads = [
-                _mm_unpacklo_epi16(ab[0], cc[0]),
-                _mm_unpackhi_epi16(ab[0], cc[0]),
-                _mm_unpacklo_epi16(ab[1], cc[1]),
-                _mm_unpackhi_epi16(ab[1], cc[1]),
-            ];
+            let low = quads(&p[..4], i);
+            // The high 32 bits of each value: planes five to eight.
+            let high = if WIDE {
+                quads(&p[4..], i)
+            } else {
+                [_mm_setzero_si128(); 4]
+            };
             let dst = dst.as_mut_ptr();
-            for (k, q) in quads.into_iter().enumerate() {
+            for (k, (lo, hi)) in low.into_iter().zip(high).enumerate() {
                 let pair = [
-                    _mm_add_epi64(_mm_unpacklo_epi32(q, zero), base),
-                    _mm_add_epi64(_mm_unpackhi_epi32(q, zero), base),
+                    _mm_add_epi64(_mm_unpacklo_epi32(lo, hi), base),
+                    _mm_add_epi64(_mm_unpackhi_epi32(lo, hi), base),
                 ];
                 for (h, x) in pair.into_iter().enumerate() {
                     // SAFETY: `dst` points at 16 i64s (a chunk of
@@ -295,7 +325,6 @@ mod sse2 {
                 }
             }
         }
-        n
     }
 }
 

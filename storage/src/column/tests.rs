@@ -689,3 +689,39 @@ fn plane_and_mask_blocks_match_their_golden_files() {
         assert_eq!(bits(&out), bits(vals));
     }
 }
+
+/// The repeat mask's spreading against a forward reading of its rule (slot
+/// i takes the value of the last clear bit at or before it): masks from
+/// empty to almost full, lengths around whole bytes, so that both the run
+/// of eight and the bit-by-bit paths meet each other at every offset.
+#[test]
+fn repeats_spread_as_the_mask_says() {
+    let mut x = 7u64;
+    for n in [1usize, 7, 8, 9, 15, 16, 17, 64, 65, 100, 4096] {
+        for density in [0u64, 1, 4, 8, 12, 15] {
+            let mut bits = vec![0u8; n.div_ceil(8)];
+            for i in 1..n {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                if (x >> 60) < density {
+                    bits[i / 8] |= 1 << (i % 8);
+                }
+            }
+            let repeats: usize = bits.iter().map(|b| b.count_ones() as usize).sum();
+            let kept = n - repeats;
+            let mut dst: Vec<f64> = (0..kept).map(|i| i as f64 + 0.5).collect();
+            dst.resize(n, f64::NAN);
+            spread_repeats(&bits, &mut dst, kept);
+            let mut want = Vec::with_capacity(n);
+            let mut next = 0usize;
+            for i in 0..n {
+                if bits[i / 8] >> (i % 8) & 1 == 0 {
+                    next += 1;
+                }
+                want.push((next - 1) as f64 + 0.5);
+            }
+            assert_eq!(dst, want, "n {n} density {density}");
+        }
+    }
+}
