@@ -454,6 +454,25 @@ fn decode_columns(
     let value = |col: &Vec<f64>, i: usize| col.get(i).copied().unwrap_or(f64::NAN);
     let [sum, min, max, first, last] = &values;
     let [windows, counts, first_off, span] = &ints;
+    // Record `i`, its window starting at `start`.
+    let record = |i: usize, start: i64| {
+        let (f_off, s_off) = if times {
+            (first_off[i], span[i])
+        } else {
+            (0, 0)
+        };
+        RollupRecord {
+            window_start_ms: start,
+            count: counts[i] as u64,
+            sum: value(sum, i),
+            min: value(min, i),
+            max: value(max, i),
+            first: value(first, i),
+            first_ts_ms: start.saturating_add(f_off),
+            last: value(last, i),
+            last_ts_ms: start.saturating_add(f_off.saturating_add(s_off)),
+        }
+    };
     let mut from = 0;
     for (_, kept, n) in &groups {
         let group = from..from + n;
@@ -465,25 +484,7 @@ fn decode_columns(
             // Checked on the block's first read: no record needs a test.
             let Some(g) = kept else { continue };
             let mut records = Vec::with_capacity(n + LATER_WINDOWS);
-            records.extend(group.map(|i| {
-                let start = windows[i].wrapping_mul(w);
-                let (f_off, s_off) = if times {
-                    (first_off[i], span[i])
-                } else {
-                    (0, 0)
-                };
-                RollupRecord {
-                    window_start_ms: start,
-                    count: counts[i] as u64,
-                    sum: value(sum, i),
-                    min: value(min, i),
-                    max: value(max, i),
-                    first: value(first, i),
-                    first_ts_ms: start.saturating_add(f_off),
-                    last: value(last, i),
-                    last_ts_ms: start.saturating_add(f_off.saturating_add(s_off)),
-                }
-            }));
+            records.extend(group.map(|i| record(i, windows[i].wrapping_mul(w))));
             f(g, records);
             continue;
         }
@@ -512,17 +513,7 @@ fn decode_columns(
             if !(0..w).contains(&f_off) || !(0..w).contains(&s_off) || counts[i] < 1 {
                 return oob(base, "record");
             }
-            let rec = RollupRecord {
-                window_start_ms: start,
-                count: counts[i] as u64,
-                sum: value(sum, i),
-                min: value(min, i),
-                max: value(max, i),
-                first: value(first, i),
-                first_ts_ms: start.saturating_add(f_off),
-                last: value(last, i),
-                last_ts_ms: start.saturating_add(f_off + s_off),
-            };
+            let rec = record(i, start);
             if let Some(what) = record_problem(b.tier, &rec) {
                 return oob(base, what);
             }
