@@ -163,8 +163,8 @@ fn bench(c: &mut Criterion) {
     // The chunks as a segment holds them: the series of a GPU's poll share
     // one timestamp block (the size printed above as "shared ts"), and a
     // scan thread decodes it once while consecutive chunks name it, keeping
-    // the decoded copy (`segment::read`'s per-thread reuse, keyed there by
-    // the block's offset and here by its index).
+    // the decoded copy (the per-thread reuse of `segment::TS_BLOCK`, keyed there
+    // by the block's offset and here by its index).
     let mut shared: Vec<&[u8]> = Vec::new();
     let segment_chunks: Vec<(usize, &[u8], usize)> = columns
         .iter()

@@ -6,9 +6,8 @@
 //! (`cvtsi2sd`, `divsd`). An integer below 2^51 in magnitude converts
 //! exactly by adding it to the mantissa of 2^52 + 2^51 and subtracting
 //! that double; the quotient is then `divpd`'s, correctly rounded as
-//! `divsd`'s is, so the bits are those of the scalar expression. A block
-//! holding an integer outside that range (never a decimal column's: the
-//! encoder keeps values below 2^53 / 10^d) is converted the scalar way.
+//! `divsd`'s is, so the bits are those of the scalar expression. A run of
+//! integers with one outside that range is converted the scalar way.
 
 /// Appends `xs` to `out`, each as `x as f64`, divided by `scale` if there
 /// is one: bit for bit the scalar expression.

@@ -175,7 +175,7 @@ fn combine(planes: &[Cow<'_, [u8]>], range: std::ops::Range<usize>, base: i64, o
         for (p, plane) in p.iter_mut().zip(planes) {
             *p = &plane[range.clone()];
         }
-        let done = sse2::combine(&p[..planes.len()], base, out);
+        let done = sse2::combine(&p, planes.len(), base, out);
         if done == out.len() {
             return;
         }
@@ -226,9 +226,10 @@ fn combine_scalar(
 }
 
 /// [`combine`] sixteen values at a time with SSE2, which every x86-64
-/// processor has: the compiler left the loops scalar (4.1, 8, 11 and about
-/// 12 instructions a value for one to four planes, callgrind), where this
-/// takes about 3.7 up to four planes and 5 up to eight.
+/// processor has: the compiler left the loops scalar (4.1, 8 and 11
+/// instructions a value for one to three planes, callgrind), where this
+/// takes about 3.7 up to four planes; five to eight add a second set of
+/// unpacks.
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use std::arch::x86_64::{
@@ -237,23 +238,22 @@ mod sse2 {
         _mm_unpacklo_epi8, _mm_unpacklo_epi16, _mm_unpacklo_epi32,
     };
 
-    /// Puts together the first whole sixteens of `out` from `planes` (one
-    /// to eight, the low bytes first, each as long as `out`) and returns
-    /// how many values it wrote (none if a plane is shorter).
-    pub(super) fn combine(planes: &[&[u8]], base: i64, out: &mut [i64]) -> usize {
+    /// Puts together the first whole sixteens of `out` from the first
+    /// `width` (one to eight) planes of `p` (the low bytes first, each as
+    /// long as `out`; the others empty) and returns how many values it
+    /// wrote (none if a plane is shorter).
+    pub(super) fn combine(p: &[&[u8]; 8], width: usize, base: i64, out: &mut [i64]) -> usize {
         let n = out.len() / 16 * 16;
-        if planes.is_empty() || planes.len() > 8 || planes.iter().any(|p| p.len() < n) {
+        if !(1..=8).contains(&width) || p[..width].iter().any(|p| p.len() < n) {
             return 0;
         }
-        let mut p: [&[u8]; 8] = [&[]; 8];
-        p[..planes.len()].copy_from_slice(planes);
         // SAFETY: SSE2 is part of x86-64: every processor this code runs
         // on has it.
         unsafe {
-            if planes.len() <= 4 {
-                combine_sse2::<false>(&p, base, &mut out[..n]);
+            if width <= 4 {
+                combine_sse2::<false>(p, base, &mut out[..n]);
             } else {
-                combine_sse2::<true>(&p, base, &mut out[..n]);
+                combine_sse2::<true>(p, base, &mut out[..n]);
             }
         }
         n

@@ -317,17 +317,19 @@ impl BlockContents {
 /// payload has them all.
 /// Checks that windows are aligned, ascending per group and inside the
 /// block's range, that the sample timestamps it decodes lie in their window,
-/// and that group fields below the level are empty.
+/// and that group fields below the level are empty; of a columnar payload
+/// the records only if `check` (its block's first read, see
+/// [`decode_columns`]).
 fn decode_payload(
     buf: &[u8],
     base: u64,
     b: &BlockInfo,
     fields: RecordFields,
+    check: bool,
     keep: impl FnMut(&GroupRef<'_>) -> bool,
     f: impl FnMut(&RollupGroup, Vec<RollupRecord>),
 ) -> ReadResult<()> {
     if b.columnar {
-        let check = !b.checked.load(Ordering::Acquire);
         decode_columns(buf, base, b, fields, check, keep, f)
     } else {
         decode_rows(buf, base, b, keep, f)
@@ -838,6 +840,7 @@ impl RollupFile {
                             start as u64,
                             &info,
                             RecordFields::ALL,
+                            true,
                             |g| seen.add(g),
                             |_, _| {},
                         )
@@ -1035,6 +1038,7 @@ impl RollupFile {
             b.start as u64,
             b,
             fields,
+            first,
             |g| {
                 if first {
                     seen.add(g);
