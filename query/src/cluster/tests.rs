@@ -1655,13 +1655,87 @@ async fn aggregations_are_pushed_down_and_answer_as_one_node() {
     assert!(m.peer_read_failures.load(Relaxed) >= 1);
 }
 
+/// Range queries of one series at a time: evaluated where the series are.
+const SERIES_PUSHED: [&str; 6] = [
+    "temp",
+    "power * 1000000",
+    "rate(power[1m])",
+    "clamp_max(temp, 2000)",
+    "timestamp(power)",
+    "(avg_over_time(temp[2m] offset 30s))",
+];
+
+/// Label set -> points with their values' bits: a series-wise pushdown
+/// evaluates each series whole on one node, as one node does.
+fn matrix_bits(v: &PromValue) -> Vec<(String, Vec<(i64, u64)>)> {
+    let PromValue::Matrix(m) = v else {
+        panic!("not a matrix: {v:?}")
+    };
+    m.iter()
+        .map(|s| {
+            (
+                format!("{:?}", s.labels),
+                s.points.iter().map(|&(t, v)| (t, v.to_bits())).collect(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn series_wise_range_queries_are_pushed_down_and_answer_as_one_node() {
+    let f = Fixture::three().await;
+    let (_dir, reference) = single_node(&f);
+    let m = f.nodes[0].metrics.clone();
+    for q in SERIES_PUSHED {
+        let (pushdowns, samples) = (
+            m.promql_pushdowns.load(Relaxed),
+            m.peer_samples_received.load(Relaxed),
+        );
+        let a = prom_range(&f.prom_engine(), q).await;
+        assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
+        let want = prom_range(&reference, q).await.value;
+        assert!(!matrix_bits(&want).is_empty(), "{q}: empty reference");
+        assert_eq!(matrix_bits(&a.value), matrix_bits(&want), "{q}");
+        assert_eq!(
+            m.promql_pushdowns.load(Relaxed),
+            pushdowns + 1,
+            "{q} was pushed down"
+        );
+        assert_eq!(
+            m.peer_samples_received.load(Relaxed),
+            samples,
+            "{q} read no raw samples from peers"
+        );
+    }
+    // Each series' samples, every step, are the written ones.
+    let a = prom_range(&f.prom_engine(), "temp").await;
+    assert_eq!(rows_of_matrix(&a.value), f.expected(|s| s.metric == "temp"));
+
+    // Steps shorter than 10 s read raw samples (the points would outnumber
+    // them), with the same answer.
+    let pushdowns = m.promql_pushdowns.load(Relaxed);
+    let (engine, reference) = (f.prom_engine(), reference.clone());
+    let (got, want) = tokio::task::spawn_blocking(move || {
+        let q = "rate(power[1m])";
+        let (end, step) = (T0 + (N - 1) * STEP, 5_000);
+        (
+            engine.range_answer(q, T0, end, step).unwrap().value,
+            reference.range_answer(q, T0, end, step).unwrap().value,
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(matrix_bits(&got), matrix_bits(&want));
+    assert_eq!(m.promql_pushdowns.load(Relaxed), pushdowns);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_aggregation_across_an_epoch_change_reads_raw_samples() {
     let change = T0 + 10 * STEP;
     let epochs = c_joins_at(change);
     let f = Fixture::start(NodeC::Flight, &epochs, |_| false).await;
     let (_dir, reference) = single_node(&f);
-    for q in PUSHED {
+    for q in PUSHED.into_iter().chain(SERIES_PUSHED) {
         let a = prom_range(&f.prom_engine(), q).await;
         assert_same_matrix(q, &a.value, &prom_range(&reference, q).await.value);
     }

@@ -375,6 +375,9 @@ impl<'a> Evaluator<'a> {
                 )));
             }
         }
+        if let Some(series) = self.pushdown_series(expr)? {
+            return Ok(PromValue::Matrix(series));
+        }
         let mut bare = expr;
         while let Expr::Paren(p) = bare {
             bare = &p.expr;

@@ -13,7 +13,15 @@
 //! unary minus, and arithmetic or comparison with number literals. No `@`
 //! modifier and no subquery. `avg` travels as `sum` and `count` and is
 //! divided here; `topk` is each node's `topk`, of which the same `topk` is
-//! taken here. Every other expression reads raw samples, as before.
+//! taken here.
+//!
+//! A range query whose whole expression is such a series-wise expression
+//! (a dashboard's `DCGM_FI_DEV_GPU_TEMP{gpu=~".*"}`, `x * 1000000`,
+//! `rate(x[5m])`) is pushed down too, at steps of 10 s or more: each owner
+//! evaluates it over its shards and sends each series' point at each step
+//! (one per step, where the raw read sent every sample of the range and
+//! its lookback), and the series are only put in label order here. Every
+//! other expression reads raw samples, as before.
 //!
 //! The series of one shard (a rack, or a host without one) are all on each
 //! of the shard's owners, and the read plan asks exactly one owner per
@@ -36,11 +44,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use promql_parser::parser::value::ValueType;
 use promql_parser::parser::{AggregateExpr, Expr, VectorSelector};
 
 use super::eval::{Evaluator, offset_ms};
 use super::value::{Elem, Val, Vector};
-use super::{LabelSet, PromEngine, PromError};
+use super::{LabelSet, PromEngine, PromError, Series};
 use crate::cluster::Source;
 use crate::cluster::wire::{PartialRow, PromqlRequest};
 
@@ -129,6 +138,55 @@ fn series_wise(e: &Expr, lookback_ms: i64) -> Option<(&VectorSelector, i64)> {
     }
 }
 
+/// Below this step a range query's series-wise expression reads raw
+/// samples: its points would come close to the samples they are computed
+/// from (DCGM fields are polled every 10 s by default), and the raw read
+/// sends each sample once where the points would be sent at every step.
+const MIN_SERIES_STEP_MS: i64 = 10_000;
+
+/// Whether a node evaluates `e` for a series-wise pushdown: an instant
+/// vector that maps each series on its own.
+fn series_expr(e: &Expr, lookback_ms: i64) -> bool {
+    e.value_type() == ValueType::Vector && series_wise(e, lookback_ms).is_some()
+}
+
+/// Whether `a` and `b` are the same expression, the order of a selector's
+/// label matchers aside: an expression's text lists them sorted by name
+/// (`x{instance=~".*", gpu=~".*"}` prints as `x{gpu=~".*",instance=~".*"}`).
+fn same_expr(a: &Expr, b: &Expr) -> bool {
+    let (mut a, mut b) = (a.clone(), b.clone());
+    sort_matchers(&mut a);
+    sort_matchers(&mut b);
+    a == b
+}
+
+fn sort_matchers(e: &mut Expr) {
+    let sort = |vs: &mut VectorSelector| {
+        vs.matchers.matchers.sort_by(|x, y| {
+            (&x.name, &x.value, x.op.to_string()).cmp(&(&y.name, &y.value, y.op.to_string()))
+        });
+    };
+    match e {
+        Expr::VectorSelector(vs) => sort(vs),
+        Expr::MatrixSelector(ms) => sort(&mut ms.vs),
+        Expr::Paren(p) => sort_matchers(&mut p.expr),
+        Expr::Unary(u) => sort_matchers(&mut u.expr),
+        Expr::Subquery(q) => sort_matchers(&mut q.expr),
+        Expr::Binary(b) => {
+            sort_matchers(&mut b.lhs);
+            sort_matchers(&mut b.rhs);
+        }
+        Expr::Aggregate(a) => {
+            sort_matchers(&mut a.expr);
+            if let Some(p) = &mut a.param {
+                sort_matchers(p);
+            }
+        }
+        Expr::Call(c) => c.args.args.iter_mut().for_each(|a| sort_matchers(a)),
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
+}
+
 fn is_number(e: &Expr) -> bool {
     number(e).is_some()
 }
@@ -157,6 +215,8 @@ enum Merge {
         top: bool,
         k: f64,
     },
+    /// No aggregation: each row is one series of the answer.
+    Series,
 }
 
 /// A pushdown of one aggregation: the queries the nodes evaluate and the
@@ -190,13 +250,12 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
     if a.param.is_some() && !matches!(merge, Merge::Top { .. }) {
         return Ok(None);
     }
-    let Some((vs, range_ms)) = series_wise(&a.expr, lookback_ms) else {
+    let Some(selector) = series_wise(&a.expr, lookback_ms) else {
         return Ok(None);
     };
-    let (Some(&first), Some(&last)) = (steps.first(), steps.last()) else {
+    if steps.is_empty() {
         return Ok(None);
-    };
-    let off = offset_ms(&vs.offset);
+    }
     // The text of the aggregation starts with its operator; `avg` travels
     // as `sum` and `count` of the same expression.
     let text = Expr::Aggregate(a.clone()).to_string();
@@ -212,21 +271,67 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
     for q in &queries {
         match promql_parser::parser::parse(q) {
             Ok(Expr::Aggregate(back))
-                if back.expr == a.expr && back.modifier == a.modifier && back.param == a.param => {}
+                if same_expr(&back.expr, &a.expr)
+                    && back.modifier == a.modifier
+                    && back.param == a.param => {}
             _ => return Ok(None),
         }
     }
-    let step = if steps.len() > 1 {
-        steps[1] - steps[0]
-    } else {
-        0
-    };
     let grouping = match &a.modifier {
         None => (true, Vec::new()),
         Some(promql_parser::parser::LabelModifier::Include(l)) => (true, l.labels.clone()),
         Some(promql_parser::parser::LabelModifier::Exclude(l)) => (false, l.labels.clone()),
     };
-    Ok(Some(Plan {
+    plan_of(merge, grouping, queries, selector, steps, lookback_ms).map(Some)
+}
+
+/// The pushdown of the series-wise expression `e` at `steps`, if it can be
+/// pushed down (see the module docs).
+fn plan_series(e: &Expr, steps: &[i64], lookback_ms: i64) -> Result<Option<Plan>> {
+    if e.value_type() != ValueType::Vector {
+        return Ok(None);
+    }
+    let Some(selector) = series_wise(e, lookback_ms) else {
+        return Ok(None);
+    };
+    if steps.is_empty() {
+        return Ok(None);
+    }
+    // The peers parse the text: it must say what `e` says.
+    let text = e.to_string();
+    if !promql_parser::parser::parse(&text).is_ok_and(|back| same_expr(&back, e)) {
+        return Ok(None);
+    }
+    plan_of(
+        Merge::Series,
+        (true, Vec::new()),
+        vec![text],
+        selector,
+        steps,
+        lookback_ms,
+    )
+    .map(Some)
+}
+
+/// A plan that sends `queries` (over the selector `vs`, which reads
+/// `range_ms` before each step) to the owners, to be evaluated at `steps`
+/// (not empty).
+fn plan_of(
+    merge: Merge,
+    grouping: (bool, Vec<String>),
+    queries: Vec<String>,
+    (vs, range_ms): (&VectorSelector, i64),
+    steps: &[i64],
+    lookback_ms: i64,
+) -> Result<Plan> {
+    let (first, last) = (steps[0], steps[steps.len() - 1]);
+    let off = offset_ms(&vs.offset);
+    let step = if steps.len() > 1 {
+        steps[1] - steps[0]
+    } else {
+        0
+    };
+    Ok(Plan {
         merge,
         grouping,
         request: PromqlRequest {
@@ -239,7 +344,7 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
         matchers: Evaluator::matchers(vs)?,
         data_min: first.saturating_sub(off).saturating_sub(range_ms),
         data_max: last.saturating_sub(off),
-    }))
+    })
 }
 
 impl Evaluator<'_> {
@@ -264,6 +369,67 @@ impl Evaluator<'_> {
             how => merge(how, &self.steps, rows)?,
         })))
     }
+
+    /// A range query's series-wise expression `e` evaluated by pushdown, if
+    /// this engine reads a cluster, `e` can be pushed down there and the
+    /// step is long enough: the answer's series in label order. `None` to
+    /// evaluate it here from raw samples.
+    pub(super) fn pushdown_series(&self, e: &Expr) -> Result<Option<Vec<Series>>> {
+        let Source::Cluster(reader) = &self.engine.source else {
+            return Ok(None);
+        };
+        if self.steps.len() > 1 && self.steps[1] - self.steps[0] < MIN_SERIES_STEP_MS {
+            return Ok(None);
+        }
+        let Some(plan) = plan_series(e, &self.steps, self.engine.limits.lookback_ms)? else {
+            return Ok(None);
+        };
+        let Some((rows, warnings)) = reader.promql_partials_blocking(&plan, self.deadline)? else {
+            return Ok(None);
+        };
+        if !warnings.is_empty() {
+            // A shard no owner evaluated: down, or a node of an earlier
+            // version, which evaluates aggregations only. The raw read
+            // gets what the owners still serve, and says what is missing.
+            return Ok(None);
+        }
+        let points: usize = rows.iter().map(|r| r.ts.len()).sum();
+        self.account(points)?;
+        // `None`: two nodes answered one label set, and only a raw read
+        // tells whether they meet at a step (an error) or not.
+        series_of(&self.steps, rows)
+    }
+}
+
+/// The nodes' rows of a series-wise pushdown as the answer's series, in
+/// label order; `None` if two rows have one label set.
+///
+/// # Errors
+/// A point at a time that is none of `steps`.
+fn series_of(steps: &[i64], rows: Vec<PartialRow>) -> Result<Option<Vec<Series>>> {
+    let (first, last) = (steps[0], steps[steps.len() - 1]);
+    let step = if steps.len() > 1 { steps[1] - first } else { 1 };
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        if let Some(t) = row
+            .ts
+            .iter()
+            .find(|&&t| t < first || t > last || (t - first) % step != 0)
+        {
+            return Err(PromError::Internal(format!(
+                "a node's series has a point at {t}, which is no step of the query"
+            )));
+        }
+        out.push(Series {
+            labels: Arc::new(row.labels),
+            points: row.ts.into_iter().zip(row.values).collect(),
+        });
+    }
+    out.sort_by(|a, b| a.labels.cmp(&b.labels));
+    if out.windows(2).any(|w| w[0].labels == w[1].labels) {
+        return Ok(None);
+    }
+    Ok(Some(out))
 }
 
 /// One group's merged partial results at one step.
@@ -372,7 +538,9 @@ fn merge(how: Merge, steps: &[i64], rows: Vec<PartialRow>) -> Result<Vec<Vector>
                     Merge::Min => min_max(true, acc.v, v),
                     Merge::Max => min_max(false, acc.v, v),
                     Merge::Group => 1.0,
-                    Merge::Top { .. } => unreachable!("BUG: topk merges in merge_top"),
+                    Merge::Top { .. } | Merge::Series => {
+                        unreachable!("BUG: topk merges in merge_top, series in series_of")
+                    }
                 }
             };
             acc.seen = true;
@@ -421,9 +589,10 @@ pub(crate) fn partials(
     let mut out = Vec::new();
     for (query, text) in req.queries.iter().enumerate() {
         let expr = super::parse(text)?;
-        if !matches!(expr, Expr::Aggregate(_)) {
+        if !matches!(expr, Expr::Aggregate(_)) && !series_expr(&expr, req.lookback_ms) {
             return Err(PromError::BadData(format!(
-                "a pushed-down query must be an aggregation, not {text:?}"
+                "a pushed-down query must be an aggregation or an expression of one \
+                 series at a time, not {text:?}"
             )));
         }
         let ev = Evaluator::new(&engine, req.start, req.end, req.step, deadline)?;
@@ -468,6 +637,8 @@ mod tests {
             "group by (rack) (-DCGM_FI_DEV_GPU_TEMP)",
             "topk(3, DCGM_FI_DEV_GPU_TEMP)",
             "bottomk by (rack) (2, rate(x[5m]))",
+            // Matchers out of name order (the text sorts them).
+            "avg(DCGM_FI_DEV_GPU_TEMP{instance=~\"h.*\", gpu=~\"1\"})",
         ] {
             assert!(planned(q).is_some(), "{q} is pushed down");
         }
@@ -484,6 +655,80 @@ mod tests {
             "count(vector(1))",
         ] {
             assert!(planned(q).is_none(), "{q} is not pushed down");
+        }
+    }
+
+    #[test]
+    fn which_series_expressions_are_pushed_down() {
+        let planned = |q: &str| {
+            let e = promql_parser::parser::parse(q).unwrap();
+            plan_series(&e, &[1_000_000, 1_060_000], 300_000).unwrap()
+        };
+        for q in [
+            "DCGM_FI_DEV_GPU_TEMP{instance=~\".*\", gpu=~\".*\"}",
+            "DCGM_FI_DEV_SM_CLOCK{instance=~\"h.*\", gpu=\"1\"} * 1000000",
+            "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m] offset 1h)",
+            "clamp_max(DCGM_FI_DEV_GPU_UTIL / 100, 1)",
+            "(-x > 3)",
+        ] {
+            let p = planned(q).unwrap_or_else(|| panic!("{q} is pushed down"));
+            assert_eq!(p.merge, Merge::Series, "{q}");
+            assert_eq!(p.request.queries.len(), 1, "{q}");
+        }
+        for q in [
+            "x[5m]",
+            "sum(x)",
+            "a + b",
+            "x @ 100",
+            "rate(x[5m:1m])",
+            "label_replace(x, \"y\", \"$1\", \"z\", \"(.*)\")",
+            "absent(x)",
+            "vector(1)",
+            "scalar(x)",
+            "3",
+        ] {
+            assert!(planned(q).is_none(), "{q} is not pushed down");
+        }
+        let p = planned("rate(x[10m] offset 1h)").unwrap();
+        assert_eq!(p.request.queries, ["rate(x[10m] offset 1h)"]);
+        assert_eq!(
+            (p.data_min, p.data_max),
+            (1_000_000 - 3_600_000 - 600_000, 1_060_000 - 3_600_000)
+        );
+    }
+
+    #[test]
+    fn series_rows_come_out_in_label_order_and_checked() {
+        let row = |g: &str, ts: &[i64]| PartialRow {
+            query: 0,
+            labels: vec![("gpu".into(), g.into())],
+            ts: ts.to_vec(),
+            values: ts.iter().map(|&t| t as f64 / 10.0).collect(),
+        };
+        let steps = [10, 20, 30];
+        let got = series_of(&steps, vec![row("2", &[20, 30]), row("0", &[10])])
+            .unwrap()
+            .unwrap();
+        let got: Vec<(String, Vec<(i64, f64)>)> = got
+            .iter()
+            .map(|s| (s.labels[0].1.to_string(), s.points.clone()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("0".to_owned(), vec![(10, 1.0)]),
+                ("2".to_owned(), vec![(20, 2.0), (30, 3.0)])
+            ]
+        );
+        // One label set from two nodes: read raw instead.
+        assert!(
+            series_of(&steps, vec![row("1", &[10]), row("1", &[20])])
+                .unwrap()
+                .is_none()
+        );
+        // A point off the steps is a bad answer.
+        for bad in [5, 15, 40] {
+            assert!(series_of(&steps, vec![row("1", &[bad])]).is_err(), "{bad}");
         }
     }
 
