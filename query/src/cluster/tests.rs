@@ -1570,29 +1570,37 @@ const PUSHED: [&str; 14] = [
     "avg by (rack) (avg_over_time(temp[2m] offset 30s))",
 ];
 
+/// `q` over the fixture's range through node a, which must push it down
+/// (one pushdown more, no raw sample from a peer) and answer it whole.
+async fn pushed_down(f: &Fixture, q: &str) -> PromValue {
+    let m = &f.nodes[0].metrics;
+    let (pushdowns, samples) = (
+        m.promql_pushdowns.load(Relaxed),
+        m.peer_samples_received.load(Relaxed),
+    );
+    let a = prom_range(&f.prom_engine(), q).await;
+    assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
+    assert_eq!(
+        m.promql_pushdowns.load(Relaxed),
+        pushdowns + 1,
+        "{q} was pushed down"
+    );
+    assert_eq!(
+        m.peer_samples_received.load(Relaxed),
+        samples,
+        "{q} read no raw samples from peers"
+    );
+    a.value
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aggregations_are_pushed_down_and_answer_as_one_node() {
     let mut f = Fixture::three().await;
     let (_dir, reference) = single_node(&f);
     let m = f.nodes[0].metrics.clone();
     for q in PUSHED {
-        let (pushdowns, samples) = (
-            m.promql_pushdowns.load(Relaxed),
-            m.peer_samples_received.load(Relaxed),
-        );
-        let a = prom_range(&f.prom_engine(), q).await;
-        assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
-        assert_same_matrix(q, &a.value, &prom_range(&reference, q).await.value);
-        assert_eq!(
-            m.promql_pushdowns.load(Relaxed),
-            pushdowns + 1,
-            "{q} was pushed down"
-        );
-        assert_eq!(
-            m.peer_samples_received.load(Relaxed),
-            samples,
-            "{q} read no raw samples from peers"
-        );
+        let got = pushed_down(&f, q).await;
+        assert_same_matrix(q, &got, &prom_range(&reference, q).await.value);
     }
     assert!(m.peer_partial_points_received.load(Relaxed) > 0);
     let sent: u64 = f.nodes[1..]
@@ -1687,25 +1695,10 @@ async fn series_wise_range_queries_are_pushed_down_and_answer_as_one_node() {
     let (_dir, reference) = single_node(&f);
     let m = f.nodes[0].metrics.clone();
     for q in SERIES_PUSHED {
-        let (pushdowns, samples) = (
-            m.promql_pushdowns.load(Relaxed),
-            m.peer_samples_received.load(Relaxed),
-        );
-        let a = prom_range(&f.prom_engine(), q).await;
-        assert!(a.warnings.is_empty(), "{q}: {:?}", a.warnings);
+        let got = pushed_down(&f, q).await;
         let want = prom_range(&reference, q).await.value;
         assert!(!matrix_bits(&want).is_empty(), "{q}: empty reference");
-        assert_eq!(matrix_bits(&a.value), matrix_bits(&want), "{q}");
-        assert_eq!(
-            m.promql_pushdowns.load(Relaxed),
-            pushdowns + 1,
-            "{q} was pushed down"
-        );
-        assert_eq!(
-            m.peer_samples_received.load(Relaxed),
-            samples,
-            "{q} read no raw samples from peers"
-        );
+        assert_eq!(matrix_bits(&got), matrix_bits(&want), "{q}");
     }
     // Each series' samples, every step, are the written ones.
     let a = prom_range(&f.prom_engine(), "temp").await;
