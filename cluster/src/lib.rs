@@ -100,8 +100,10 @@ impl ShardKey {
     /// series a node serves to its peers, read planning) goes through this
     /// or [`ShardKey::of`].
     pub fn of_labels<'a>(label: impl Fn(&str) -> Option<&'a str>) -> Self {
-        let host = label("Hostname").or_else(|| label("hostname"));
-        Self::of(label("rack").unwrap_or(""), host.unwrap_or(""))
+        match ShardRef::of_labels(label) {
+            ShardRef::Rack(r) => Self::Rack(r.to_owned()),
+            ShardRef::Host(h) => Self::Host(h.to_owned()),
+        }
     }
 
     /// The bytes the rendezvous score hashes: `rack/<id>` or `host/<name>`.
@@ -109,6 +111,28 @@ impl ShardKey {
         match self {
             Self::Rack(r) => [b"rack/", r.as_bytes()].concat(),
             Self::Host(h) => [b"host/", h.as_bytes()].concat(),
+        }
+    }
+}
+
+/// A [`ShardKey`] that borrows its name from a series' labels: the shard of
+/// each series a read tests, without a copy of the name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardRef<'a> {
+    Rack(&'a str),
+    Host(&'a str),
+}
+
+impl<'a> ShardRef<'a> {
+    /// [`ShardKey::of_labels`], borrowed.
+    pub fn of_labels(label: impl Fn(&str) -> Option<&'a str>) -> Self {
+        match label("rack").filter(|r| !r.is_empty()) {
+            Some(rack) => Self::Rack(rack),
+            None => Self::Host(
+                label("Hostname")
+                    .or_else(|| label("hostname"))
+                    .unwrap_or(""),
+            ),
         }
     }
 }
@@ -391,7 +415,7 @@ mod plan;
 mod poll;
 mod state;
 
-pub use plan::{MissingShard, ReadPlan};
+pub use plan::{MissingShard, Prefer, ReadPlan};
 pub use poll::{PeerClients, poll_peers, refresh_peers};
 pub use state::{ClusterState, PeerTls, PeerView, peer_endpoint};
 

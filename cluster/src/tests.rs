@@ -227,6 +227,23 @@ fn the_placement_rule_reads_rack_then_hostname_then_lowercase_hostname() {
     // An empty rack is no rack; no host label at all is the empty host.
     assert_eq!(key(&[("rack", ""), ("hostname", "h2")]), host("h2"));
     assert_eq!(key(&[("__name__", "DCGM_FI_DEV_GPU_TEMP")]), host(""));
+    // The borrowed form reads the same labels.
+    let borrowed = |labels: &'static [(&'static str, &'static str)]| {
+        ShardRef::of_labels(|name| labels.iter().find(|(n, _)| *n == name).map(|(_, v)| *v))
+    };
+    assert_eq!(
+        borrowed(&[("rack", "r1"), ("Hostname", "h1")]),
+        ShardRef::Rack("r1")
+    );
+    assert_eq!(
+        borrowed(&[("rack", ""), ("hostname", "h2")]),
+        ShardRef::Host("h2")
+    );
+    assert_eq!(
+        borrowed(&[("Hostname", "h1"), ("hostname", "h2")]),
+        ShardRef::Host("h1")
+    );
+    assert_eq!(borrowed(&[]), ShardRef::Host(""));
 }
 
 fn four_with_epochs() -> ShardMap {
@@ -343,6 +360,50 @@ mod plan {
             o.sort_unstable();
             assert_eq!(o, [0, 1]);
         }
+    }
+
+    /// A balanced plan reads every key once from one of its owners and
+    /// spreads the keys over the nodes, where preferring the asking node
+    /// gives it every key it owns.
+    #[test]
+    fn a_balanced_plan_spreads_the_keys_over_their_owners() {
+        let m = parse(THREE).unwrap();
+        let keys = racks(90);
+        let loads = |p: &ReadPlan| -> Vec<usize> {
+            (0..3)
+                .map(|n| p.assignments.get(&n).map_or(0, BTreeSet::len))
+                .collect()
+        };
+        let owned_by_1 = keys
+            .iter()
+            .filter(|k| m.owners_at(k, 0).contains(&1))
+            .count();
+        let local = m.plan_read_by(&keys, 0, 1000, |_| true, Prefer::Node(1));
+        assert_eq!(loads(&local)[1], owned_by_1);
+        assert!(
+            owned_by_1 > 45,
+            "with two owners of three, node 1 owns about 60"
+        );
+
+        let balanced = m.plan_read_by(&keys, 0, 1000, |_| true, Prefer::Balance);
+        assert!(balanced.missing.is_empty());
+        let mut seen = BTreeSet::new();
+        for (node, ks) in &balanced.assignments {
+            for k in ks {
+                assert!(seen.insert(k.clone()), "{k} read twice");
+                assert!(m.owners_at(k, 0).contains(node), "{k} read from {node}");
+            }
+        }
+        assert_eq!(seen.len(), 90);
+        for load in loads(&balanced) {
+            assert!((28..=32).contains(&load), "{:?}", loads(&balanced));
+        }
+
+        // A node down: the other two share its keys and theirs.
+        let down0 = m.plan_read_by(&keys, 0, 1000, |n| n != 0, Prefer::Balance);
+        assert!(down0.missing.is_empty());
+        let l = loads(&down0);
+        assert_eq!((l[0], l[1] + l[2]), (0, 90));
     }
 
     #[test]

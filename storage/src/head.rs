@@ -46,7 +46,7 @@ use thin_vec::ThinVec;
 use crate::column::{self, ColumnError};
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
-use crate::series::{KeyHasher, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
+use crate::series::{KeepSeries, KeyHasher, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
 use crate::{Error, Result};
 
 /// Handle of a series in the head. Valid while the series is in the head;
@@ -851,7 +851,7 @@ impl Head {
     /// files do not count yet (what a rollup read folds from the head).
     pub(crate) fn unrolled_samples(&self, matchers: &[Matcher]) -> usize {
         let mut n = 0;
-        self.matching(matchers, |s| {
+        self.matching((matchers, &|_| true), |s| {
             let closed = s.closed.iter().filter(|c| !c.rolled);
             n += closed.map(|c| c.count as usize).sum::<usize>();
             n += if s.open_rolled() {
@@ -870,9 +870,18 @@ impl Head {
     pub(crate) fn for_each_series(
         &self,
         matchers: &[Matcher],
+        f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
+    ) {
+        self.for_each_series_where((matchers, &|_| true), f);
+    }
+
+    /// [`Self::for_each_series`] of the series `keep` accepts as well.
+    pub(crate) fn for_each_series_where(
+        &self,
+        select: (&[Matcher], KeepSeries<'_>),
         mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
     ) {
-        self.matching(matchers, |s| {
+        self.matching(select, |s| {
             let mut chunks = s.closed.to_vec();
             chunks.extend(s.open_chunk());
             chunks.extend(s.ooo_chunk());
@@ -882,7 +891,8 @@ impl Head {
         });
     }
 
-    /// Calls `f` with each series that matches all `matchers` and its newest
+    /// Calls `f` with each series that matches all `matchers` (and that
+    /// `keep` accepts) and its newest
     /// sample in `[min_ts, max_ts]`, if it has one (see [`Newest`] for which
     /// sample that is). Reads the open chunk's last sample without decoding
     /// when it is in range, which it is for a live read, and decodes only
@@ -890,12 +900,12 @@ impl Head {
     /// decode ends that series' search with `Err` passed to `f`.
     pub(crate) fn for_each_newest(
         &self,
-        matchers: &[Matcher],
+        select: (&[Matcher], KeepSeries<'_>),
         (min_ts, max_ts): (i64, i64),
         source: u32,
         mut f: impl FnMut(&Arc<SeriesKey>, std::result::Result<Newest, DecodeError>),
     ) {
-        self.matching(matchers, |s| {
+        self.matching(select, |s| {
             let mut best = None;
             let mut search = || -> std::result::Result<(), DecodeError> {
                 // Read order in the head: sealed chunks, the open one, then
@@ -939,13 +949,18 @@ impl Head {
         });
     }
 
-    /// Calls `f` with each live series that matches all `matchers`, in ref
-    /// order: those the postings pick, or every series when no matcher can
-    /// go through them, tested against the other matchers.
-    fn matching(&self, matchers: &[Matcher], mut f: impl FnMut(&HeadSeries)) {
+    /// Calls `f` with each live series that matches all `matchers` and that
+    /// `keep` accepts, in ref order: those the postings pick, or every
+    /// series when no matcher can go through them, tested against the
+    /// other matchers and `keep`.
+    fn matching(
+        &self,
+        (matchers, keep): (&[Matcher], KeepSeries<'_>),
+        mut f: impl FnMut(&HeadSeries),
+    ) {
         let (picked, rest) = postings::select(&self.postings, matchers);
         let mut visit = |s: &HeadSeries| {
-            if rest.iter().all(|m| m.matches(&s.key)) {
+            if rest.iter().all(|m| m.matches(&s.key)) && keep(&s.key) {
                 f(s);
             }
         };

@@ -14,6 +14,10 @@ use std::sync::Arc;
 
 pub use crate::sym::Sym;
 
+/// A test of a series key besides the matchers, applied before a series
+/// is read ([`crate::Storage::select_where`]).
+pub type KeepSeries<'a> = &'a (dyn Fn(&SeriesKey) -> bool + 'a);
+
 /// The reserved label name that matchers use for the metric name.
 pub const METRIC_NAME_LABEL: &str = "__name__";
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 use arrow::array::RecordBatch;
 use arrow_flight::flight_service_client::FlightServiceClient;
 use arrow_flight::{FlightClient, Ticket};
-use cluster::{ClusterState, ReadPlan, ShardKey, ShardMap};
+use cluster::{ClusterState, Prefer, ReadPlan, ShardKey, ShardMap};
 use futures::{FutureExt, StreamExt};
 use health::GpuId;
 use health::engine::{Event, GpuState};
@@ -24,9 +24,7 @@ use tracing::{debug, warn};
 use crate::health_events::{HealthSource, shard_of_gpu};
 
 use super::wire::{self, AnswerDecoder};
-use super::{
-    ClusterError, ClusterMetrics, ClusterSeries, Part, Selection, shard_may_match, shard_of,
-};
+use super::{ClusterError, ClusterMetrics, ClusterSeries, Part, Selection, shard_may_match};
 
 /// Largest Flight message accepted from a peer (they send about 2 MiB).
 const MAX_MESSAGE_BYTES: usize = 64 << 20;
@@ -168,6 +166,9 @@ type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
 struct Round<'a> {
     map: &'a ShardMap,
     me: usize,
+    /// Which owner of a shard to ask: this node for a raw read (the fewest
+    /// bytes move), spread evenly for a pushdown (its answers are small).
+    prefer: Prefer,
     known: &'a BTreeSet<ShardKey>,
     keys: &'a BTreeSet<ShardKey>,
     min_ts: i64,
@@ -308,6 +309,7 @@ impl ClusterReader {
         let round = Round {
             map: &map,
             me,
+            prefer: Prefer::Node(me),
             known: &known,
             keys: &keys,
             min_ts,
@@ -466,6 +468,7 @@ impl ClusterReader {
             let round = Round {
                 map: &map,
                 me,
+                prefer: Prefer::Node(me),
                 known: &known,
                 keys: &keys,
                 min_ts: lo.max(epoch_start),
@@ -573,6 +576,7 @@ impl ClusterReader {
         let round = Round {
             map: &map,
             me,
+            prefer: Prefer::Node(me),
             known: &known,
             keys: &known,
             min_ts: now_ms,
@@ -642,12 +646,13 @@ impl ClusterReader {
         let Round {
             map,
             me,
+            prefer,
             known,
             keys,
             min_ts,
             max_ts,
         } = round;
-        let mut plan = self.plan(map, keys, min_ts, max_ts, me, failed);
+        let mut plan = self.plan(map, keys, (min_ts, max_ts), (me, prefer), failed);
         let mut first_round = true;
         loop {
             for m in std::mem::take(&mut plan.missing) {
@@ -693,7 +698,7 @@ impl ClusterReader {
             if replan.is_empty() {
                 return Ok(());
             }
-            plan = self.plan(map, &replan, min_ts, max_ts, me, failed);
+            plan = self.plan(map, &replan, (min_ts, max_ts), (me, prefer), failed);
             first_round = false;
         }
     }
@@ -782,9 +787,8 @@ impl ClusterReader {
         &self,
         map: &ShardMap,
         keys: &BTreeSet<ShardKey>,
-        min_ts: i64,
-        max_ts: i64,
-        me: usize,
+        (min_ts, max_ts): (i64, i64),
+        (me, prefer): (usize, Prefer),
         failed: &BTreeMap<usize, String>,
     ) -> ReadPlan {
         let usable = |i: usize| {
@@ -798,7 +802,7 @@ impl ClusterReader {
             let view = self.inner.state.peer(&map.nodes()[i].id);
             view.up || (view.status.is_none() && view.last_error.is_none())
         };
-        map.plan_read(keys, min_ts, max_ts, usable, Some(me))
+        map.plan_read_by(keys, min_ts, max_ts, usable, prefer)
     }
 
     fn channel(&self, addr: SocketAddr) -> Channel {
@@ -1005,6 +1009,7 @@ impl ClusterReader {
         let round = Round {
             map: &map,
             me,
+            prefer: Prefer::Balance,
             known: &known,
             keys: &keys,
             min_ts: data_min,
@@ -1179,10 +1184,9 @@ fn read_local(
     unknown_too: Option<BTreeSet<ShardKey>>,
 ) -> Vec<(Arc<SeriesKey>, Part)> {
     let filter = super::ShardFilter::new(assigned, unknown_too);
-    storage
-        .select(matchers, min_ts, max_ts)
+    filter
+        .select_series(storage, matchers, min_ts, max_ts)
         .into_iter()
-        .filter(|s| filter.admits(&shard_of(&s.key)))
         .map(|s| (s.key.clone(), Part::Local(s)))
         .collect()
 }

@@ -2043,3 +2043,37 @@ async fn a_sql_ticket_reads_its_shards_alone_and_writes_nothing() {
         assert!(err.is_some(), "{sql} was run");
     }
 }
+
+/// A shard filter admits the series of the shards assigned, and with
+/// `unknown_too` those of shards not in it, by the placement rule (rack,
+/// else `Hostname`, else `hostname`).
+#[test]
+fn a_shard_filter_admits_series_by_their_shard() {
+    let series = |labels: &[(&str, &str)]| {
+        SeriesKey::new(
+            "DCGM_FI_DEV_GPU_TEMP",
+            labels.iter().map(|(n, v)| Label::new(*n, *v)).collect(),
+        )
+        .unwrap()
+    };
+    let set = |keys: &[ShardKey]| keys.iter().cloned().collect::<BTreeSet<ShardKey>>();
+    let (r1, r2) = (ShardKey::Rack("r1".into()), ShardKey::Rack("r2".into()));
+    let h9 = ShardKey::Host("h9".into());
+    let in_r1 = series(&[("rack", "r1"), ("Hostname", "h1")]);
+    let in_r2 = series(&[("rack", "r2"), ("Hostname", "h9")]);
+    let in_r3 = series(&[("rack", "r3"), ("Hostname", "h9")]);
+    let on_h9 = series(&[("hostname", "h9")]);
+    let on_h8 = series(&[("Hostname", "h8"), ("rack", "")]);
+
+    let only = ShardFilter::only(set(&[r1.clone(), h9.clone()]));
+    let admitted = |f: &ShardFilter| [&in_r1, &in_r2, &in_r3, &on_h9, &on_h8].map(|k| f.admits(k));
+    assert_eq!(admitted(&only), [true, false, false, true, false]);
+    // Assigned r1; and every shard but r1, r2 and h9, which others read.
+    let first_round = ShardFilter::new(
+        Some(set(std::slice::from_ref(&r1))),
+        Some(set(&[r1, r2, h9])),
+    );
+    assert_eq!(admitted(&first_round), [true, false, true, false, true]);
+    let unknown_only = ShardFilter::new(None, Some(BTreeSet::new()));
+    assert_eq!(admitted(&unknown_only), [true; 5]);
+}

@@ -269,7 +269,7 @@ fn plan(a: &AggregateExpr, steps: &[i64], lookback_ms: i64) -> Result<Option<Pla
     };
     // The peers parse the text: it must say what `a` says.
     for q in &queries {
-        match promql_parser::parser::parse(q) {
+        match super::parse_shared(q).as_deref() {
             Ok(Expr::Aggregate(back))
                 if same_expr(&back.expr, &a.expr)
                     && back.modifier == a.modifier
@@ -299,7 +299,7 @@ fn plan_series(e: &Expr, steps: &[i64], lookback_ms: i64) -> Result<Option<Plan>
     }
     // The peers parse the text: it must say what `e` says.
     let text = e.to_string();
-    if !promql_parser::parser::parse(&text).is_ok_and(|back| same_expr(&back, e)) {
+    if !super::parse_shared(&text).is_ok_and(|back| same_expr(&back, e)) {
         return Ok(None);
     }
     plan_of(
@@ -588,8 +588,8 @@ pub(crate) fn partials(
     engine.source = Source::Shards(storage.clone(), filter);
     let mut out = Vec::new();
     for (query, text) in req.queries.iter().enumerate() {
-        let expr = super::parse(text)?;
-        if !matches!(expr, Expr::Aggregate(_)) && !series_expr(&expr, req.lookback_ms) {
+        let expr = super::parse_shared(text)?;
+        if !matches!(*expr, Expr::Aggregate(_)) && !series_expr(&expr, req.lookback_ms) {
             return Err(PromError::BadData(format!(
                 "a pushed-down query must be an aggregation or an expression of one \
                  series at a time, not {text:?}"

@@ -188,7 +188,7 @@ impl Storage {
         }
         let minute = RollupTier::Minute;
         let oldest_raw = self
-            .select_in(&state, &[], i64::MIN, i64::MAX, true)
+            .select_in(&state, (&[], &|_| true), i64::MIN, i64::MAX, true)
             .iter()
             .filter_map(|s| s.min_ts())
             .min();

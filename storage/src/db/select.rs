@@ -18,7 +18,7 @@ use crate::rollup::{
     fold_minutes,
 };
 use crate::segment::{ChunkRef, Segment};
-use crate::series::{METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{KeepSeries, METRIC_NAME_LABEL, Matcher, SeriesKey};
 
 /// A rollup group decoded from a file (its six strings and its records, in
 /// a block whose other groups are decoded too) costs about as much as
@@ -31,8 +31,21 @@ impl Storage {
     /// Every series matching all `matchers` with at least one chunk that
     /// overlaps `[min_ts, max_ts]`, sorted by key. Chunks are in time order.
     pub fn select(&self, matchers: &[Matcher], min_ts: i64, max_ts: i64) -> Vec<SelectedSeries> {
+        self.select_where(matchers, min_ts, max_ts, &|_| true)
+    }
+
+    /// [`Self::select`] of the series `keep` accepts as well: tested before
+    /// a series' chunks are gathered, so that a node reading a few of its
+    /// shards for a cluster query does not gather the others.
+    pub fn select_where(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+        keep: KeepSeries<'_>,
+    ) -> Vec<SelectedSeries> {
         let state = lock!(self.state.read());
-        self.select_in(&state, matchers, min_ts, max_ts, true)
+        self.select_in(&state, (matchers, keep), min_ts, max_ts, true)
     }
 
     /// [`Self::select`] in a state its caller has locked; without the head
@@ -40,7 +53,7 @@ impl Storage {
     pub(super) fn select_in(
         &self,
         state: &State,
-        matchers: &[Matcher],
+        (matchers, keep): (&[Matcher], KeepSeries<'_>),
         min_ts: i64,
         max_ts: i64,
         memory: bool,
@@ -59,6 +72,9 @@ impl Storage {
                 continue;
             }
             for ord in seg.select(matchers) {
+                if !keep(seg.series_key(ord)) {
+                    continue;
+                }
                 let chunks: Vec<ChunkSource> = seg
                     .chunks(ord)
                     .iter()
@@ -84,14 +100,15 @@ impl Storage {
         };
         if let Some(frozen) = state.frozen.as_ref().filter(|_| memory) {
             for (key, chunks) in frozen.iter() {
-                if matchers.iter().all(|m| m.matches(key)) {
+                if matchers.iter().all(|m| m.matches(key)) && keep(key) {
                     mem(&mut found, key, chunks.clone());
                 }
             }
         }
         if memory {
-            lock!(self.head.read())
-                .for_each_series(matchers, |key, chunks| mem(&mut found, key, chunks));
+            lock!(self.head.read()).for_each_series_where((matchers, keep), |key, chunks| {
+                mem(&mut found, key, chunks)
+            });
         }
         found.sort_by(|a, b| a.0.cmp(&b.0));
         let mut out: Vec<SelectedSeries> = Vec::with_capacity(found.len());
@@ -119,6 +136,18 @@ impl Storage {
         min_ts: i64,
         max_ts: i64,
     ) -> Vec<(Arc<SeriesKey>, Newest)> {
+        self.newest_where(matchers, min_ts, max_ts, &|_| true)
+    }
+
+    /// [`Self::newest`] of the series `keep` accepts as well, tested before
+    /// a series is searched ([`Self::select_where`]).
+    pub fn newest_where(
+        &self,
+        matchers: &[Matcher],
+        min_ts: i64,
+        max_ts: i64,
+        keep: KeepSeries<'_>,
+    ) -> Vec<(Arc<SeriesKey>, Newest)> {
         let range = (min_ts, max_ts);
         let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
         // Each series met: its newest sample so far, and whether a chunk of
@@ -131,15 +160,19 @@ impl Storage {
         let (segments, frozen) = {
             let state = lock!(self.state.read());
             let n_segments = state.segments.len() as u32;
-            lock!(self.head.read()).for_each_newest(matchers, range, n_segments + 1, |key, n| {
-                match n {
-                    Ok(n) => found.push((key.clone(), Some(n), false)),
-                    Err(e) => {
-                        count_failure(key, &e);
-                        found.push((key.clone(), None, true));
-                    }
+            let newest = |key: &Arc<SeriesKey>, n: std::result::Result<Newest, _>| match n {
+                Ok(n) => found.push((key.clone(), Some(n), false)),
+                Err(e) => {
+                    count_failure(key, &e);
+                    found.push((key.clone(), None, true));
                 }
-            });
+            };
+            lock!(self.head.read()).for_each_newest(
+                (matchers, keep),
+                range,
+                n_segments + 1,
+                newest,
+            );
             // Sources are numbered in read order: segments, then a flush in
             // progress, then the head.
             let segments: Vec<(u32, Arc<Segment>)> = (0..)
@@ -185,7 +218,7 @@ impl Storage {
             };
             if let Some((source, frozen)) = &frozen {
                 for (key, chunks) in frozen.iter() {
-                    if !matchers.iter().all(|m| m.matches(key)) {
+                    if !matchers.iter().all(|m| m.matches(key)) || !keep(key) {
                         continue;
                     }
                     let i = entry(&mut found, key);
@@ -200,6 +233,9 @@ impl Storage {
             for (source, seg) in &segments {
                 for ord in seg.select(matchers) {
                     let key = seg.series_key(ord);
+                    if !keep(key) {
+                        continue;
+                    }
                     let i = entry(&mut found, key);
                     let (_, best, failed) = &mut found[i];
                     if *failed {
@@ -389,7 +425,7 @@ impl Storage {
             .map(|m| Matcher::equal(METRIC_NAME_LABEL, m.as_str()))
             .collect();
         let (mut ts, mut vals) = (Vec::new(), Vec::new());
-        for s in self.select_in(state, &by_metric, min_ts, max_ts, memory) {
+        for s in self.select_in(state, (&by_metric, &|_| true), min_ts, max_ts, memory) {
             let group = RollupGroup::of_series(&s.key);
             if !filter.matches(&group) {
                 continue;

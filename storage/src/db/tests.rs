@@ -702,6 +702,28 @@ fn newest_is_the_last_sample_of_a_merged_read() {
                 .filter(|(_, samples)| !samples.is_empty())
                 .collect();
             assert_eq!(read, want, "range [{lo}, {hi}]");
+            // The same reads of the series `keep` accepts: those of the
+            // whole reads, in every source.
+            let keep = |k: &SeriesKey| matches!(k.get("gpu"), Some("1" | "3" | "4"));
+            let kept =
+                |k: &str| ["temp{gpu=\"1\"}", "temp{gpu=\"3\"}", "temp{gpu=\"4\"}"].contains(&k);
+            let mut got_kept: Vec<(String, i64, f64)> = st
+                .newest_where(&temp, lo, hi, &keep)
+                .into_iter()
+                .map(|(k, n)| (k.to_string(), n.ts_ms, n.value))
+                .collect();
+            got_kept.sort_by(|a, b| a.0.cmp(&b.0));
+            got.retain(|(k, ..)| kept(k));
+            assert_eq!(got_kept, got, "range [{lo}, {hi}]");
+            let read_kept: std::collections::BTreeMap<String, Vec<(i64, f64)>> = st
+                .select_where(&temp, lo, hi, &keep)
+                .iter()
+                .map(|s| (s.key.to_string(), read_range(s, lo, hi)))
+                .filter(|(_, samples)| !samples.is_empty())
+                .collect();
+            let mut want = want;
+            want.retain(|k, _| kept(k));
+            assert_eq!(read_kept, want, "range [{lo}, {hi}]");
         }
     };
     phase(&st, &mut model, &mut next);
