@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 
 use super::reader::local_health;
 use super::wire::{self, BatchBuilder, ROW_SAMPLES};
-use super::{ClusterMetrics, shard_of, shard_rollups};
+use super::{ClusterMetrics, ShardFilter, shard_rollups};
 use crate::health_events::{
     HealthSource, events_batch, health_events_schema, states_batch, states_schema,
 };
@@ -246,14 +246,12 @@ fn produce(
         }
         return;
     }
-    let selected = storage.select(&req.matchers, req.min_ts, req.max_ts);
+    let filter = ShardFilter::only(req.shards.clone());
+    let selected = filter.select_series(storage, &req.matchers, req.min_ts, req.max_ts);
     let mut b = BatchBuilder::new();
     let (mut ts, mut values) = (Vec::new(), Vec::new());
     let (mut series, mut samples) = (0u64, 0u64);
     for s in selected {
-        if !req.shards.contains(&shard_of(&s.key)) {
-            continue;
-        }
         ts.clear();
         values.clear();
         if req.labels_only {
