@@ -56,61 +56,18 @@ impl Evaluator<'_> {
                 group,
             )]));
         }
-        let mut projected = false;
-        let operand = match (folding, bare) {
-            (None, _) => None,
-            (Some(_), Expr::VectorSelector(vs)) if local => {
-                projected = true;
-                Some(Operand::Series(self.selector_points(vs, false, group)?))
-            }
-            // The same over a range function of a matrix selector of one
-            // metric (`sum by (host) (rate(energy[5m]))`): the series'
-            // label sets are distinct without their name, as the function
-            // gives them.
-            (Some(_), Expr::Call(c)) if local && groups_of_one_metric(c) => {
-                projected = true;
-                let name = c.func.name;
-                Some(
-                    match super::functions::range_series(self, name, &c.args.args, Some(group))? {
-                        super::functions::RangeValue::Steps(v) => Operand::Steps(v),
-                        super::functions::RangeValue::Series(s) => Operand::Series(s),
-                    },
-                )
-            }
-            (Some(_), _) => self.operand(&a.expr)?,
-        };
-        let input = match (folding, operand) {
-            (Some(fold), Some(Operand::Series(series))) => {
-                let mut grouping = Grouping::new(by, names.clone());
-                if let Some(out) = aggregate_series(fold, &series, self.steps.len(), &mut grouping)
-                {
-                    return Ok(Val::Vector(out));
-                }
-                if projected {
-                    super::functions::into_steps_unchecked(self, series)
-                } else {
-                    super::functions::into_steps(self, series)?
-                }
-            }
-            (_, Some(Operand::Steps(v))) => v,
-            _ => match self.eval(&a.expr)? {
-                Val::Vector(v) => v,
-                _ => {
-                    return Err(PromError::BadData(format!(
-                        "expected an instant vector in aggregation {op}"
-                    )));
-                }
-            },
-        };
         if let Some(fold) = folding {
-            let mut grouping = Grouping::new(by, names);
-            return Ok(Val::Vector(
-                input
-                    .iter()
-                    .map(|v| aggregate(fold, v, &mut grouping, None))
-                    .collect(),
-            ));
+            let mut out = self.folds_of(&op, bare, &[fold], by, &names)?;
+            return Ok(Val::Vector(out.pop().expect("one fold, one result")));
         }
+        let input = match self.eval(&a.expr)? {
+            Val::Vector(v) => v,
+            _ => {
+                return Err(PromError::BadData(format!(
+                    "expected an instant vector in aggregation {op}"
+                )));
+            }
+        };
         let scalar_param = |name: &str| -> Result<Vec<f64>> {
             match a.param.as_deref().map(|p| self.eval(p)).transpose()? {
                 Some(Val::Scalar(v)) => Ok(v),
@@ -164,6 +121,122 @@ impl Evaluator<'_> {
             }
             other => Err(unsupported(&format!("aggregation {other}"))),
         }
+    }
+
+    /// Folding aggregations of one operand with one grouping, the operand
+    /// read once (a pushed-down `avg` is a `sum` and a `count` of the same
+    /// expression: each node evaluates both). `None` unless every one of
+    /// `aggs` folds (`sum`, `avg`, `min`, `max`, `count`, `group`, `stddev`,
+    /// `stdvar`), takes no parameter, and has the first one's operand and
+    /// grouping.
+    pub(super) fn eval_folds(&self, aggs: &[&AggregateExpr]) -> Result<Option<Vec<Vec<Vector>>>> {
+        let Some(first) = aggs.first() else {
+            return Ok(None);
+        };
+        let mut folds = Vec::with_capacity(aggs.len());
+        for a in aggs {
+            match Op::parse(&a.op.to_string()) {
+                Some(op)
+                    if op != Op::Quantile
+                        && a.param.is_none()
+                        && a.modifier == first.modifier
+                        && a.expr == first.expr =>
+                {
+                    folds.push(op)
+                }
+                _ => return Ok(None),
+            }
+        }
+        let (by, names) = match &first.modifier {
+            None => (true, Vec::new()),
+            Some(LabelModifier::Include(l)) => (true, l.labels.clone()),
+            Some(LabelModifier::Exclude(l)) => (false, l.labels.clone()),
+        };
+        let mut bare = &*first.expr;
+        while let Expr::Paren(p) = bare {
+            bare = &p.expr;
+        }
+        self.folds_of(&first.op.to_string(), bare, &folds, by, &names)
+            .map(Some)
+    }
+
+    /// Each of `folds` over the operand `bare` (parentheses removed), per
+    /// step, grouped `by` (or without) `names`; `op` names the aggregation
+    /// in errors.
+    fn folds_of(
+        &self,
+        op: &str,
+        bare: &Expr,
+        folds: &[Op],
+        by: bool,
+        names: &[String],
+    ) -> Result<Vec<Vec<Vector>>> {
+        // Straight over a selector on one node, each series is read with
+        // only the labels of its group: the keys differ, so the label sets
+        // need no check for duplicates.
+        let group = Keep::Group { by, names };
+        let local = self.engine.is_local();
+        let mut projected = false;
+        let operand = match bare {
+            Expr::VectorSelector(vs) if local => {
+                projected = true;
+                Some(Operand::Series(self.selector_points(vs, false, group)?))
+            }
+            // The same over a range function of a matrix selector of one
+            // metric (`sum by (host) (rate(energy[5m]))`): the series'
+            // label sets are distinct without their name, as the function
+            // gives them.
+            Expr::Call(c) if local && groups_of_one_metric(c) => {
+                projected = true;
+                let name = c.func.name;
+                Some(
+                    match super::functions::range_series(self, name, &c.args.args, Some(group))? {
+                        super::functions::RangeValue::Steps(v) => Operand::Steps(v),
+                        super::functions::RangeValue::Series(s) => Operand::Series(s),
+                    },
+                )
+            }
+            _ => self.operand(bare)?,
+        };
+        let mut out = Vec::with_capacity(folds.len());
+        let input = match operand {
+            Some(Operand::Series(series)) => {
+                for &fold in folds {
+                    let mut grouping = Grouping::new(by, names.to_vec());
+                    match aggregate_series(fold, &series, self.steps.len(), &mut grouping) {
+                        Some(v) => out.push(v),
+                        None => break,
+                    }
+                }
+                if out.len() == folds.len() {
+                    return Ok(out);
+                }
+                if projected {
+                    super::functions::into_steps_unchecked(self, series)
+                } else {
+                    super::functions::into_steps(self, series)?
+                }
+            }
+            Some(Operand::Steps(v)) => v,
+            None => match self.eval(bare)? {
+                Val::Vector(v) => v,
+                _ => {
+                    return Err(PromError::BadData(format!(
+                        "expected an instant vector in aggregation {op}"
+                    )));
+                }
+            },
+        };
+        for &fold in &folds[out.len()..] {
+            let mut grouping = Grouping::new(by, names.to_vec());
+            out.push(
+                input
+                    .iter()
+                    .map(|v| aggregate(fold, v, &mut grouping, None))
+                    .collect(),
+            );
+        }
+        Ok(out)
     }
 }
 

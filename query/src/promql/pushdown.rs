@@ -586,8 +586,8 @@ pub(crate) fn partials(
     };
     let mut engine = PromEngine::with_limits(storage.clone(), limits);
     engine.source = Source::Shards(storage.clone(), filter);
-    let mut out = Vec::new();
-    for (query, text) in req.queries.iter().enumerate() {
+    let mut exprs = Vec::with_capacity(req.queries.len());
+    for text in &req.queries {
         let expr = super::parse_shared(text)?;
         if !matches!(*expr, Expr::Aggregate(_)) && !series_expr(&expr, req.lookback_ms) {
             return Err(PromError::BadData(format!(
@@ -595,12 +595,10 @@ pub(crate) fn partials(
                  series at a time, not {text:?}"
             )));
         }
-        let ev = Evaluator::new(&engine, req.start, req.end, req.step, deadline)?;
-        let Val::Vector(per_step) = ev.eval(&expr)? else {
-            return Err(PromError::BadData(format!(
-                "{text:?} is not an instant vector"
-            )));
-        };
+        exprs.push(expr);
+    }
+    let mut out = Vec::new();
+    let mut push = |ev: &Evaluator<'_>, query: usize, per_step: Vec<Vector>| -> Result<()> {
         for s in ev.to_matrix(per_step)? {
             let (ts, values) = s.points.into_iter().unzip();
             out.push(PartialRow {
@@ -610,6 +608,34 @@ pub(crate) fn partials(
                 values,
             });
         }
+        Ok(())
+    };
+    // A pushed-down `avg` is a `sum` and a `count` of one expression: its
+    // series are read and evaluated once for both.
+    let aggs: Option<Vec<&AggregateExpr>> = exprs
+        .iter()
+        .map(|e| match &**e {
+            Expr::Aggregate(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    if let Some(aggs) = aggs.filter(|a| a.len() > 1) {
+        let ev = Evaluator::new(&engine, req.start, req.end, req.step, deadline)?;
+        if let Some(results) = ev.eval_folds(&aggs)? {
+            for (query, per_step) in results.into_iter().enumerate() {
+                push(&ev, query, per_step)?;
+            }
+            return Ok(out);
+        }
+    }
+    for (query, (text, expr)) in req.queries.iter().zip(&exprs).enumerate() {
+        let ev = Evaluator::new(&engine, req.start, req.end, req.step, deadline)?;
+        let Val::Vector(per_step) = ev.eval(expr)? else {
+            return Err(PromError::BadData(format!(
+                "{text:?} is not an instant vector"
+            )));
+        };
+        push(&ev, query, per_step)?;
     }
     Ok(out)
 }

@@ -366,6 +366,63 @@ fn aggregations_by_and_without() {
     );
 }
 
+/// Several folding aggregations of one operand (a pushed-down `avg`'s
+/// `sum` and `count`) read it once and answer as each would alone; other
+/// mixes are refused.
+#[test]
+fn folds_of_one_operand() {
+    let f = gauges();
+    let t = T0 + 10 * S;
+    let ev = eval::Evaluator::new(&f.engine, t, t, 0, crate::limits::Deadline::never()).unwrap();
+    let aggs = |qs: &[&str]| -> Vec<promql_parser::parser::AggregateExpr> {
+        qs.iter()
+            .map(|q| match promql_parser::parser::parse(q).unwrap() {
+                promql_parser::parser::Expr::Aggregate(a) => a,
+                other => panic!("{q}: {other:?}"),
+            })
+            .collect()
+    };
+    let folds = |qs: &[&str]| -> Option<Vec<Vec<(String, f64)>>> {
+        let aggs = aggs(qs);
+        let refs: Vec<_> = aggs.iter().collect();
+        let out = ev.eval_folds(&refs).unwrap()?;
+        Some(
+            out.into_iter()
+                .map(|per_step| {
+                    assert_eq!(per_step.len(), 1, "one step");
+                    let mut v: Vec<(String, f64)> =
+                        per_step[0].iter().map(|e| (show(&e.labels), e.v)).collect();
+                    v.sort_by(|a, b| a.0.cmp(&b.0));
+                    v
+                })
+                .collect(),
+        )
+    };
+    let h1 = |v: f64| vec![("{host=h1}".to_string(), v)];
+    // used: 30 and 50 on host h1.
+    assert_eq!(
+        folds(&[
+            "sum by (host) (used)",
+            "count by (host) (used)",
+            "max by (host) (used)"
+        ]),
+        Some(vec![h1(80.0), h1(2.0), h1(50.0)])
+    );
+    // temp: 10, 20, 40, 70, each its only sample within the minute.
+    let all = |v: f64| vec![("{}".to_string(), v)];
+    assert_eq!(
+        folds(&[
+            "sum((avg_over_time(temp[1m])))",
+            "min((avg_over_time(temp[1m])))"
+        ]),
+        Some(vec![all(140.0), all(10.0)])
+    );
+    assert_eq!(folds(&["sum(used)", "count by (host) (used)"]), None);
+    assert_eq!(folds(&["sum(used)", "count(temp)"]), None);
+    assert_eq!(folds(&["sum(used)", "quantile(0.5, used)"]), None);
+    assert_eq!(folds(&["sum(used)", "topk(1, used)"]), None);
+}
+
 /// `topk`/`bottomk` straight over a selector at an instant rank the
 /// series by their newest samples before making any label set; the answers,
 /// worked out by hand, are those of the general path (a range query's
