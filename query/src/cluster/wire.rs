@@ -79,6 +79,7 @@ use cluster::ShardKey;
 use serde::{Deserialize, Serialize};
 use storage::{
     Label, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey,
+    Sym,
 };
 
 /// The ticket format's version; a node refuses others.
@@ -820,6 +821,13 @@ pub(crate) fn decode_partials(
 ) -> Result<usize, String> {
     let c = SeriesColumns::of(batch)?;
     let mut points = 0;
+    // Label names, and most values, repeat from row to row (every series of
+    // a host has its `Hostname`): each string becomes one shared symbol per
+    // batch, not an allocation per row (9 % of the asking node's CPU for a
+    // dashboard's selector panel, `perf`).
+    let mut syms: std::collections::HashMap<&str, Sym, foldhash::fast::RandomState> =
+        Default::default();
+    let mut sym = |s| syms.entry(s).or_insert_with(|| Sym::from(s)).clone();
     for row in 0..batch.num_rows() {
         let metric = c.metric;
         let query = metric
@@ -834,7 +842,7 @@ pub(crate) fn decode_partials(
                 )
             })?;
         let row_labels: crate::promql::LabelSet =
-            c.labels(row).map(|(n, v)| (n.into(), v.into())).collect();
+            c.labels(row).map(|(n, v)| (sym(n), sym(v))).collect();
         if row_labels.windows(2).any(|w| w[0].0 >= w[1].0) {
             return Err(format!("row {row}: labels not sorted by name, or repeated"));
         }
