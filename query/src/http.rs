@@ -389,7 +389,7 @@ pub fn write_json(result: &QueryResult, out: &mut Vec<u8>) -> Result<(), arrow::
         out.push(b'}');
     }
     out.extend_from_slice(b"],\"row_count\":");
-    out.extend_from_slice(result.num_rows().to_string().as_bytes());
+    out.extend_from_slice(itoa::Buffer::new().format(result.num_rows()).as_bytes());
     out.extend_from_slice(b",\"rows\":[");
     let options = FormatOptions::default();
     let mut scratch = String::new();
@@ -436,13 +436,20 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// One column's cells as JSON: numbers as numbers (non-finite floats as
-/// strings), everything else as its Arrow display text.
-enum JsonColumn<'a> {
+/// strings), everything else as its Arrow display text, and `null` where
+/// the column's logical nulls say so (a `NULL` literal's column has no
+/// validity buffer; its logical nulls are every cell).
+struct JsonColumn<'a> {
+    nulls: Option<arrow::buffer::NullBuffer>,
+    cells: Cells<'a>,
+}
+
+enum Cells<'a> {
     Bool(&'a arrow::array::BooleanArray),
     Int(arrow::array::ArrayRef),
     UInt(arrow::array::ArrayRef),
     Float(arrow::array::ArrayRef),
-    Text(&'a dyn Array, ArrayFormatter<'a>),
+    Text(ArrayFormatter<'a>),
 }
 
 impl<'a> JsonColumn<'a> {
@@ -450,44 +457,42 @@ impl<'a> JsonColumn<'a> {
         a: &'a dyn Array,
         options: &'a FormatOptions<'a>,
     ) -> Result<Self, arrow::error::ArrowError> {
-        Ok(match a.data_type() {
-            DataType::Boolean => Self::Bool(a.as_boolean()),
+        let cells = match a.data_type() {
+            DataType::Boolean => Cells::Bool(a.as_boolean()),
             DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64 => {
-                Self::Int(arrow::compute::cast(a, &DataType::Int64)?)
+                Cells::Int(arrow::compute::cast(a, &DataType::Int64)?)
             }
             DataType::UInt8 | DataType::UInt16 | DataType::UInt32 | DataType::UInt64 => {
-                Self::UInt(arrow::compute::cast(a, &DataType::UInt64)?)
+                Cells::UInt(arrow::compute::cast(a, &DataType::UInt64)?)
             }
             DataType::Float16 | DataType::Float32 | DataType::Float64 => {
-                Self::Float(arrow::compute::cast(a, &DataType::Float64)?)
+                Cells::Float(arrow::compute::cast(a, &DataType::Float64)?)
             }
-            _ => Self::Text(a, ArrayFormatter::try_new(a, options)?),
+            _ => Cells::Text(ArrayFormatter::try_new(a, options)?),
+        };
+        Ok(Self {
+            nulls: a.logical_nulls(),
+            cells,
         })
     }
 
     fn write(&self, i: usize, out: &mut Vec<u8>, scratch: &mut String) {
         use std::fmt::Write as _;
-        let null = match self {
-            Self::Bool(b) => b.is_null(i),
-            Self::Int(c) | Self::UInt(c) | Self::Float(c) => c.is_null(i),
-            // A `NULL` literal's column has no validity buffer: every cell is null.
-            Self::Text(a, _) => a.is_null(i) || a.data_type() == &DataType::Null,
-        };
-        if null {
+        if self.nulls.as_ref().is_some_and(|n| n.is_null(i)) {
             out.extend_from_slice(b"null");
             return;
         }
-        match self {
-            Self::Bool(b) => out.extend_from_slice(if b.value(i) { b"true" } else { b"false" }),
-            Self::Int(c) => {
+        match &self.cells {
+            Cells::Bool(b) => out.extend_from_slice(if b.value(i) { b"true" } else { b"false" }),
+            Cells::Int(c) => {
                 let v = c.as_primitive::<Int64Type>().value(i);
                 out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
             }
-            Self::UInt(c) => {
+            Cells::UInt(c) => {
                 let v = c.as_primitive::<UInt64Type>().value(i);
                 out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
             }
-            Self::Float(c) => {
+            Cells::Float(c) => {
                 let v = c.as_primitive::<Float64Type>().value(i);
                 if v.is_nan() {
                     out.extend_from_slice(b"\"NaN\"");
@@ -497,7 +502,7 @@ impl<'a> JsonColumn<'a> {
                     serde_json::to_writer(out, &v).expect("writing to a Vec cannot fail");
                 }
             }
-            Self::Text(_, f) => {
+            Cells::Text(f) => {
                 scratch.clear();
                 // An ArrayFormatter only fails on a value it cannot display,
                 // which try_new already refused.
@@ -614,6 +619,32 @@ mod tests {
             r#"["","1969-12-31T23:59:59.999Z","+Inf",0.5,-7,null,true,null]]}"#,
         );
         assert_eq!(String::from_utf8(out).unwrap(), want);
+    }
+
+    /// A dictionary cell whose key is valid but whose value is null is
+    /// null (its logical nulls, not only its keys' validity).
+    #[test]
+    fn a_dictionary_null_value_is_null() {
+        use arrow::array::{DictionaryArray, Int32Array};
+        let dict = DictionaryArray::try_new(
+            Int32Array::from(vec![Some(0), Some(1), None]),
+            Arc::new(StringArray::from(vec![Some("a"), None])),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "d",
+            dict.data_type().clone(),
+            true,
+        )]));
+        let r = QueryResult {
+            batches: vec![RecordBatch::try_new(schema.clone(), vec![Arc::new(dict)]).unwrap()],
+            schema,
+            warnings: vec![],
+        };
+        let mut out = Vec::new();
+        write_json(&r, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.ends_with(r#""rows":[["a"],[null],[null]]}"#), "{text}");
     }
 
     #[test]
