@@ -61,7 +61,10 @@ pub enum DecodeError {
 /// merge chunks in order.
 #[derive(Debug, Clone, Default)]
 pub struct GorillaEncoder {
-    w: BitWriter,
+    /// The bits so far ([`BitWriter`]), and the bits still free in the
+    /// last byte: kept here, beside `count` and `window`, where the struct
+    /// has room for it.
+    bytes: Vec<u8>,
     t: i64,
     t_delta: i64,
     /// The value half ([`XorState`]'s fields, not the struct: the head holds
@@ -69,6 +72,7 @@ pub struct GorillaEncoder {
     v: u64,
     count: u32,
     window: Option<(u8, u8)>,
+    free: u8,
 }
 
 /// The value half of the codec: the previous value's bits and the current
@@ -80,7 +84,7 @@ struct XorState {
 }
 
 impl XorState {
-    fn write(&mut self, w: &mut BitWriter, vbits: u64) {
+    fn write(&mut self, w: &mut BitWriter<'_>, vbits: u64) {
         write_xor(w, &mut self.v, &mut self.window, vbits);
     }
 }
@@ -88,7 +92,7 @@ impl XorState {
 /// Writes the XOR block of `vbits` after the value `v` with the current
 /// `window`, and updates both.
 #[inline]
-fn write_xor(w: &mut BitWriter, v: &mut u64, window: &mut Option<(u8, u8)>, vbits: u64) {
+fn write_xor(w: &mut BitWriter<'_>, v: &mut u64, window: &mut Option<(u8, u8)>, vbits: u64) {
     let xor = vbits ^ *v;
     *v = vbits;
     if xor == 0 {
@@ -178,7 +182,7 @@ impl GorillaEncoder {
     /// neither reallocates its way up nor holds twice what it needs.
     pub fn with_capacity(bytes: usize) -> Self {
         Self {
-            w: BitWriter::with_capacity(bytes),
+            bytes: Vec::with_capacity(bytes),
             ..Self::default()
         }
     }
@@ -191,7 +195,7 @@ impl GorillaEncoder {
     /// The encoded bytes so far (zero-padded to a byte). Decode them with
     /// [`GorillaDecoder::new`] and [`Self::count`].
     pub fn bytes(&self) -> &[u8] {
-        self.w.bytes()
+        &self.bytes
     }
 
     /// Timestamp of the first sample, if any: read back from the bytes (a
@@ -200,7 +204,7 @@ impl GorillaEncoder {
         if self.count == 0 {
             return None;
         }
-        BitReader::new(self.w.bytes()).read_varint().ok()
+        BitReader::new(&self.bytes).read_varint().ok()
     }
 
     /// Timestamp of the last sample, if any.
@@ -216,16 +220,17 @@ impl GorillaEncoder {
     /// Appends one sample.
     pub fn append(&mut self, ts_ms: i64, value: f64) {
         let vbits = value.to_bits();
+        let w = &mut BitWriter::new(&mut self.bytes, &mut self.free);
         match self.count {
             0 => {
-                self.w.write_varint(ts_ms);
-                self.w.write_bits(vbits, 64);
+                w.write_varint(ts_ms);
+                w.write_bits(vbits, 64);
                 self.v = vbits;
             }
             1 => {
                 let delta = ts_ms.wrapping_sub(self.t);
-                self.w.write_varint(delta);
-                write_xor(&mut self.w, &mut self.v, &mut self.window, vbits);
+                w.write_varint(delta);
+                write_xor(w, &mut self.v, &mut self.window, vbits);
                 self.t_delta = delta;
             }
             _ => {
@@ -234,21 +239,21 @@ impl GorillaEncoder {
                 // '10' + 14 bits covers |dod| < 8 s: at 100 ms or 1 s polling with
                 // jitter of a few ms, and most stalls, samples land here or in '0'.
                 if dod == 0 {
-                    self.w.write_bit(false);
+                    w.write_bit(false);
                 } else if fits(dod, 14) {
-                    self.w.write_bits(0b10, 2);
-                    self.w.write_bits(dod as u64, 14);
+                    w.write_bits(0b10, 2);
+                    w.write_bits(dod as u64, 14);
                 } else if fits(dod, 17) {
-                    self.w.write_bits(0b110, 3);
-                    self.w.write_bits(dod as u64, 17);
+                    w.write_bits(0b110, 3);
+                    w.write_bits(dod as u64, 17);
                 } else if fits(dod, 20) {
-                    self.w.write_bits(0b1110, 4);
-                    self.w.write_bits(dod as u64, 20);
+                    w.write_bits(0b1110, 4);
+                    w.write_bits(dod as u64, 20);
                 } else {
-                    self.w.write_bits(0b1111, 4);
-                    self.w.write_bits(dod as u64, 64);
+                    w.write_bits(0b1111, 4);
+                    w.write_bits(dod as u64, 64);
                 }
-                write_xor(&mut self.w, &mut self.v, &mut self.window, vbits);
+                write_xor(w, &mut self.v, &mut self.window, vbits);
                 self.t_delta = delta;
             }
         }
@@ -380,25 +385,28 @@ impl Iterator for GorillaDecoder<'_> {
 /// one XOR block per value. The fallback value encoding of segment columns.
 #[derive(Debug, Clone, Default)]
 pub struct XorEncoder {
-    w: BitWriter,
+    bytes: Vec<u8>,
     count: u32,
     xor: XorState,
+    /// Bits still free in the last byte of `bytes` ([`BitWriter`]).
+    free: u8,
 }
 
 impl XorEncoder {
     pub fn append(&mut self, value: f64) {
         let vbits = value.to_bits();
+        let w = &mut BitWriter::new(&mut self.bytes, &mut self.free);
         if self.count == 0 {
-            self.w.write_bits(vbits, 64);
+            w.write_bits(vbits, 64);
             self.xor.v = vbits;
         } else {
-            self.xor.write(&mut self.w, vbits);
+            self.xor.write(w, vbits);
         }
         self.count += 1;
     }
 
     pub fn bytes(&self) -> &[u8] {
-        self.w.bytes()
+        &self.bytes
     }
 }
 

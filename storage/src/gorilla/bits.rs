@@ -4,20 +4,23 @@
 //! Prometheus `bstream`. The reader never panics: running past the end is an
 //! [`Eof`] error that the decoder turns into a located corruption error.
 
-/// Appends bits to a byte buffer, most significant bit first.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct BitWriter {
-    bytes: Vec<u8>,
+/// Appends bits to a byte buffer, most significant bit first. It borrows
+/// the buffer and its count of free bits from their owner, which keeps the
+/// count where its layout has room: a head series holds an encoder, and a
+/// writer owning a `free` byte beside its `Vec` took 32 bytes, not 24.
+#[derive(Debug)]
+pub(crate) struct BitWriter<'a> {
+    bytes: &'a mut Vec<u8>,
     /// Bits still free in the last byte of `bytes` (0 means "start a new byte").
-    free: u8,
+    free: &'a mut u8,
 }
 
-impl BitWriter {
-    pub(crate) fn with_capacity(bytes: usize) -> Self {
-        Self {
-            bytes: Vec::with_capacity(bytes),
-            free: 0,
-        }
+impl<'a> BitWriter<'a> {
+    /// A writer that appends to `bytes`, whose last byte has `free` bits
+    /// still free (0 for an empty buffer).
+    #[inline]
+    pub(crate) fn new(bytes: &'a mut Vec<u8>, free: &'a mut u8) -> Self {
+        Self { bytes, free }
     }
 
     /// Writes the low `nbits` bits of `value` (`nbits` in 0..=64).
@@ -25,16 +28,16 @@ impl BitWriter {
     pub(crate) fn write_bits(&mut self, value: u64, mut nbits: u8) {
         debug_assert!(nbits <= 64);
         while nbits > 0 {
-            if self.free == 0 {
+            if *self.free == 0 {
                 self.bytes.push(0);
-                self.free = 8;
+                *self.free = 8;
             }
-            let take = nbits.min(self.free);
+            let take = nbits.min(*self.free);
             // The `take` bits just below position `nbits` of `value`.
             let chunk = ((value >> (nbits - take)) & ((1u64 << take) - 1)) as u8;
             let last = self.bytes.len() - 1;
-            self.bytes[last] |= chunk << (self.free - take);
-            self.free -= take;
+            self.bytes[last] |= chunk << (*self.free - take);
+            *self.free -= take;
             nbits -= take;
         }
     }
@@ -62,8 +65,9 @@ impl BitWriter {
     }
 
     /// The bytes written so far; the last byte is zero-padded.
+    #[cfg(test)]
     pub(crate) fn bytes(&self) -> &[u8] {
-        &self.bytes
+        self.bytes
     }
 }
 
@@ -163,7 +167,8 @@ mod tests {
 
     #[test]
     fn bits_round_trip_across_byte_boundaries() {
-        let mut w = BitWriter::default();
+        let (mut buf, mut free) = (Vec::new(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut free);
         w.write_bits(0b101, 3);
         w.write_bits(u64::MAX, 64);
         w.write_bit(false);
@@ -182,7 +187,8 @@ mod tests {
 
     #[test]
     fn known_bit_pattern() {
-        let mut w = BitWriter::default();
+        let (mut buf, mut free) = (Vec::new(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut free);
         w.write_bits(0b1, 1);
         w.write_bits(0b0000001, 7);
         w.write_bits(0xff, 8);
@@ -192,7 +198,8 @@ mod tests {
     #[test]
     fn varints() {
         for v in [0i64, 1, -1, 63, -64, 1000, i64::MAX, i64::MIN] {
-            let mut w = BitWriter::default();
+            let (mut buf, mut free) = (Vec::new(), 0);
+            let mut w = BitWriter::new(&mut buf, &mut free);
             w.write_bit(true); // unaligned on purpose
             w.write_varint(v);
             let mut r = BitReader::new(w.bytes());
@@ -200,7 +207,8 @@ mod tests {
             assert_eq!(r.read_varint(), Ok(v), "{v}");
         }
         // 2000 = 0x7d0 -> LEB128 d0 0f (zigzag(1000) = 2000).
-        let mut w = BitWriter::default();
+        let (mut buf, mut free) = (Vec::new(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut free);
         w.write_varint(1000);
         assert_eq!(w.bytes(), &[0xd0, 0x0f]);
     }
