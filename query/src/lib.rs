@@ -34,7 +34,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::error::DataFusionError;
-use datafusion::execution::SessionStateBuilder;
+use datafusion::execution::{SessionStateBuilder, TaskContext};
+use datafusion::physical_plan::execute_stream;
 use datafusion::prelude::{SessionConfig, SessionContext};
 use futures::StreamExt;
 use storage::Storage;
@@ -445,13 +446,20 @@ impl QueryEngine {
     }
 
     async fn run_sql(&self, query: &str) -> Result<QueryResult, QueryError> {
-        // A context of its own, for the memory pool of this query alone.
-        let ctx = self.guard.session(&self.ctx);
-        // Read-only by plan: the plan checked is the plan that runs.
-        let plan = readonly::plan_sql(&ctx, query, &self.readonly).await?;
-        let df = ctx.execute_logical_plan(plan).await?;
-        let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-        let mut stream = df.execute_stream().await?;
+        // One copy of the session state, planned in and executed with a
+        // runtime of its own (the memory pool of this query alone). A
+        // context built for each query re-registered every function, and
+        // DataFusion's own path copies the state three more times: a fifth
+        // of a small query's CPU (docs/BENCHMARKS.md).
+        let state = self.ctx.state();
+        // Read-only by plan: the plan checked is the plan that runs. What
+        // is left after the check is a query, which
+        // `SessionContext::execute_logical_plan` would plan as this does.
+        let plan = readonly::plan_sql(&state, query, &self.readonly).await?;
+        let schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+        let physical = state.create_physical_plan(&plan).await?;
+        let task = TaskContext::from(&state).with_runtime(self.guard.runtime());
+        let mut stream = execute_stream(physical, Arc::new(task))?;
         let mut counter = LimitCounter::new(self.limits);
         let mut batches = Vec::new();
         while let Some(batch) = stream.next().await {

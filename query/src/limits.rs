@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::memory_pool::{GreedyMemoryPool, TrackConsumersPool};
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
 use datafusion::execution::session_state::SessionStateBuilder;
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::{CopyToSource, DFParserBuilder, Statement as DfStatement};
@@ -488,21 +488,27 @@ impl QueryGuard {
     /// spill to disk. One per query (or per PostgreSQL connection, which
     /// runs one query at a time).
     pub fn session(&self, ctx: &SessionContext) -> SessionContext {
+        let state = SessionStateBuilder::new_from_existing(ctx.state())
+            .with_runtime_env(self.runtime())
+            .build();
+        SessionContext::new_with_state(state)
+    }
+
+    /// A runtime whose memory pool lets a query reserve at most
+    /// [`QueryLimits::memory_limit`] bytes and never spill to disk: one
+    /// per query, given to the task context that executes its plan.
+    pub fn runtime(&self) -> Arc<RuntimeEnv> {
         let pool = TrackConsumersPool::new(
             GreedyMemoryPool::new(self.limits.memory_limit),
             NonZeroUsize::new(3).expect("3 is not zero"),
         );
-        let runtime = RuntimeEnvBuilder::new()
+        RuntimeEnvBuilder::new()
             .with_memory_pool(Arc::new(pool))
             .with_disk_manager_builder(
                 DiskManagerBuilder::default().with_mode(DiskManagerMode::Disabled),
             )
             .build_arc()
-            .expect("BUG: a runtime without a disk manager always builds");
-        let state = SessionStateBuilder::new_from_existing(ctx.state())
-            .with_runtime_env(runtime)
-            .build();
-        SessionContext::new_with_state(state)
+            .expect("BUG: a runtime without a disk manager always builds")
     }
 }
 

@@ -41,6 +41,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::error::DataFusionError;
+use datafusion::execution::SessionState;
 use datafusion::logical_expr::{DdlStatement, LogicalPlan, Statement as PlanStatement, WriteOp};
 use datafusion::prelude::SessionContext;
 use datafusion::sql::parser::DFParserBuilder;
@@ -256,11 +257,10 @@ impl From<PlanError> for QueryError {
 /// [`PlanError::DataFusion`] when a statement does not parse or plan, or
 /// when there is not exactly one.
 pub async fn plan_sql(
-    ctx: &SessionContext,
+    state: &SessionState,
     sql: &str,
     metrics: &ReadOnlyMetrics,
 ) -> Result<LogicalPlan, PlanError> {
-    let state = ctx.state();
     let statements = {
         // The dialect is not Send: parse before any await.
         let parser_options = &state.config().options().sql_parser;

@@ -45,17 +45,21 @@
 //! adding every row in turn; `avg` is that sum over the count (DataFusion's
 //! own `avg` also merges partial sums and counts, across its partitions).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use async_trait::async_trait;
-use datafusion::catalog::{Session, TableProvider};
+use datafusion::catalog::{
+    CatalogProvider, CatalogProviderList, MemoryCatalogProvider, MemoryCatalogProviderList,
+    MemorySchemaProvider, SchemaProvider, Session, TableProvider,
+};
 use datafusion::common::tree_node::{Transformed, TreeNode};
 use datafusion::common::{Column, DFSchemaRef, ScalarValue};
 use datafusion::datasource::{MemTable, provider_as_source};
 use datafusion::error::DataFusionError;
+use datafusion::execution::{SessionState, SessionStateBuilder};
 use datafusion::functions::expr_fn::{coalesce, nullif};
 use datafusion::functions_aggregate::expr_fn::{max, min, sum};
 use datafusion::logical_expr::expr::AggregateFunction;
@@ -65,8 +69,7 @@ use datafusion::logical_expr::{
 };
 use datafusion::optimizer::simplify_expressions::ExprSimplifier;
 use datafusion::optimizer::{OptimizerConfig, OptimizerRule};
-use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::SessionContext;
+use datafusion::physical_plan::{ExecutionPlan, collect};
 use datafusion::sql::unparser::expr_to_sql;
 use storage::{Matcher, Storage};
 use tracing::debug;
@@ -476,23 +479,41 @@ pub(crate) async fn run_partial(
     filter: ShardFilter,
     sql: &str,
 ) -> Result<(SchemaRef, Vec<RecordBatch>), String> {
-    let ctx = SessionContext::new();
-    ctx.register_table(
-        "samples",
-        Arc::new(SamplesTable::over(Source::Shards(storage, filter))),
-    )
-    .map_err(|e| e.to_string())?;
-    let plan = crate::readonly::plan_sql(&ctx, sql, &crate::readonly::ReadOnlyMetrics::default())
+    // A copy of one state built once, with a catalog of its own holding
+    // this ticket's `samples`: a context built for each ticket registered
+    // every function again (docs/BENCHMARKS.md).
+    static BASE: OnceLock<SessionState> = OnceLock::new();
+    let mut state = BASE
+        .get_or_init(|| SessionStateBuilder::new().with_default_features().build())
+        .clone();
+    let options = state.config().options().catalog.clone();
+    let schema_provider = MemorySchemaProvider::new();
+    schema_provider
+        .register_table(
+            "samples".to_owned(),
+            Arc::new(SamplesTable::over(Source::Shards(storage, filter))),
+        )
+        .map_err(|e| e.to_string())?;
+    let catalog = MemoryCatalogProvider::new();
+    catalog
+        .register_schema(&options.default_schema, Arc::new(schema_provider))
+        .map_err(|e| e.to_string())?;
+    let catalogs = MemoryCatalogProviderList::new();
+    catalogs.register_catalog(options.default_catalog.clone(), Arc::new(catalog));
+    state.register_catalog_list(Arc::new(catalogs));
+    let plan = crate::readonly::plan_sql(&state, sql, &crate::readonly::ReadOnlyMetrics::default())
         .await
         .map_err(|e| match e {
             crate::readonly::PlanError::Refused(r) => r.to_string(),
             crate::readonly::PlanError::DataFusion(e) => e.to_string(),
         })?;
-    let df = ctx
-        .execute_logical_plan(plan)
+    let schema: SchemaRef = Arc::new(plan.schema().as_arrow().clone());
+    let physical = state
+        .create_physical_plan(&plan)
         .await
         .map_err(|e| e.to_string())?;
-    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
-    let batches = df.collect().await.map_err(|e| e.to_string())?;
+    let batches = collect(physical, state.task_ctx())
+        .await
+        .map_err(|e| e.to_string())?;
     Ok((schema, batches))
 }

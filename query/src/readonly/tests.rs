@@ -52,7 +52,7 @@ fn snapshot(ctx: &SessionContext) -> (BTreeSet<String>, Vec<(String, Option<Stri
 }
 
 async fn http_refusal(engine: &QueryEngine, sql: &str) -> Refusal {
-    match plan_sql(engine.context(), sql, &ReadOnlyMetrics::default()).await {
+    match plan_sql(&engine.context().state(), sql, &ReadOnlyMetrics::default()).await {
         Err(PlanError::Refused(r)) => r,
         Err(PlanError::DataFusion(e)) => panic!("{sql}: not refused but failed: {e}"),
         Ok(plan) => panic!("{sql}: passed as\n{plan}"),
@@ -80,7 +80,7 @@ const READS: &[&str] = &[
 async fn reads_plan_and_pass() {
     let (_dir, engine) = engine();
     for sql in READS {
-        let plan = plan_sql(engine.context(), sql, &ReadOnlyMetrics::default())
+        let plan = plan_sql(&engine.context().state(), sql, &ReadOnlyMetrics::default())
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
         assert_eq!(check(&plan), Ok(()), "{sql}");
