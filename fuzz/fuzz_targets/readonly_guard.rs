@@ -124,7 +124,7 @@ fn run(sql: &str) {
     }
     let ctx = f.engine.context();
     let metrics = ReadOnlyMetrics::default();
-    let http = f.runtime.block_on(plan_sql(ctx, sql, &metrics));
+    let http = f.runtime.block_on(plan_sql(&ctx.state(), sql, &metrics));
     let http_refused = match &http {
         Ok(plan) => {
             if let Some(w) = writer(plan) {
