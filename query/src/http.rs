@@ -364,8 +364,9 @@ fn pick_format(param: Option<&str>, headers: &HeaderMap) -> Result<Format, Strin
 }
 
 /// Renders a result as the JSON described in the module docs, as a value
-/// (tests; the handler writes the bytes with [`write_json`]).
-pub fn to_json(result: &QueryResult) -> Result<Value, arrow::error::ArrowError> {
+/// for tests to index (the handler writes the bytes with [`write_json`]).
+#[cfg(test)]
+pub(crate) fn to_json(result: &QueryResult) -> Result<Value, arrow::error::ArrowError> {
     let mut out = Vec::new();
     write_json(result, &mut out)?;
     serde_json::from_slice(&out).map_err(|e| arrow::error::ArrowError::JsonError(e.to_string()))
