@@ -147,6 +147,18 @@ fn run(sql: &str) {
         return;
     }
     let pg = f.runtime.block_on(check_pg_statement(ctx, &statement));
+    // PostgreSQL passes a statement whose re-printed text does not plan:
+    // the path that would run it plans that text and fails before running
+    // anything (`check_pg_statement`), as HTTP fails on a text that does not
+    // plan above. Nothing to compare (`SELECT 1BEGIN, INTO stash`: PostgreSQL
+    // reads `INTO` as an alias, HTTP as `SELECT … INTO`).
+    if pg.is_ok()
+        && f.runtime
+            .block_on(ctx.state().create_logical_plan(&statement.to_string()))
+            .is_err()
+    {
+        return;
+    }
     assert_eq!(
         http_refused,
         pg.is_err(),

@@ -390,3 +390,25 @@ async fn postgres_refuses_sql_prepared_statements_by_kind() {
         );
     }
 }
+
+/// fuzz/crashes/readonly_guard/crash-468c5d…: `SELECT 1BEGIN, INTO stash`.
+/// DataFusion's dialect (HTTP) reads `INTO stash` as `SELECT … INTO`, a
+/// `CREATE TABLE`, and refuses it. PostgreSQL's reads `INTO` as a column
+/// alias, and the statement's re-printed text does not parse: the check
+/// passes it, and the path that would run it fails on that same text before
+/// running anything. The surfaces' verdicts differ; neither writes.
+#[tokio::test]
+async fn a_select_into_that_postgres_reads_as_an_alias_runs_on_neither_surface() {
+    let (_dir, engine) = engine();
+    let ctx = engine.context();
+    let sql = "SELECT 1BEGIN, INTO stash";
+    let http = http_refusal(&engine, sql).await;
+    assert!(http.to_string().contains("CREATE TABLE stash"), "{http}");
+    let statement = pg_statement(sql);
+    let printed = statement.to_string();
+    assert_eq!(printed, "SELECT 1 AS BEGIN, INTO AS stash");
+    check_pg_statement(ctx, &statement).await.expect(sql);
+    let before = snapshot(ctx);
+    assert!(ctx.sql(&printed).await.is_err(), "{printed} planned");
+    assert_eq!(snapshot(ctx), before);
+}
