@@ -18,12 +18,16 @@
 //! counted (`gpulse_health_batches_dropped_total`), never waited for. One
 //! thread owns the engine. A series is mapped to (GPU, field) once, by its
 //! key: `UUID` names the GPU, `Hostname`, `gpu`, `rack`, `row` and `cluster`
-//! place it; series that are not a field a detector reads are skipped.
+//! place it; series that are not a field a detector reads are skipped, and
+//! from then on left out of the copies ([`Skipped`]). The queue is bounded
+//! in samples, not only in batches: a batch of a backfill holds thousands,
+//! and 4,096 of them held 170 MB while a slowed engine (under heaptrack)
+//! caught up.
 
 mod alerts;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -37,6 +41,10 @@ use tracing::{error, info, warn};
 
 /// Batches the queue holds before the observer drops them.
 const QUEUE_BATCHES: usize = 4096;
+/// Samples the queue holds before the observer drops batches: 40 MiB (20
+/// bytes a sample), about 8 s of the 24 fields the detectors read from
+/// 10,000 GPUs polled every second.
+const QUEUE_SAMPLES: usize = 1 << 21;
 /// A GPU's poll in progress is complete once it is this much older than the
 /// wall clock: an agent sends each poll whole within a batch or two.
 const POLL_SETTLE_MS: i64 = 2_000;
@@ -59,9 +67,74 @@ struct Batch {
     values: Vec<f64>,
 }
 
-/// The storage observer: copies each batch into the engine's queue.
+impl Batch {
+    fn len(&self) -> usize {
+        self.refs.len()
+    }
+}
+
+/// The series the engine found to be no field of a detector (storage refs,
+/// small dense integers, as bits): the observer leaves their samples out of
+/// what it queues. About half of dcgm-exporter's fields are read by no
+/// detector. Refs are never reused within a process, so a bit once set
+/// stays true.
+#[derive(Debug, Default)]
+struct Skipped {
+    bits: std::sync::RwLock<Vec<u64>>,
+}
+
+impl Skipped {
+    fn insert(&self, r: SeriesRef) {
+        let (word, bit) = ((r.0 / 64) as usize, r.0 % 64);
+        let mut bits = self.bits.write().unwrap_or_else(|p| p.into_inner());
+        if bits.len() <= word {
+            bits.resize(word + 1, 0);
+        }
+        bits[word] |= 1 << bit;
+    }
+
+    /// The samples of `refs` not skipped, as a batch (`None` if none is
+    /// left).
+    fn keep(&self, refs: &[SeriesRef], ts_ms: &[i64], values: &[f64]) -> Option<Batch> {
+        let bits = self.bits.read().unwrap_or_else(|p| p.into_inner());
+        let kept = |r: &SeriesRef| {
+            let word = (r.0 / 64) as usize;
+            bits.get(word).is_none_or(|w| w & (1 << (r.0 % 64)) == 0)
+        };
+        let n = refs.iter().filter(|r| kept(r)).count();
+        if n == 0 {
+            return None;
+        }
+        if n == refs.len() {
+            return Some(Batch {
+                refs: refs.to_vec(),
+                ts_ms: ts_ms.to_vec(),
+                values: values.to_vec(),
+            });
+        }
+        let mut b = Batch {
+            refs: Vec::with_capacity(n),
+            ts_ms: Vec::with_capacity(n),
+            values: Vec::with_capacity(n),
+        };
+        for ((r, &t), &v) in refs.iter().zip(ts_ms).zip(values) {
+            if kept(r) {
+                b.refs.push(*r);
+                b.ts_ms.push(t);
+                b.values.push(v);
+            }
+        }
+        Some(b)
+    }
+}
+
+/// The storage observer: copies each batch, less the series the engine
+/// skips, into the engine's queue.
 struct Observer {
     tx: Sender<Batch>,
+    skipped: Arc<Skipped>,
+    /// Samples in the queue (the worker takes off what it has taken in).
+    queued: Arc<AtomicUsize>,
     metrics: Arc<HealthMetrics>,
 }
 
@@ -73,17 +146,24 @@ impl std::fmt::Debug for Observer {
 
 impl AppendObserver for Observer {
     fn appended(&self, refs: &[SeriesRef], ts_ms: &[i64], values: &[f64]) {
-        let batch = Batch {
-            refs: refs.to_vec(),
-            ts_ms: ts_ms.to_vec(),
-            values: values.to_vec(),
+        let Some(batch) = self.skipped.keep(refs, ts_ms, values) else {
+            return;
         };
+        let n = batch.len();
+        if self.queued.fetch_add(n, Relaxed) + n > QUEUE_SAMPLES {
+            self.queued.fetch_sub(n, Relaxed);
+            self.metrics.batches_dropped.fetch_add(1, Relaxed);
+            return;
+        }
         match self.tx.try_send(batch) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
+                self.queued.fetch_sub(n, Relaxed);
                 self.metrics.batches_dropped.fetch_add(1, Relaxed);
             }
-            Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Disconnected(_)) => {
+                self.queued.fetch_sub(n, Relaxed);
+            }
         }
     }
 }
@@ -338,9 +418,13 @@ impl Health {
             metrics: metrics.clone(),
         });
         let (tx, rx) = bounded(QUEUE_BATCHES);
+        let skipped = Arc::new(Skipped::default());
+        let queued = Arc::new(AtomicUsize::new(0));
         if storage
             .set_observer(Arc::new(Observer {
                 tx,
+                skipped: skipped.clone(),
+                queued: queued.clone(),
                 metrics: metrics.clone(),
             }))
             .is_err()
@@ -353,6 +437,8 @@ impl Health {
             shared: shared.clone(),
             log,
             series: Vec::new(),
+            skipped,
+            queued,
             own: HashMap::new(),
             totals: HashMap::new(),
             last_reassert: Instant::now(),
@@ -423,6 +509,10 @@ struct Worker {
     /// Storage ref (a small, dense integer) -> what it is, resolved once:
     /// an index, not a hash, on the path of every stored sample.
     series: Vec<Option<Mapped>>,
+    /// The refs mapped to [`Mapped::Skip`], for the observer.
+    skipped: Arc<Skipped>,
+    /// Samples in the queue: less each batch's once taken in.
+    queued: Arc<AtomicUsize>,
     /// The engine's own output series, by labels: their refs.
     own: HashMap<SeriesKey, SeriesRef>,
     /// Events opened since start, by `gpulse_health_events_total` series.
@@ -440,13 +530,13 @@ impl Worker {
     fn run(&mut self, rx: &Receiver<Batch>, stop: &AtomicBool) {
         loop {
             match rx.recv_timeout(Duration::from_millis(500)) {
-                Ok(batch) => self.take(&batch),
+                Ok(batch) => self.take(batch),
                 Err(crossbeam::channel::RecvTimeoutError::Timeout) => {}
                 Err(crossbeam::channel::RecvTimeoutError::Disconnected) => return,
             }
             // Drain what else is queued before settling polls.
             while let Ok(batch) = rx.try_recv() {
-                self.take(&batch);
+                self.take(batch);
             }
             let now = now_ms();
             self.tell_inventory();
@@ -494,7 +584,15 @@ impl Worker {
         }
     }
 
-    fn take(&mut self, b: &Batch) {
+    fn take(&mut self, b: Batch) {
+        self.take_in(&b);
+        // Its memory goes before the queue may take more in its place.
+        let n = b.len();
+        drop(b);
+        self.queued.fetch_sub(n, Relaxed);
+    }
+
+    fn take_in(&mut self, b: &Batch) {
         let mut engine = self.shared.engine.lock().unwrap_or_else(|p| p.into_inner());
         for i in 0..b.refs.len() {
             let r = b.refs[i];
@@ -506,6 +604,9 @@ impl Worker {
                         Some(key) => map_series(&key, &mut engine),
                         None => Mapped::Skip,
                     };
+                    if matches!(m, Mapped::Skip) {
+                        self.skipped.insert(r);
+                    }
                     if self.series.len() <= at {
                         self.series.resize(at + 1, None);
                     }
@@ -786,4 +887,64 @@ pub(crate) fn router(
     axum::Router::new()
         .route("/api/v1/health", axum::routing::get(health))
         .with_state(State { shared, cluster })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refs(ids: &[u32]) -> Vec<SeriesRef> {
+        ids.iter().map(|&r| SeriesRef(r)).collect()
+    }
+
+    #[test]
+    fn skipped_series_are_left_out_of_the_copies() {
+        let skipped = Skipped::default();
+        let r = refs(&[3, 64, 65, 200]);
+        let (ts, v) = ([10, 20, 30, 40], [1.0, 2.0, 3.0, 4.0]);
+        let all = skipped.keep(&r, &ts, &v).unwrap();
+        assert_eq!(
+            (all.refs, all.ts_ms, all.values),
+            (r.clone(), ts.to_vec(), v.to_vec())
+        );
+        skipped.insert(SeriesRef(64));
+        skipped.insert(SeriesRef(3));
+        let some = skipped.keep(&r, &ts, &v).unwrap();
+        assert_eq!(some.refs, refs(&[65, 200]));
+        assert_eq!(some.ts_ms, vec![30, 40]);
+        assert_eq!(some.values, vec![3.0, 4.0]);
+        assert!(
+            skipped
+                .keep(&refs(&[3, 64]), &[1, 2], &[1.0, 2.0])
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn the_queue_drops_batches_past_its_samples_and_counts_them() {
+        let (tx, rx) = bounded(QUEUE_BATCHES);
+        let queued = Arc::new(AtomicUsize::new(0));
+        let metrics = Arc::new(HealthMetrics::default());
+        let observer = Observer {
+            tx,
+            skipped: Arc::new(Skipped::default()),
+            queued: queued.clone(),
+            metrics: metrics.clone(),
+        };
+        let n = QUEUE_SAMPLES - 1;
+        let (r, ts, v) = (vec![SeriesRef(1); n], vec![0; n], vec![0.0; n]);
+        observer.appended(&r, &ts, &v);
+        // One more sample fits; the next batch of two does not.
+        observer.appended(&r[..1], &ts[..1], &v[..1]);
+        observer.appended(&r[..2], &ts[..2], &v[..2]);
+        assert_eq!(queued.load(Relaxed), QUEUE_SAMPLES);
+        assert_eq!(metrics.batches_dropped.load(Relaxed), 1);
+        let lens: Vec<usize> = rx.try_iter().map(|b| b.len()).collect();
+        assert_eq!(lens, vec![n, 1]);
+        // Once the worker took them in, batches are queued again.
+        queued.store(0, Relaxed);
+        observer.appended(&r[..2], &ts[..2], &v[..2]);
+        assert_eq!(rx.try_iter().map(|b| b.len()).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(metrics.batches_dropped.load(Relaxed), 1);
+    }
 }
