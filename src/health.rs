@@ -105,13 +105,6 @@ impl Skipped {
         if n == 0 {
             return None;
         }
-        if n == refs.len() {
-            return Some(Batch {
-                refs: refs.to_vec(),
-                ts_ms: ts_ms.to_vec(),
-                values: values.to_vec(),
-            });
-        }
         let mut b = Batch {
             refs: Vec::with_capacity(n),
             ts_ms: Vec::with_capacity(n),
