@@ -37,7 +37,7 @@ use health::{Kind, Severity};
 use query::cluster::{ClusterError, ClusterReader};
 use query::health_events::HealthSource;
 use query::promql::PromEngine;
-use storage::{RollupFilter, RollupLevel, RollupTier, SeriesKey, Storage};
+use storage::{KeyArc, RollupFilter, RollupLevel, RollupTier, SeriesKey, Storage};
 
 use crate::health::Shared;
 
@@ -304,7 +304,7 @@ struct Placement {
     memo: std::sync::Mutex<std::collections::VecDeque<(String, SeriesPositions)>>,
 }
 
-type SeriesPositions = HashMap<usize, (Arc<SeriesKey>, Option<usize>), foldhash::fast::RandomState>;
+type SeriesPositions = HashMap<usize, (KeyArc, Option<usize>), foldhash::fast::RandomState>;
 
 impl Placement {
     /// Sorts `slots` (the engine's GPUs, or a cluster's) and the inventory's
@@ -386,7 +386,7 @@ impl Placement {
     fn place<'a>(
         &self,
         metric: &str,
-        series: impl Iterator<Item = &'a Arc<SeriesKey>>,
+        series: impl Iterator<Item = &'a KeyArc>,
     ) -> Vec<Option<usize>> {
         let mut memo = self.memo.lock().unwrap_or_else(|p| p.into_inner());
         let mut known = match memo.iter().position(|(m, _)| m == metric) {
@@ -396,7 +396,7 @@ impl Placement {
         let placed: Vec<Option<usize>> = series
             .map(|key| {
                 let entry = known
-                    .entry(Arc::as_ptr(key) as usize)
+                    .entry(std::ptr::from_ref::<SeriesKey>(key) as usize)
                     .or_insert_with(|| (key.clone(), self.of_series(key)));
                 entry.1
             })
@@ -496,7 +496,7 @@ impl Fleet {
             time_ms,
         );
         let guard = self.prom.guard().clone();
-        let (newest, warnings): (Vec<(Arc<SeriesKey>, f64)>, Vec<String>) = match &self.cluster {
+        let (newest, warnings): (Vec<(KeyArc, f64)>, Vec<String>) = match &self.cluster {
             Some(reader) => {
                 let got = reader.select(&matchers, min_ms, max_ms).await?;
                 let newest = guard
@@ -1044,7 +1044,7 @@ mod tests {
                 .iter()
                 .map(|(n, v)| storage::Label::new(*n, *v))
                 .collect();
-            Arc::new(SeriesKey::new("DCGM_FI_DEV_GPU_TEMP", labels).unwrap())
+            KeyArc::new(SeriesKey::new("DCGM_FI_DEV_GPU_TEMP", labels).unwrap())
         };
         let series = [
             key(&[("UUID", "GPU-h0-3"), ("Hostname", "h2"), ("gpu", "0")]),

@@ -4,10 +4,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::Context;
-use storage::SeriesKey;
+use storage::KeyArc;
 use storage::files::{self, ROLLUPS_DIR, SEGMENTS_DIR, WAL_DIR};
 use storage::segment::Segment;
 use storage::{RollupFile, RollupLevel, RollupTier};
@@ -65,7 +64,7 @@ pub(crate) fn collect(data_dir: &Path) -> anyhow::Result<DirStats> {
         raw_cut: i64::MIN,
         ..DirStats::default()
     };
-    let mut keys: HashSet<Arc<SeriesKey>> = HashSet::new();
+    let mut keys: HashSet<KeyArc> = HashSet::new();
     let entries =
         std::fs::read_dir(&seg_dir).with_context(|| format!("reading {}", seg_dir.display()))?;
     for entry in entries {

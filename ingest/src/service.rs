@@ -10,7 +10,7 @@ use gpulse_proto::v1::{
     OwnerBacklog, OwnersReply, OwnersRequest, Reject, agent_message, ingest_reply,
 };
 use storage::admission::{RejectCounters, Rejection, check_agent_id};
-use storage::{BatchOrigin, GpuRecord, Label, SeriesKey, SeriesRef, Storage};
+use storage::{BatchOrigin, GpuRecord, KeyArc, Label, SeriesKey, SeriesRef, Storage};
 use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -242,7 +242,7 @@ struct StreamState {
     /// Stream-local series id -> its key, to resolve a series again after it
     /// left the head (idle through a flush: `storage::Error::SeriesEvicted`).
     /// The head's own copy, shared.
-    keys: HashMap<u32, Arc<SeriesKey>>,
+    keys: HashMap<u32, KeyArc>,
 }
 
 impl IngestService {

@@ -196,7 +196,7 @@ pub mod fuzzing {
         true
     }
 }
-use storage::{Label, Matcher, SelectedSeries, SeriesKey, Storage};
+use storage::{KeyArc, Label, Matcher, SelectedSeries, SeriesKey, Storage};
 
 /// The shard of a stored series, by the one placement rule
 /// ([`ShardKey::of_labels`]).
@@ -329,7 +329,7 @@ impl Part {
 /// (merged when read).
 #[derive(Debug, Clone)]
 pub struct ClusterSeries {
-    pub key: Arc<SeriesKey>,
+    pub key: KeyArc,
     parts: Vec<Part>,
 }
 
@@ -555,7 +555,7 @@ impl Source {
         matchers: &[Matcher],
         min_ts: i64,
         max_ts: i64,
-    ) -> Option<Vec<(Arc<SeriesKey>, storage::Newest)>> {
+    ) -> Option<Vec<(KeyArc, storage::Newest)>> {
         match self {
             Source::Local(storage) => Some(storage.newest(matchers, min_ts, max_ts)),
             Source::Cluster(_) => None,

@@ -42,7 +42,7 @@ use crate::head::{FrozenSeries, Head, SeriesRef};
 use crate::rollup::file::RollupFile;
 use crate::rollup::{RollupDelta, RollupTier};
 use crate::segment::Segment;
-use crate::series::SeriesKey;
+use crate::series::{KeyArc, SeriesKey};
 use crate::wal::record;
 use crate::wal::{ReplayReport, SyncPolicy, Wal};
 
@@ -420,7 +420,7 @@ impl Storage {
     }
 
     /// The key of a series in the head, `None` once it has left the head.
-    pub fn head_series_key(&self, r: SeriesRef) -> Option<Arc<SeriesKey>> {
+    pub fn head_series_key(&self, r: SeriesRef) -> Option<KeyArc> {
         let head = lock!(self.head.read());
         head.contains(r).then(|| head.key_arc(r).clone())
     }

@@ -46,7 +46,9 @@ use thin_vec::ThinVec;
 use crate::column::{self, ColumnError};
 use crate::gorilla::{DecodeError, GorillaDecoder, GorillaEncoder};
 use crate::postings::{self, Postings};
-use crate::series::{KeepSeries, KeyHasher, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys};
+use crate::series::{
+    KeepSeries, KeyArc, KeyHasher, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys,
+};
 use crate::{Error, Result};
 
 /// Handle of a series in the head. Valid while the series is in the head;
@@ -222,14 +224,14 @@ pub struct MemChunk {
 /// timestamp is read from its bytes (docs/BENCHMARKS.md has the sizes).
 #[derive(Debug)]
 struct HeadSeries {
-    key: Arc<SeriesKey>,
+    key: KeyArc,
     closed: ThinVec<MemChunk>,
     open: GorillaEncoder,
-    /// The newest timestamp taken or raised to, with [`Flags::HAS_LAST`].
-    last_ts: i64,
     /// Newest timestamp the series has in segments (or in a flush in
     /// progress), with [`Flags::HAS_FLUSHED`]; an older sample may
-    /// duplicate a flushed one.
+    /// duplicate a flushed one. With the chunks it also gives the newest
+    /// timestamp taken ([`HeadSeries::last_ts`]), which the series does not
+    /// keep apart (8 bytes a series).
     flushed_max: i64,
     /// Out-of-order samples, unsorted, until sealed into a chunk.
     ooo: ThinVec<(i64, f64)>,
@@ -252,10 +254,8 @@ impl Flags {
     const OPEN_ROLLED: u8 = 2;
     /// The same of the out-of-order buffer's samples.
     const OOO_ROLLED: u8 = 4;
-    /// `last_ts` holds a timestamp.
-    const HAS_LAST: u8 = 8;
     /// `flushed_max` holds a timestamp.
-    const HAS_FLUSHED: u8 = 16;
+    const HAS_FLUSHED: u8 = 8;
 
     fn get(self, flag: u8) -> bool {
         self.0 & flag != 0
@@ -380,12 +380,11 @@ impl MemChunk {
 }
 
 impl HeadSeries {
-    fn new(r: SeriesRef, key: Arc<SeriesKey>, period: u32) -> Self {
+    fn new(r: SeriesRef, key: KeyArc, period: u32) -> Self {
         Self {
             key,
             closed: ThinVec::new(),
             open: GorillaEncoder::new(),
-            last_ts: 0,
             flushed_max: 0,
             ooo: ThinVec::new(),
             r,
@@ -394,13 +393,18 @@ impl HeadSeries {
         }
     }
 
+    /// The newest timestamp taken, or flushed by this series or an earlier
+    /// one of its key ([`Self::raise_flushed`]): samples at or before it
+    /// are out of order. The open chunk's last sample is the newest taken
+    /// in order while it has samples (every sealed chunk is older, and an
+    /// out-of-order sample older than a timestamp taken before); when it is
+    /// empty, the sealed chunks' newest is, or the flush took them all.
     fn last_ts(&self) -> Option<i64> {
-        self.flags.get(Flags::HAS_LAST).then_some(self.last_ts)
-    }
-
-    fn set_last_ts(&mut self, ts_ms: i64) {
-        self.last_ts = ts_ms;
-        self.flags.set(Flags::HAS_LAST, true);
+        let taken = match self.open.last_ts() {
+            Some(t) => Some(t),
+            None => self.closed.iter().map(|c| c.max_ts).max(),
+        };
+        taken.max(self.flushed_max())
     }
 
     fn flushed_max(&self) -> Option<i64> {
@@ -507,7 +511,7 @@ pub(crate) enum Appended {
 }
 
 /// The chunks of one series taken out of the head by [`Head::freeze`].
-pub(crate) type FrozenSeries = (Arc<SeriesKey>, Vec<MemChunk>);
+pub(crate) type FrozenSeries = (KeyArc, Vec<MemChunk>);
 
 #[derive(Debug)]
 pub(crate) struct Head {
@@ -635,7 +639,7 @@ impl Head {
         &self.get(r).key
     }
 
-    pub(crate) fn key_arc(&self, r: SeriesRef) -> &Arc<SeriesKey> {
+    pub(crate) fn key_arc(&self, r: SeriesRef) -> &KeyArc {
         &self.get(r).key
     }
 
@@ -647,14 +651,9 @@ impl Head {
         self.get_mut(r).flags.set(Flags::LOGGED, true);
     }
 
-    /// Samples at or before `ts_ms` will be dropped as duplicates.
-    pub(crate) fn raise_last_ts(&mut self, r: SeriesRef, ts_ms: i64) {
-        let s = self.get_mut(r);
-        let last = s.last_ts().map_or(ts_ms, |t| t.max(ts_ms));
-        s.set_last_ts(last);
-    }
-
-    /// The series has flushed samples up to `ts_ms` (WAL replay at open).
+    /// The series has flushed samples up to `ts_ms` (WAL replay at open, or
+    /// an earlier series of its key, evicted): samples at or before it are
+    /// out of order, and may duplicate a flushed one.
     pub(crate) fn raise_flushed(&mut self, r: SeriesRef, ts_ms: i64) {
         self.get_mut(r).raise_flushed(ts_ms);
     }
@@ -796,7 +795,6 @@ impl Head {
             s.flags.set(Flags::OPEN_ROLLED, !fold);
         }
         s.open.append(ts_ms, value);
-        s.set_last_ts(ts_ms);
         s.active_period = period;
         self.samples += 1;
         Appended::InOrder
@@ -870,7 +868,7 @@ impl Head {
     pub(crate) fn for_each_series(
         &self,
         matchers: &[Matcher],
-        f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
+        f: impl FnMut(&KeyArc, Vec<MemChunk>),
     ) {
         self.for_each_series_where((matchers, &|_| true), f);
     }
@@ -879,7 +877,7 @@ impl Head {
     pub(crate) fn for_each_series_where(
         &self,
         select: (&[Matcher], KeepSeries<'_>),
-        mut f: impl FnMut(&Arc<SeriesKey>, Vec<MemChunk>),
+        mut f: impl FnMut(&KeyArc, Vec<MemChunk>),
     ) {
         self.matching(select, |s| {
             let mut chunks = s.closed.to_vec();
@@ -903,7 +901,7 @@ impl Head {
         select: (&[Matcher], KeepSeries<'_>),
         (min_ts, max_ts): (i64, i64),
         source: u32,
-        mut f: impl FnMut(&Arc<SeriesKey>, std::result::Result<Newest, DecodeError>),
+        mut f: impl FnMut(&KeyArc, std::result::Result<Newest, DecodeError>),
     ) {
         self.matching(select, |s| {
             let mut best = None;
@@ -1190,9 +1188,9 @@ mod tests {
     /// The head holds one per live series: a field added here costs every
     /// series its bytes (docs/BENCHMARKS.md, head memory per series).
     #[test]
-    fn a_head_series_takes_at_most_112_bytes() {
+    fn a_head_series_takes_at_most_104_bytes() {
         assert!(std::mem::size_of::<GorillaEncoder>() <= 56);
-        assert!(std::mem::size_of::<HeadSeries>() <= 112);
+        assert!(std::mem::size_of::<HeadSeries>() <= 104);
     }
 
     #[test]
@@ -1706,7 +1704,7 @@ mod tests {
             (m.clone(), l.clone())
         };
         let ((m_t0, l_t0), (m_p0, l_p0), (m_t1, l_t1)) = (parts(t0), parts(p0), parts(t1));
-        assert!(Arc::ptr_eq(&l_t0, &l_p0) && !Arc::ptr_eq(&l_t0, &l_t1));
+        assert!(l_t0.ptr_eq(&l_p0) && !l_t0.ptr_eq(&l_t1));
         assert!(Arc::ptr_eq(&m_t0, &m_t1) && !Arc::ptr_eq(&m_t0, &m_p0));
         assert_eq!(*h.key(t1), named("temp", "1"));
         assert_eq!(h.keys.len(), (3, 2, 2));
@@ -1721,7 +1719,7 @@ mod tests {
         assert_eq!(h.keys.len(), (1, 1, 1));
         // A new series of gpu 0 gets its label set again.
         let c0 = h.get_or_create(named("clock", "0")).unwrap();
-        assert!(Arc::ptr_eq(h.key(c0).parts().1, h.key(t0).parts().1));
+        assert!(h.key(c0).parts().1.ptr_eq(h.key(t0).parts().1));
     }
 
     /// Issue #14: a series idle through a flush leaves the head at the next

@@ -38,7 +38,7 @@ pub use inventory::{GpuRecord, Inventory};
 pub use rollup::file::RollupFile;
 pub use rollup::{RecordFields, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier};
 pub use segment::writer::SegmentSummary;
-pub use series::{KeepSeries, Label, Matcher, Pattern, SeriesKey, Sym};
+pub use series::{KeepSeries, KeyArc, Label, Matcher, Pattern, SeriesKey, Sym};
 pub use wal::{ReplayReport, SyncPolicy, WalDamage};
 
 /// Oldest sample timestamp storage holds: 0001-01-01T00:00:00Z, in ms since

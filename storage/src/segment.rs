@@ -40,7 +40,8 @@ use crate::column;
 use crate::error::Corruption;
 use crate::postings::Postings;
 use crate::series::{
-    InvalidSeries, KeyHasher, Label, METRIC_NAME_LABEL, Matcher, SeriesKey, SharedKeys,
+    InvalidSeries, KeyArc, KeyHasher, Label, LabelSet, METRIC_NAME_LABEL, Matcher, SeriesKey,
+    SharedKeys,
 };
 use crate::{Error, Result, SegmentId};
 
@@ -106,7 +107,7 @@ impl ChunkRef {
 /// one allocation for the segment, not one per series.
 #[derive(Debug)]
 struct SeriesIndex {
-    keys: Vec<Arc<SeriesKey>>,
+    keys: Vec<KeyArc>,
     starts: Vec<u32>,
     chunks: Vec<ChunkRef>,
 }
@@ -396,7 +397,7 @@ impl Segment {
             .collect()
     }
 
-    pub fn series_key(&self, ordinal: u32) -> &Arc<SeriesKey> {
+    pub fn series_key(&self, ordinal: u32) -> &KeyArc {
         &self.series.keys[ordinal as usize]
     }
 
@@ -561,7 +562,7 @@ fn parse_index(
     // of every series, to drop them all for the shared copies, was three
     // quarters of opening a segment (callgrind).
     let mut names: HashMap<&[u8], Arc<String>, KeyHasher> = HashMap::default();
-    let mut label_sets: HashMap<&[u8], Arc<[Label]>, KeyHasher> = HashMap::default();
+    let mut label_sets: HashMap<&[u8], LabelSet, KeyHasher> = HashMap::default();
     let at_pos = |r: &Reader| (r.offset() - base) as usize;
     for _ in 0..n {
         let at = r.offset();

@@ -57,10 +57,78 @@ pub enum InvalidSeries {
 /// label set and every series of a metric one name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SeriesKey {
-    /// A thin pointer (`Arc<String>`, not `Arc<str>`): a key is 24 bytes and
-    /// its `Arc` 40, which glibc serves from 48-byte chunks, not 64.
+    /// Thin pointers (`Arc<String>`, not `Arc<str>`, and [`LabelSet`]): a
+    /// key is 16 bytes and its [`KeyArc`] 24, which glibc serves from
+    /// 32-byte chunks (a key of fat pointers in a `std::sync::Arc` took 48).
     metric: Arc<String>,
-    labels: Arc<[Label]>,
+    labels: LabelSet,
+}
+
+/// A shared series key, as the head, the segments and the key set hold
+/// it: a [`triomphe::Arc`], whose count is one word (no weak count).
+pub type KeyArc = triomphe::Arc<SeriesKey>;
+
+/// A key's labels, sorted by name: shared by the keys of one GPU, behind a
+/// thin pointer (the length is in the allocation). Compares, orders and
+/// hashes as its slice, as `Arc<[Label]>` did.
+#[derive(Clone)]
+pub(crate) struct LabelSet(triomphe::ThinArc<(), Label>);
+
+impl LabelSet {
+    fn new<I: ExactSizeIterator<Item = Label>>(labels: I) -> Self {
+        Self(triomphe::ThinArc::from_header_and_iter((), labels))
+    }
+
+    /// Holders of this set, this one included.
+    fn holders(&self) -> usize {
+        triomphe::ThinArc::strong_count(&self.0)
+    }
+
+    /// Whether both are one set.
+    #[cfg(test)]
+    pub(crate) fn ptr_eq(&self, other: &Self) -> bool {
+        self.0.ptr() == other.0.ptr()
+    }
+}
+
+impl std::ops::Deref for LabelSet {
+    type Target = [Label];
+
+    fn deref(&self) -> &[Label] {
+        &self.0.slice
+    }
+}
+
+impl PartialEq for LabelSet {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for LabelSet {}
+
+impl PartialOrd for LabelSet {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for LabelSet {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (**self).cmp(&**other)
+    }
+}
+
+impl Hash for LabelSet {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
+    }
+}
+
+impl fmt::Debug for LabelSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
 }
 
 impl SeriesKey {
@@ -86,7 +154,7 @@ impl SeriesKey {
     ///
     /// # Errors
     /// As [`Self::new`], for the labels.
-    pub(crate) fn label_set(labels: Vec<Label>) -> Result<Arc<[Label]>, InvalidSeries> {
+    pub(crate) fn label_set(labels: Vec<Label>) -> Result<LabelSet, InvalidSeries> {
         let mut labels: Vec<Label> = labels.into_iter().filter(|l| !l.value.is_empty()).collect();
         labels.sort();
         for (i, l) in labels.iter().enumerate() {
@@ -100,19 +168,19 @@ impl SeriesKey {
                 return Err(InvalidSeries::DuplicateLabel(l.name.to_string()));
             }
         }
-        Ok(labels.into())
+        Ok(LabelSet::new(labels.into_iter()))
     }
 
     /// A key of checked parts: `metric` is not empty and `labels` came
     /// from [`Self::label_set`].
-    pub(crate) fn from_parts(metric: Arc<String>, labels: Arc<[Label]>) -> Self {
+    pub(crate) fn from_parts(metric: Arc<String>, labels: LabelSet) -> Self {
         debug_assert!(!metric.is_empty());
         Self { metric, labels }
     }
 
     /// The shared metric name and label set.
     #[cfg(test)]
-    pub(crate) fn parts(&self) -> (&Arc<String>, &Arc<[Label]>) {
+    pub(crate) fn parts(&self) -> (&Arc<String>, &LabelSet) {
         (&self.metric, &self.labels)
     }
 
@@ -139,12 +207,17 @@ impl SeriesKey {
 
 /// One copy of each metric name and label set, shared by the keys given to
 /// [`Self::share`]: the series of one GPU differ only in the metric, so a
-/// key then owns no strings of its own. The head keeps one for its live
-/// series, a segment's index one while it is parsed.
+/// key then owns no strings of its own. The label sets share their strings
+/// too: every set repeats the label names, and most values (a model, a
+/// driver version, a GPU index, a host's name for its GPUs) are in many
+/// sets (about 20 bytes a series with dcgm-exporter's labels). The head
+/// keeps one for its live series, a segment's index one while it is parsed.
 #[derive(Debug, Default)]
 pub(crate) struct KeyParts {
     names: Set<Arc<String>>,
-    label_sets: Set<Arc<[Label]>>,
+    label_sets: Set<LabelSet>,
+    /// The names and values of the label sets.
+    strings: Set<Sym>,
 }
 
 impl KeyParts {
@@ -152,15 +225,35 @@ impl KeyParts {
     /// them if the set has none.
     pub(crate) fn share(&mut self, key: &mut SeriesKey) {
         key.metric = shared(&mut self.names, &key.metric);
-        key.labels = shared(&mut self.label_sets, &key.labels);
+        key.labels = match self.label_sets.get(&key.labels) {
+            Some(set) => set.clone(),
+            None => {
+                let strings = &mut self.strings;
+                let mut string = |s: &Sym| match strings.get(s) {
+                    Some(copy) => copy.clone(),
+                    None => {
+                        strings.insert(s.clone());
+                        s.clone()
+                    }
+                };
+                let set = LabelSet::new(key.labels.iter().map(|l| Label {
+                    name: string(&l.name),
+                    value: string(&l.value),
+                }));
+                self.label_sets.insert(set.clone());
+                set
+            }
+        };
     }
 
     /// Drops what no key uses any more (held by the set alone).
     pub(crate) fn sweep(&mut self) {
         self.names.retain(|n| Arc::strong_count(n) > 1);
-        self.label_sets.retain(|l| Arc::strong_count(l) > 1);
+        self.label_sets.retain(|l| l.holders() > 1);
+        self.strings.retain(|s| s.holders() > 1);
         self.names.shrink_to_fit();
         self.label_sets.shrink_to_fit();
+        self.strings.shrink_to_fit();
     }
 }
 
@@ -176,20 +269,20 @@ pub struct SharedKeys {
 
 #[derive(Debug, Default)]
 struct SharedInner {
-    keys: Set<Arc<SeriesKey>>,
+    keys: Set<KeyArc>,
     parts: KeyParts,
 }
 
 impl SharedKeys {
     /// The shared copy of `key`, added (its name and labels shared too) if
     /// there is none.
-    pub(crate) fn share(&self, key: SeriesKey) -> Arc<SeriesKey> {
+    pub(crate) fn share(&self, key: SeriesKey) -> KeyArc {
         let mut inner = self.lock();
         inner.share(key)
     }
 
     /// [`Self::share`] for many keys under one lock.
-    pub(crate) fn share_all(&self, keys: Vec<SeriesKey>) -> Vec<Arc<SeriesKey>> {
+    pub(crate) fn share_all(&self, keys: Vec<SeriesKey>) -> Vec<KeyArc> {
         let mut inner = self.lock();
         keys.into_iter().map(|k| inner.share(k)).collect()
     }
@@ -198,7 +291,7 @@ impl SharedKeys {
     /// by the set alone), then the names and label sets no key uses.
     pub(crate) fn sweep(&self) {
         let mut inner = self.lock();
-        inner.keys.retain(|k| Arc::strong_count(k) > 1);
+        inner.keys.retain(|k| KeyArc::strong_count(k) > 1);
         inner.keys.shrink_to_fit();
         inner.parts.sweep();
     }
@@ -214,6 +307,12 @@ impl SharedKeys {
         self.len().0 == 0
     }
 
+    /// Label names and values held.
+    #[cfg(test)]
+    fn strings(&self) -> usize {
+        self.lock().parts.strings.len()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, SharedInner> {
         // The set is consistent between any two statements: a panic while
         // it was held leaves nothing half-done.
@@ -224,12 +323,12 @@ impl SharedKeys {
 }
 
 impl SharedInner {
-    fn share(&mut self, mut key: SeriesKey) -> Arc<SeriesKey> {
+    fn share(&mut self, mut key: SeriesKey) -> KeyArc {
         if let Some(k) = self.keys.get(&key) {
             return k.clone();
         }
         self.parts.share(&mut key);
-        let key = Arc::new(key);
+        let key = KeyArc::new(key);
         self.keys.insert(key.clone());
         key
     }
@@ -412,7 +511,7 @@ mod tests {
             || SeriesKey::new("DCGM_FI_DEV_POWER_USAGE", vec![Label::new("gpu", "4")]).unwrap();
         let a = keys.share(key());
         let b = keys.share_all(vec![key(), other()]);
-        assert!(Arc::ptr_eq(&a, &b[0]));
+        assert!(KeyArc::ptr_eq(&a, &b[0]));
         assert_eq!((*b[0]).clone(), key());
         assert_eq!(*b[1], other());
         assert_eq!(keys.len(), (2, 2, 2));
@@ -425,6 +524,35 @@ mod tests {
         keys.sweep();
         assert!(keys.is_empty());
         assert_eq!(keys.len(), (0, 0, 0));
+    }
+
+    /// Label sets that differ share the names and values they have in
+    /// common: one copy of each string while a set holds it.
+    #[test]
+    fn label_sets_share_their_strings() {
+        let keys = SharedKeys::default();
+        let gpu = |i: &str| {
+            let labels = vec![Label::new("gpu", i), Label::new("Hostname", "h1")];
+            SeriesKey::new("DCGM_FI_DEV_GPU_TEMP", labels).unwrap()
+        };
+        let (a, b) = (keys.share(gpu("0")), keys.share(gpu("1")));
+        assert_eq!(keys.len(), (2, 1, 2));
+        let at = |k: &SeriesKey, i: usize| {
+            let l = &k.labels()[i];
+            (l.name.as_ptr(), l.value.as_ptr())
+        };
+        // Sorted: Hostname, then gpu.
+        assert_eq!(at(&a, 0), at(&b, 0), "one Hostname=h1");
+        assert_eq!(at(&a, 1).0, at(&b, 1).0, "one name `gpu`");
+        assert_ne!(at(&a, 1).1, at(&b, 1).1);
+        assert_eq!((a.get("gpu"), b.get("gpu")), (Some("0"), Some("1")));
+        assert_eq!(keys.strings(), 5, "Hostname, h1, gpu, 0 and 1");
+        drop(b);
+        keys.sweep();
+        assert_eq!(keys.strings(), 4, "`1` went with its set");
+        drop(a);
+        keys.sweep();
+        assert_eq!((keys.len(), keys.strings()), ((0, 0, 0), 0));
     }
 
     #[test]

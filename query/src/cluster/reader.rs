@@ -16,7 +16,7 @@ use futures::{FutureExt, StreamExt};
 use health::GpuId;
 use health::engine::{Event, GpuState};
 use storage::{
-    Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, SeriesKey, Storage,
+    KeyArc, Matcher, RollupFilter, RollupGroup, RollupLevel, RollupRecord, RollupTier, Storage,
 };
 use tonic::transport::Channel;
 use tracing::{debug, warn};
@@ -157,7 +157,7 @@ type PartialsAnswer =
     Result<Option<(Vec<wire::PartialRow>, Vec<String>)>, crate::promql::PromError>;
 
 /// The answer of one node for some shards.
-type NodeAnswer = Result<Vec<(Arc<SeriesKey>, Part)>, FetchError>;
+type NodeAnswer = Result<Vec<(KeyArc, Part)>, FetchError>;
 
 /// What one cluster read plans over: the map, this node's index in it, the
 /// shards any node reported, the shards to read, and the time range to plan
@@ -304,7 +304,7 @@ impl ClusterReader {
         // described from the state when a warning needs it).
         let mut failed: BTreeMap<usize, String> = BTreeMap::new();
         let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        let mut merged: BTreeMap<Arc<SeriesKey>, Vec<Part>> = BTreeMap::new();
+        let mut merged: BTreeMap<KeyArc, Vec<Part>> = BTreeMap::new();
         let received = AtomicUsize::new(0);
         let round = Round {
             map: &map,
@@ -884,7 +884,7 @@ impl ClusterReader {
             .fetch_add(series.len() as u64, Relaxed);
         Ok(series
             .into_iter()
-            .map(|(k, s)| (Arc::new(k), Part::Fetched(Arc::new(s))))
+            .map(|(k, s)| (KeyArc::new(k), Part::Fetched(Arc::new(s))))
             .collect())
     }
 
@@ -1182,7 +1182,7 @@ fn read_local(
     max_ts: i64,
     assigned: Option<BTreeSet<ShardKey>>,
     unknown_too: Option<BTreeSet<ShardKey>>,
-) -> Vec<(Arc<SeriesKey>, Part)> {
+) -> Vec<(KeyArc, Part)> {
     let filter = super::ShardFilter::new(assigned, unknown_too);
     filter
         .select_series(storage, matchers, min_ts, max_ts)

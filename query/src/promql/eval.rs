@@ -190,10 +190,10 @@ fn step_points<const SAMPLE_TIME: bool>(
 }
 
 /// A series' key and one of its values.
-pub(super) type KeyedPoint = (Arc<storage::SeriesKey>, f64);
+pub(super) type KeyedPoint = (storage::KeyArc, f64);
 
 /// A series' key and its newest sample.
-type KeyedNewest = (Arc<storage::SeriesKey>, storage::Newest);
+type KeyedNewest = (storage::KeyArc, storage::Newest);
 
 /// Which labels a read gives each series.
 #[derive(Debug, Clone, Copy)]

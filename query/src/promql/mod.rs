@@ -282,7 +282,7 @@ impl PromEngine {
         matchers: &[storage::Matcher],
         min_ts: i64,
         max_ts: i64,
-    ) -> Option<Vec<(Arc<storage::SeriesKey>, storage::Newest)>> {
+    ) -> Option<Vec<(storage::KeyArc, storage::Newest)>> {
         self.source.newest_blocking(matchers, min_ts, max_ts)
     }
 

@@ -1,13 +1,13 @@
 //! The write path: [`Storage::series_ref`] and [`Storage::append`].
 
+use std::sync::RwLockReadGuard;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, RwLockReadGuard};
 
 use super::{AppendOutcome, BatchOrigin, OUT_OF_RANGE, State, Storage};
 use crate::Result;
 use crate::error::Error;
 use crate::head::{Appended, SeriesRef};
-use crate::series::SeriesKey;
+use crate::series::{KeyArc, SeriesKey};
 #[cfg(doc)]
 use crate::wal::SyncPolicy;
 use crate::wal::record;
@@ -40,11 +40,8 @@ impl Storage {
     ///
     /// # Errors
     /// As [`Self::series_refs`].
-    pub fn series_refs_with_keys(
-        &self,
-        keys: Vec<SeriesKey>,
-    ) -> Result<Vec<(SeriesRef, Arc<SeriesKey>)>> {
-        let mut out: Vec<Option<(SeriesRef, Arc<SeriesKey>)>> = {
+    pub fn series_refs_with_keys(&self, keys: Vec<SeriesKey>) -> Result<Vec<(SeriesRef, KeyArc)>> {
+        let mut out: Vec<Option<(SeriesRef, KeyArc)>> = {
             let head = lock!(self.head.read());
             keys.iter()
                 .map(|k| {
@@ -76,7 +73,6 @@ impl Storage {
             match head.get_or_create(key) {
                 Ok(r) => {
                     if let Some(t) = flushed {
-                        head.raise_last_ts(r, t);
                         head.raise_flushed(r, t);
                     }
                     if !head.is_logged(r) && !logged_now.contains(&r) {

@@ -15,7 +15,7 @@ use crate::rollup::file::RollupFile;
 use crate::rollup::{RollupLevel, RollupTier};
 use crate::segment::Segment;
 use crate::segment::writer::{SegmentSummary, publish, write_segment_tmp};
-use crate::series::SeriesKey;
+use crate::series::KeyArc;
 use crate::{Error, Result, SegmentId};
 
 impl Storage {
@@ -167,8 +167,7 @@ impl Storage {
         }
 
         let started = Instant::now();
-        let mut refs: std::collections::BTreeMap<Arc<SeriesKey>, Vec<(usize, u32)>> =
-            Default::default();
+        let mut refs: std::collections::BTreeMap<KeyArc, Vec<(usize, u32)>> = Default::default();
         for (gi, seg) in group.iter().enumerate() {
             for ord in 0..seg.num_series() as u32 {
                 refs.entry(seg.series_key(ord).clone())
@@ -176,7 +175,7 @@ impl Storage {
                     .push((gi, ord));
             }
         }
-        let keys: Vec<Arc<SeriesKey>> = refs.keys().cloned().collect();
+        let keys: Vec<KeyArc> = refs.keys().cloned().collect();
         let sources: Vec<&Vec<(usize, u32)>> = refs.values().collect();
         let seq = (group[0].seq_range().0, group[group.len() - 1].seq_range().1);
         let wal_cut = group.iter().map(|s| s.wal_cut()).max().unwrap_or(0);

@@ -21,7 +21,7 @@ use crate::segment::Segment;
 use crate::segment::writer::{
     Ahead, AheadHelper, EncodedSeries, SegmentSummary, publish, write_segment_tmp_with,
 };
-use crate::series::SeriesKey;
+use crate::series::{KeyArc, SeriesKey};
 use crate::{Result, SegmentId};
 
 impl Storage {
@@ -337,8 +337,7 @@ fn mark_rolled(frozen: &[FrozenSeries]) -> Arc<Vec<FrozenSeries>> {
 /// Appends `fresh` (newer) chunks to `carried` (older, from a failed flush),
 /// keeping the result sorted by key.
 fn merge_frozen(carried: &mut Vec<FrozenSeries>, fresh: &mut Vec<FrozenSeries>) {
-    let mut map: std::collections::BTreeMap<Arc<SeriesKey>, Vec<MemChunk>> =
-        carried.drain(..).collect();
+    let mut map: std::collections::BTreeMap<KeyArc, Vec<MemChunk>> = carried.drain(..).collect();
     for (k, chunks) in fresh.drain(..) {
         map.entry(k).or_default().extend(chunks);
     }
@@ -357,7 +356,7 @@ fn write_frozen(
     frozen: &[FrozenSeries],
     ahead: Option<&Ahead>,
 ) -> Result<SegmentSummary> {
-    let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
+    let keys: Vec<KeyArc> = frozen.iter().map(|(k, _)| k.clone()).collect();
     let written = write_segment_tmp_with(tmp, dst, seq, wal_cut, &keys, |i, ts, vals| {
         if let Some(encoded) = ahead.and_then(|a| a.take(i)) {
             return Ok(Some(encoded));

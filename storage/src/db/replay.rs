@@ -15,7 +15,7 @@ use crate::Result;
 use crate::files::QUARANTINE_DIR;
 use crate::head::{Appended, Head, SeriesRef};
 use crate::segment::Segment;
-use crate::series::{KeyHasher, SeriesKey};
+use crate::series::{KeyArc, KeyHasher, SeriesKey};
 use crate::wal::record::Record;
 use crate::wal::{self, ReplayReport};
 
@@ -38,7 +38,7 @@ pub(super) fn replay_wal(
     producers: &Producers,
     metrics: &StorageMetrics,
 ) -> Result<ReplayReport> {
-    let mut flushed_until: HashMap<Arc<SeriesKey>, i64, KeyHasher> = HashMap::default();
+    let mut flushed_until: HashMap<KeyArc, i64, KeyHasher> = HashMap::default();
     for seg in segments {
         for ord in 0..seg.num_series() as u32 {
             if let Some(max) = seg.chunks(ord).iter().map(|c| c.max_ts).max() {
@@ -90,7 +90,6 @@ pub(super) fn replay_wal(
                     match head.get_or_create(key) {
                         Ok(r) => {
                             if let Some(t) = until {
-                                head.raise_last_ts(r, t);
                                 head.raise_flushed(r, t);
                             }
                             refs.insert(*wr, r);

@@ -18,7 +18,7 @@ use crate::rollup::{
     fold_minutes,
 };
 use crate::segment::{ChunkRef, Segment};
-use crate::series::{KeepSeries, METRIC_NAME_LABEL, Matcher, SeriesKey};
+use crate::series::{KeepSeries, KeyArc, METRIC_NAME_LABEL, Matcher, SeriesKey};
 
 /// A rollup group decoded from a file (its six strings and its records, in
 /// a block whose other groups are decoded too) costs about as much as
@@ -65,7 +65,7 @@ impl Storage {
         // chunks in source order; for a single segment the sort only checks
         // that the list is sorted, where a map of keys compared each key with
         // ten others (5 % of the instructions of a 1,000-series query, `callgrind`).
-        let mut found: Vec<(Arc<SeriesKey>, Vec<ChunkSource>)> = Vec::new();
+        let mut found: Vec<(KeyArc, Vec<ChunkSource>)> = Vec::new();
         for seg in &state.segments {
             let (lo, hi) = seg.time_range();
             if !overlaps(lo, hi) {
@@ -86,18 +86,17 @@ impl Storage {
                 }
             }
         }
-        let mem = |found: &mut Vec<(Arc<SeriesKey>, Vec<ChunkSource>)>,
-                   key: &Arc<SeriesKey>,
-                   chunks: Vec<MemChunk>| {
-            let chunks: Vec<ChunkSource> = chunks
-                .into_iter()
-                .filter(|c| overlaps(c.min_ts, c.max_ts))
-                .map(ChunkSource::Mem)
-                .collect();
-            if !chunks.is_empty() {
-                found.push((key.clone(), chunks));
-            }
-        };
+        let mem =
+            |found: &mut Vec<(KeyArc, Vec<ChunkSource>)>, key: &KeyArc, chunks: Vec<MemChunk>| {
+                let chunks: Vec<ChunkSource> = chunks
+                    .into_iter()
+                    .filter(|c| overlaps(c.min_ts, c.max_ts))
+                    .map(ChunkSource::Mem)
+                    .collect();
+                if !chunks.is_empty() {
+                    found.push((key.clone(), chunks));
+                }
+            };
         if let Some(frozen) = state.frozen.as_ref().filter(|_| memory) {
             for (key, chunks) in frozen.iter() {
                 if matchers.iter().all(|m| m.matches(key)) && keep(key) {
@@ -130,12 +129,7 @@ impl Storage {
     /// it could hold a newer sample than those found. A chunk that does not
     /// decode is logged and counted (`chunk_read_errors`) and its series
     /// left out, as a merged read of it would fail.
-    pub fn newest(
-        &self,
-        matchers: &[Matcher],
-        min_ts: i64,
-        max_ts: i64,
-    ) -> Vec<(Arc<SeriesKey>, Newest)> {
+    pub fn newest(&self, matchers: &[Matcher], min_ts: i64, max_ts: i64) -> Vec<(KeyArc, Newest)> {
         self.newest_where(matchers, min_ts, max_ts, &|_| true)
     }
 
@@ -147,12 +141,12 @@ impl Storage {
         min_ts: i64,
         max_ts: i64,
         keep: KeepSeries<'_>,
-    ) -> Vec<(Arc<SeriesKey>, Newest)> {
+    ) -> Vec<(KeyArc, Newest)> {
         let range = (min_ts, max_ts);
         let overlaps = |lo: i64, hi: i64| lo <= max_ts && hi >= min_ts;
         // Each series met: its newest sample so far, and whether a chunk of
         // it failed to decode.
-        let mut found: Vec<(Arc<SeriesKey>, Option<Newest>, bool)> = Vec::new();
+        let mut found: Vec<(KeyArc, Option<Newest>, bool)> = Vec::new();
         let count_failure = |key: &SeriesKey, e: &dyn std::fmt::Display| {
             error!(series = %key, error = %e, "chunk does not decode; the series is left out of the read");
             self.metrics.chunk_read_errors.fetch_add(1, Relaxed);
@@ -160,7 +154,7 @@ impl Storage {
         let (segments, frozen) = {
             let state = lock!(self.state.read());
             let n_segments = state.segments.len() as u32;
-            let newest = |key: &Arc<SeriesKey>, n: std::result::Result<Newest, _>| match n {
+            let newest = |key: &KeyArc, n: std::result::Result<Newest, _>| match n {
                 Ok(n) => found.push((key.clone(), Some(n), false)),
                 Err(e) => {
                     count_failure(key, &e);
@@ -192,21 +186,18 @@ impl Storage {
             // only source (the head holds nothing in range), its series are
             // distinct and need no lookup.
             let alone = found.is_empty() && frozen.is_none() && segments.len() == 1;
-            let mut index: std::collections::HashMap<
-                Arc<SeriesKey>,
-                usize,
-                foldhash::fast::RandomState,
-            > = if alone {
-                Default::default()
-            } else {
-                found
-                    .iter()
-                    .enumerate()
-                    .map(|(i, (k, ..))| (k.clone(), i))
-                    .collect()
-            };
-            type Found = Vec<(Arc<SeriesKey>, Option<Newest>, bool)>;
-            let mut entry = |found: &mut Found, key: &Arc<SeriesKey>| -> usize {
+            let mut index: std::collections::HashMap<KeyArc, usize, foldhash::fast::RandomState> =
+                if alone {
+                    Default::default()
+                } else {
+                    found
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (k, ..))| (k.clone(), i))
+                        .collect()
+                };
+            type Found = Vec<(KeyArc, Option<Newest>, bool)>;
+            let mut entry = |found: &mut Found, key: &KeyArc| -> usize {
                 if alone {
                     found.push((key.clone(), None, false));
                     return found.len() - 1;
@@ -460,8 +451,8 @@ impl Storage {
             .iter()
             .map(|m| Matcher::equal(METRIC_NAME_LABEL, m.as_str()))
             .collect();
-        let mut found: Vec<(Arc<SeriesKey>, Vec<MemChunk>)> = Vec::new();
-        let mut gather = |key: &Arc<SeriesKey>, chunks: &mut dyn Iterator<Item = MemChunk>| {
+        let mut found: Vec<(KeyArc, Vec<MemChunk>)> = Vec::new();
+        let mut gather = |key: &KeyArc, chunks: &mut dyn Iterator<Item = MemChunk>| {
             let chunks: Vec<MemChunk> = chunks
                 .filter(|c| !c.rolled && c.min_ts <= max_ts && c.max_ts >= min_ts)
                 .collect();
@@ -531,7 +522,7 @@ enum ChunkSource {
 /// handles keep segments mapped while they live.
 #[derive(Debug, Clone)]
 pub struct SelectedSeries {
-    pub key: Arc<SeriesKey>,
+    pub key: KeyArc,
     chunks: Vec<ChunkSource>,
 }
 

@@ -116,10 +116,10 @@ fn series_refs_share_the_heads_keys() {
     assert_eq!((first[0].0, first[1].0), (again[1].0, again[0].0));
     assert_ne!(first[0].0, first[1].0);
     assert_eq!(*first[0].1, key("temp", 0));
-    assert!(Arc::ptr_eq(&first[0].1, &again[1].1));
-    assert!(Arc::ptr_eq(&first[1].1, &again[0].1));
+    assert!(KeyArc::ptr_eq(&first[0].1, &again[1].1));
+    assert!(KeyArc::ptr_eq(&first[1].1, &again[0].1));
     let head = st.head.read().unwrap();
-    assert!(Arc::ptr_eq(&first[0].1, head.key_arc(first[0].0)));
+    assert!(KeyArc::ptr_eq(&first[0].1, head.key_arc(first[0].0)));
 }
 
 /// A head chunk that does not decode fails the flush with a located error
@@ -849,7 +849,7 @@ fn segments_and_the_head_share_one_copy_of_each_key() {
                 of(&segments[1], &key("temp", gpu)),
             );
             assert_eq!(*a, key("temp", gpu));
-            assert!(Arc::ptr_eq(&a, &b), "gpu {gpu}: two copies of one key");
+            assert!(KeyArc::ptr_eq(&a, &b), "gpu {gpu}: two copies of one key");
         }
         of(&segments[1], &key("temp", 0))
     };

@@ -29,7 +29,7 @@ fn sample_head() -> Head {
 fn write(dir: &Path) -> PathBuf {
     let frozen = sample_head().freeze();
     let dst = dir.join("a.gseg");
-    let keys: Vec<Arc<SeriesKey>> = frozen.iter().map(|(k, _)| k.clone()).collect();
+    let keys: Vec<KeyArc> = frozen.iter().map(|(k, _)| k.clone()).collect();
     let s = write_segment(&dir.join("a.tmp"), &dst, (7, 7), 3, &keys, |i, ts, vals| {
         for c in &frozen[i].1 {
             c.decode_into(ts, vals).unwrap();
@@ -310,8 +310,8 @@ fn chunks_record_their_last_value() {
 #[test]
 fn shared_timestamp_blocks_read_back_after_any_other_read() {
     let dir = tempfile::tempdir().unwrap();
-    let keys: Vec<Arc<SeriesKey>> = (0..4)
-        .map(|i| Arc::new(SeriesKey::new("m", vec![Label::new("gpu", i.to_string())]).unwrap()))
+    let keys: Vec<KeyArc> = (0..4)
+        .map(|i| KeyArc::new(SeriesKey::new("m", vec![Label::new("gpu", i.to_string())]).unwrap()))
         .collect();
     // Series 0, 1 and 3 share timestamps `a`; series 2 has `b`, as many.
     let a: Vec<i64> = (0..300).map(|i| 1_000_000 + i * 10_000 + i % 7).collect();
@@ -432,7 +432,7 @@ fn parsed_label_sets_are_checked_once_and_shared() {
         vec![want("temp", "h0"), want("power", "h0"), want("temp", "h1")]
     );
     assert_eq!((starts, chunks.len()), (vec![0, 0, 0, 0], 0));
-    assert!(Arc::ptr_eq(keys[0].parts().1, keys[1].parts().1));
+    assert!(keys[0].parts().1.ptr_eq(keys[1].parts().1));
     assert!(Arc::ptr_eq(keys[0].parts().0, keys[2].parts().0));
 
     // An empty metric name, its labels those of a valid series before it.
@@ -476,8 +476,10 @@ fn series_encoded_ahead_write_the_same_bytes() {
     use std::collections::HashSet;
     use writer::{EncodedSeries, write_segment_tmp_with};
     let dir = tempfile::tempdir().unwrap();
-    let keys: Vec<Arc<SeriesKey>> = (0..12)
-        .map(|i| Arc::new(SeriesKey::new("m", vec![Label::new("gpu", format!("{i:02}"))]).unwrap()))
+    let keys: Vec<KeyArc> = (0..12)
+        .map(|i| {
+            KeyArc::new(SeriesKey::new("m", vec![Label::new("gpu", format!("{i:02}"))]).unwrap())
+        })
         .collect();
     // Several chunks a series (the last one short), timestamps shared by
     // every other series, values of several shapes.

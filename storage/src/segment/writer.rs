@@ -11,7 +11,7 @@ use super::{BlockRef, FOOTER_MAGIC, HEADER_LEN, MAGIC, MAX_CHUNK_SAMPLES, VERSIO
 use crate::codec::{put_str, put_uvarint, put_varint};
 use crate::column;
 use crate::series::METRIC_NAME_LABEL;
-use crate::series::SeriesKey;
+use crate::series::{KeyArc, SeriesKey};
 use crate::{Error, Result};
 
 /// Summary of a written segment.
@@ -33,7 +33,7 @@ pub(crate) fn write_segment(
     dst: &Path,
     seq: (u64, u64),
     wal_cut: u64,
-    keys: &[Arc<SeriesKey>],
+    keys: &[KeyArc],
     load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
     let summary = write_segment_tmp(tmp, dst, seq, wal_cut, keys, load)?;
@@ -71,7 +71,7 @@ pub(crate) fn write_segment_tmp(
     dst: &Path,
     seq: (u64, u64),
     wal_cut: u64,
-    keys: &[Arc<SeriesKey>],
+    keys: &[KeyArc],
     mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<()>,
 ) -> Result<SegmentSummary> {
     write_segment_tmp_with(tmp, dst, seq, wal_cut, keys, |i, ts, vals| {
@@ -87,7 +87,7 @@ pub(crate) fn write_segment_tmp_with(
     dst: &Path,
     seq: (u64, u64),
     wal_cut: u64,
-    keys: &[Arc<SeriesKey>],
+    keys: &[KeyArc],
     mut load: impl FnMut(usize, &mut Vec<i64>, &mut Vec<f64>) -> Result<Option<EncodedSeries>>,
 ) -> Result<SegmentSummary> {
     let io = |e| Error::io(tmp, e);
