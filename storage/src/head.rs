@@ -400,10 +400,10 @@ impl HeadSeries {
     /// out-of-order sample older than a timestamp taken before); when it is
     /// empty, the sealed chunks' newest is, or the flush took them all.
     fn last_ts(&self) -> Option<i64> {
-        let taken = match self.open.last_ts() {
-            Some(t) => Some(t),
-            None => self.closed.iter().map(|c| c.max_ts).max(),
-        };
+        let taken = self
+            .open
+            .last_ts()
+            .or_else(|| self.closed.iter().map(|c| c.max_ts).max());
         taken.max(self.flushed_max())
     }
 

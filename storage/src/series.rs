@@ -210,8 +210,8 @@ impl SeriesKey {
 /// key then owns no strings of its own. The label sets share their strings
 /// too: every set repeats the label names, and most values (a model, a
 /// driver version, a GPU index, a host's name for its GPUs) are in many
-/// sets (about 20 bytes a series with dcgm-exporter's labels). The head
-/// keeps one for its live series, a segment's index one while it is parsed.
+/// sets (about 20 bytes a series with dcgm-exporter's labels). The key set
+/// ([`SharedKeys`]) keeps one for the keys of the head and open segments.
 #[derive(Debug, Default)]
 pub(crate) struct KeyParts {
     names: Set<Arc<String>>,
@@ -229,16 +229,9 @@ impl KeyParts {
             Some(set) => set.clone(),
             None => {
                 let strings = &mut self.strings;
-                let mut string = |s: &Sym| match strings.get(s) {
-                    Some(copy) => copy.clone(),
-                    None => {
-                        strings.insert(s.clone());
-                        s.clone()
-                    }
-                };
                 let set = LabelSet::new(key.labels.iter().map(|l| Label {
-                    name: string(&l.name),
-                    value: string(&l.value),
+                    name: shared(strings, &l.name),
+                    value: shared(strings, &l.value),
                 }));
                 self.label_sets.insert(set.clone());
                 set
@@ -288,7 +281,8 @@ impl SharedKeys {
     }
 
     /// Drops the keys no head series or open segment uses any more (held
-    /// by the set alone), then the names and label sets no key uses.
+    /// by the set alone), then the names, label sets and label strings no
+    /// key uses.
     pub(crate) fn sweep(&self) {
         let mut inner = self.lock();
         inner.keys.retain(|k| KeyArc::strong_count(k) > 1);
@@ -334,8 +328,9 @@ impl SharedInner {
     }
 }
 
-/// The set's copy of `x`, added if the set has none.
-fn shared<T: ?Sized + Eq + Hash>(set: &mut Set<Arc<T>>, x: &Arc<T>) -> Arc<T> {
+/// The set's copy of `x` (a shared pointer: a clone is a count), added if
+/// the set has none.
+fn shared<T: Clone + Eq + Hash>(set: &mut Set<T>, x: &T) -> T {
     match set.get(x) {
         Some(copy) => copy.clone(),
         None => {
