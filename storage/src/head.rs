@@ -220,8 +220,9 @@ pub struct MemChunk {
 
 /// A series in the head. Kept small: the head holds one per live series
 /// (hundreds of thousands), so rare state is out of line ([`ThinVec`]s that
-/// take one word while empty), flags share a byte and the open chunk's first
-/// timestamp is read from its bytes (docs/BENCHMARKS.md has the sizes).
+/// take one word while empty), flags share a word with the series' flush
+/// period and the open chunk's first timestamp is read from its bytes
+/// (docs/BENCHMARKS.md has the sizes).
 #[derive(Debug)]
 struct HeadSeries {
     key: KeyArc,
@@ -236,32 +237,54 @@ struct HeadSeries {
     /// Out-of-order samples, unsorted, until sealed into a chunk.
     ooo: ThinVec<(i64, f64)>,
     r: SeriesRef,
-    /// The flush period ([`Head::evict_idle`] calls so far) in which the
-    /// series was created or last stored a sample.
-    active_period: u32,
     flags: Flags,
 }
 
-/// A [`HeadSeries`]' flags.
+/// A [`HeadSeries`]' flags, in the low bits, and above them the flush
+/// period ([`Head::evict_idle`] calls so far) in which the series was
+/// created or last stored a sample: in one word, the series is 96 bytes,
+/// not 104.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Flags(u8);
+struct Flags(u32);
 
 impl Flags {
     /// Defined in the current WAL generation (by a series record or a checkpoint).
-    const LOGGED: u8 = 1;
+    const LOGGED: u32 = 1;
     /// The open chunk's samples are counted in the rollup files already
     /// (see [`MemChunk::rolled`]).
-    const OPEN_ROLLED: u8 = 2;
+    const OPEN_ROLLED: u32 = 2;
     /// The same of the out-of-order buffer's samples.
-    const OOO_ROLLED: u8 = 4;
+    const OOO_ROLLED: u32 = 4;
     /// `flushed_max` holds a timestamp.
-    const HAS_FLUSHED: u8 = 8;
+    const HAS_FLUSHED: u32 = 8;
+    /// Bits below the period.
+    const PERIOD_SHIFT: u32 = 4;
+    /// The last period a series can name (2^28 flushes, at one a second,
+    /// take 8 years).
+    const MAX_PERIOD: u32 = u32::MAX >> Self::PERIOD_SHIFT;
 
-    fn get(self, flag: u8) -> bool {
+    /// No flag set, in `period`.
+    fn new(period: u32) -> Self {
+        let mut f = Self(0);
+        f.set_period(period);
+        f
+    }
+
+    fn period(self) -> u32 {
+        self.0 >> Self::PERIOD_SHIFT
+    }
+
+    fn set_period(&mut self, period: u32) {
+        debug_assert!(period <= Self::MAX_PERIOD);
+        let flags = self.0 & ((1 << Self::PERIOD_SHIFT) - 1);
+        self.0 = period << Self::PERIOD_SHIFT | flags;
+    }
+
+    fn get(self, flag: u32) -> bool {
         self.0 & flag != 0
     }
 
-    fn set(&mut self, flag: u8, on: bool) {
+    fn set(&mut self, flag: u32, on: bool) {
         if on {
             self.0 |= flag;
         } else {
@@ -388,8 +411,7 @@ impl HeadSeries {
             flushed_max: 0,
             ooo: ThinVec::new(),
             r,
-            active_period: period,
-            flags: Flags::default(),
+            flags: Flags::new(period),
         }
     }
 
@@ -694,8 +716,7 @@ impl Head {
     /// many left. Their refs are not reused; their samples are in segments.
     pub(crate) fn evict_idle(&mut self, now: Instant, idle: Duration) -> usize {
         self.period_ends.push_back((self.period, now));
-        // (2^32 flushes, at one a second, take 136 years.)
-        self.period = self.period.saturating_add(1);
+        self.period = (self.period + 1).min(Flags::MAX_PERIOD);
         // Series last active in a period that ended at least `idle` ago
         // (before the one ending now) go.
         let Some(idle_up_to) = self
@@ -719,7 +740,7 @@ impl Head {
         let before = self.series.len();
         self.series.retain(|s| {
             let holds = !s.closed.is_empty() || s.open.count() > 0 || !s.ooo.is_empty();
-            s.active_period > idle_up_to || holds
+            s.flags.period() > idle_up_to || holds
         });
         let evicted = before - self.series.len();
         if evicted > 0 {
@@ -782,7 +803,7 @@ impl Head {
             if s.ooo.len() >= max as usize {
                 s.seal_ooo();
             }
-            s.active_period = period;
+            s.flags.set_period(period);
             self.samples += 1;
             return Appended::OutOfOrder;
         }
@@ -795,7 +816,7 @@ impl Head {
             s.flags.set(Flags::OPEN_ROLLED, !fold);
         }
         s.open.append(ts_ms, value);
-        s.active_period = period;
+        s.flags.set_period(period);
         self.samples += 1;
         Appended::InOrder
     }
@@ -1188,9 +1209,9 @@ mod tests {
     /// The head holds one per live series: a field added here costs every
     /// series its bytes (docs/BENCHMARKS.md, head memory per series).
     #[test]
-    fn a_head_series_takes_at_most_104_bytes() {
+    fn a_head_series_takes_at_most_96_bytes() {
         assert!(std::mem::size_of::<GorillaEncoder>() <= 56);
-        assert!(std::mem::size_of::<HeadSeries>() <= 104);
+        assert!(std::mem::size_of::<HeadSeries>() <= 96);
     }
 
     #[test]

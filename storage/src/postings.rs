@@ -5,30 +5,44 @@ use std::collections::HashMap;
 
 use roaring::RoaringBitmap;
 
-use crate::series::{KeyHasher, Matcher};
+use crate::series::{KeyHasher, Matcher, Sym};
 
 /// Label name -> value -> series ids (the metric name under `__name__`), as
 /// Roaring bitmaps: a list of a label every series has (model, driver,
 /// cluster) costs a bit a series instead of four bytes, a sparse one two
-/// bytes an id, and the intersections of a selector work a container at a
-/// time (docs/BENCHMARKS.md has the sizes).
-pub(crate) type Postings = HashMap<String, HashMap<String, RoaringBitmap, KeyHasher>, KeyHasher>;
+/// bytes an id, a list of consecutive ids (the series of one GPU or host,
+/// which arrive together) four bytes a run ([`add`] and a segment's open
+/// turn them into run containers), and the intersections of a selector work a
+/// container at a time (docs/BENCHMARKS.md has the sizes).
+pub(crate) type Postings = HashMap<Sym, HashMap<Sym, RoaringBitmap, KeyHasher>, KeyHasher>;
 
 /// Adds `id`, greater than every id already listed, under `(name, value)`.
-pub(crate) fn add(postings: &mut Postings, name: &str, value: &str, id: u32) {
-    let ids = match postings.get_mut(name) {
-        Some(values) => match values.get_mut(value) {
-            Some(ids) => ids,
-            None => values.entry(value.to_owned()).or_default(),
-        },
-        None => postings
-            .entry(name.to_owned())
-            .or_default()
-            .entry(value.to_owned())
-            .or_default(),
+/// A new list keeps the strings given: a head passes its keys' shared
+/// [`Sym`]s, so that a list of a GPU's UUID costs no copy of it.
+pub(crate) fn add(
+    postings: &mut Postings,
+    name: impl AsRef<str> + Into<Sym>,
+    value: impl AsRef<str> + Into<Sym>,
+    id: u32,
+) {
+    let values = match postings.get_mut(name.as_ref()) {
+        Some(values) => values,
+        None => postings.entry(name.into()).or_default(),
     };
-    let pushed = ids.push(id);
-    debug_assert!(pushed, "postings ids are added in ascending order");
+    let ids = match values.get_mut(value.as_ref()) {
+        Some(ids) => ids,
+        None => values.entry(value.into()).or_default(),
+    };
+    let pushed = ids.try_push(id);
+    debug_assert!(pushed.is_ok(), "postings ids are added in ascending order");
+    // Each time a list doubles, it takes the smallest of array, bitmap and
+    // runs (a run container grows by extending its last run, and a run of
+    // scattered ids would cost 4 bytes an id): the check counts the runs
+    // of the list, so it costs O(1) an id over the list's life.
+    let n = ids.len();
+    if n >= 8 && n.is_power_of_two() {
+        ids.optimize();
+    }
 }
 
 /// The ids that may match all `matchers`, ascending, and the matchers left
@@ -47,7 +61,7 @@ pub(crate) fn select<'m>(
         let values = postings.get(m.name());
         let list: RoaringBitmap = match m {
             Matcher::Equal { value, .. } if !value.is_empty() => {
-                let Some(ids) = values.and_then(|v| v.get(value)) else {
+                let Some(ids) = values.and_then(|v| v.get(value.as_str())) else {
                     candidates = Some(RoaringBitmap::new());
                     continue;
                 };
@@ -89,7 +103,7 @@ mod tests {
         let mut p = Postings::default();
         for (id, labels) in series.iter().enumerate() {
             for (n, v) in labels.iter() {
-                add(&mut p, n, v, id as u32);
+                add(&mut p, *n, *v, id as u32);
             }
         }
         p
@@ -136,6 +150,30 @@ mod tests {
         let (ids, rest) = select(&p, &gpu_1_not_a);
         assert_eq!(ids, Some(vec![2, 3]));
         assert_eq!(rest, [&others[0]]);
+    }
+
+    /// A list of consecutive ids (a GPU's series) becomes one run; one of
+    /// scattered ids (a metric's, every 25th) stays an array; both list
+    /// every id added.
+    #[test]
+    fn consecutive_ids_are_kept_as_runs() {
+        let mut p = Postings::default();
+        for id in 0..10_000u32 {
+            add(&mut p, "UUID", "GPU-0", id);
+            if id % 25 == 0 {
+                add(&mut p, "__name__", "temp", id);
+            }
+        }
+        let list = |n: &str, v: &str| &p[n][v];
+        let (gpu, temp) = (list("UUID", "GPU-0"), list("__name__", "temp"));
+        assert_eq!(gpu.len(), 10_000);
+        assert!(gpu.iter().eq(0..10_000));
+        let s = gpu.statistics();
+        assert_eq!((s.n_run_containers, s.n_values_run_containers), (1, 10_000));
+        assert!(temp.iter().eq((0..10_000).step_by(25)));
+        let s = temp.statistics();
+        assert_eq!((s.n_array_containers, s.n_run_containers), (1, 0));
+        assert_eq!(s.n_values_array_containers, 400);
     }
 
     proptest::proptest! {

@@ -317,6 +317,7 @@ impl Segment {
             starts,
             chunks,
         };
+        let postings = keys.share_postings(postings);
         Ok(Self {
             id,
             path: path.to_path_buf(),
@@ -730,7 +731,7 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
         // Ascending (a zero delta after the first is refused above): the
         // bitmap takes them without checking each against the last, as
         // `push` does.
-        let bitmap =
+        let mut bitmap =
             roaring::RoaringBitmap::from_sorted_iter(ids.iter().copied()).map_err(|_| {
                 (
                     r.offset(),
@@ -739,7 +740,12 @@ fn parse_postings(buf: &[u8], base: u64, nseries: usize) -> codec::ReadResult<Po
                     },
                 )
             })?;
-        out.entry(name).or_default().insert(value, bitmap);
+        // Its smallest form: a segment's series are in key order, so each
+        // metric's ids are one run.
+        bitmap.optimize();
+        out.entry(name.into())
+            .or_default()
+            .insert(value.into(), bitmap);
     }
     if !r.is_empty() {
         return Err((

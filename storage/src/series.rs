@@ -12,6 +12,7 @@ use std::fmt;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use crate::postings::Postings;
 pub use crate::sym::Sym;
 
 /// A test of a series key besides the matchers, applied before a series
@@ -278,6 +279,25 @@ impl SharedKeys {
     pub(crate) fn share_all(&self, keys: Vec<SeriesKey>) -> Vec<KeyArc> {
         let mut inner = self.lock();
         keys.into_iter().map(|k| inner.share(k)).collect()
+    }
+
+    /// `postings` with each label name and value replaced by the set's copy
+    /// (added if it has none): a segment's lists name the strings of its
+    /// keys, which the keys already share, and each open segment held its
+    /// own copy of every GPU's UUID, host name and the like.
+    pub(crate) fn share_postings(&self, postings: Postings) -> Postings {
+        let mut inner = self.lock();
+        let strings = &mut inner.parts.strings;
+        postings
+            .into_iter()
+            .map(|(name, values)| {
+                let values = values
+                    .into_iter()
+                    .map(|(value, ids)| (shared(strings, &value), ids))
+                    .collect();
+                (shared(strings, &name), values)
+            })
+            .collect()
     }
 
     /// Drops the keys no head series or open segment uses any more (held
@@ -548,6 +568,37 @@ mod tests {
         drop(a);
         keys.sweep();
         assert_eq!((keys.len(), keys.strings()), ((0, 0, 0), 0));
+    }
+
+    /// A segment's postings take the keys' copies of their strings, and
+    /// add the ones no key has (`__name__` and the metric names); the
+    /// sweep keeps them while the postings hold them.
+    #[test]
+    fn postings_share_the_strings_of_the_keys() {
+        let keys = SharedKeys::default();
+        let labels = vec![Label::new("gpu", "0"), Label::new("Hostname", "h1")];
+        let key = keys.share(SeriesKey::new("temp", labels).unwrap());
+        assert_eq!(keys.strings(), 4);
+        let mut p = Postings::default();
+        crate::postings::add(&mut p, "__name__", "temp", 0);
+        crate::postings::add(&mut p, "gpu", "0", 0);
+        crate::postings::add(&mut p, "Hostname", "h1", 0);
+        let p = keys.share_postings(p);
+        assert_eq!(keys.strings(), 6, "__name__ and temp added");
+        let (name, values) = p.get_key_value("gpu").unwrap();
+        let (value, ids) = values.get_key_value("0").unwrap();
+        assert!(ids.iter().eq([0]));
+        let label = &key.labels()[1];
+        assert_eq!(
+            (name.as_ptr(), value.as_ptr()),
+            (label.name.as_ptr(), label.value.as_ptr())
+        );
+        drop(key);
+        keys.sweep();
+        assert_eq!(keys.strings(), 6, "the postings hold all six");
+        drop(p);
+        keys.sweep();
+        assert_eq!(keys.strings(), 0);
     }
 
     #[test]
