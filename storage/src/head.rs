@@ -1206,6 +1206,25 @@ mod tests {
         }
     }
 
+    /// A series' flags and its flush period share a word without touching
+    /// each other; the period stops at the last one the word can hold.
+    #[test]
+    fn flags_and_period_share_a_word() {
+        let mut f = Flags::new(5);
+        f.set(Flags::LOGGED, true);
+        f.set(Flags::HAS_FLUSHED, true);
+        f.set_period(Flags::MAX_PERIOD);
+        assert_eq!(f.period(), (1 << 28) - 1);
+        assert!(f.get(Flags::LOGGED) && f.get(Flags::HAS_FLUSHED));
+        assert!(!f.get(Flags::OPEN_ROLLED) && !f.get(Flags::OOO_ROLLED));
+        f.set(Flags::LOGGED, false);
+        f.set_period(7);
+        assert_eq!(
+            (f.period(), f.get(Flags::LOGGED), f.get(Flags::HAS_FLUSHED)),
+            (7, false, true)
+        );
+    }
+
     /// The head holds one per live series: a field added here costs every
     /// series its bytes (docs/BENCHMARKS.md, head memory per series).
     #[test]
