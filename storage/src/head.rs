@@ -244,7 +244,7 @@ struct HeadSeries {
 /// period ([`Head::evict_idle`] calls so far) in which the series was
 /// created or last stored a sample: in one word, the series is 96 bytes,
 /// not 104.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Flags(u32);
 
 impl Flags {
