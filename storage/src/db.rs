@@ -63,7 +63,9 @@ macro_rules! lock {
 pub struct StorageConfig {
     /// Root of the data directory; created if missing.
     pub data_dir: PathBuf,
-    /// Samples per head chunk before it is sealed. Default 240 (4 min at 1 Hz).
+    /// Samples per head chunk before it is sealed. Default 240 (4 min at 1 Hz);
+    /// at most `GorillaEncoder::MAX_SAMPLES` (about a million), which a larger
+    /// setting is capped to.
     pub max_chunk_samples: u32,
     /// Most series the head holds; more are rejected. Default 5,000,000.
     /// Counts live series: see `series_idle`.

@@ -61,18 +61,21 @@ pub enum DecodeError {
 /// merge chunks in order.
 #[derive(Debug, Clone, Default)]
 pub struct GorillaEncoder {
-    /// The bits so far ([`BitWriter`]), and the bits still free in the
-    /// last byte: kept here, beside `count` and `window`, where the struct
-    /// has room for it.
-    bytes: Vec<u8>,
+    /// The bits so far ([`BitWriter`]), in a boxed slice whose bytes past
+    /// them are zero: the head holds an encoder per series, and a `Vec`
+    /// took a word more.
+    bytes: Box<[u8]>,
     t: i64,
     t_delta: i64,
     /// The value half ([`XorState`]'s fields, not the struct: the head holds
     /// an encoder per series, and the struct's padding cost each 8 bytes).
     v: u64,
-    count: u32,
-    window: Option<(u8, u8)>,
-    free: u8,
+    /// Bits written.
+    bits: u32,
+    /// The sample count in the low [`Self::COUNT_BITS`] bits and the XOR
+    /// window above them ([`Self::window`]): in one word, the encoder is
+    /// 48 bytes, not 56.
+    count_window: u32,
 }
 
 /// The value half of the codec: the previous value's bits and the current
@@ -173,6 +176,16 @@ impl XorFault {
 }
 
 impl GorillaEncoder {
+    /// Bits of [`Self::count_window`] that count samples.
+    const COUNT_BITS: u32 = 20;
+    /// The most samples an encoder takes (about a million; the head seals
+    /// its chunks at `max_chunk_samples`, 240 by default, and caps that
+    /// setting here). Their bits stay far below 2^32.
+    pub const MAX_SAMPLES: u32 = (1 << Self::COUNT_BITS) - 1;
+    /// The window's bits, above the count: set (1), leading zeros (5:
+    /// capped at 31) and trailing zeros (6: at most 63, the XOR not 0).
+    const WINDOW_SET: u32 = 1 << 11;
+
     pub fn new() -> Self {
         Self::default()
     }
@@ -182,46 +195,83 @@ impl GorillaEncoder {
     /// neither reallocates its way up nor holds twice what it needs.
     pub fn with_capacity(bytes: usize) -> Self {
         Self {
-            bytes: Vec::with_capacity(bytes),
+            bytes: BitWriter::buffer(bytes),
             ..Self::default()
         }
     }
 
     /// Number of samples encoded.
     pub fn count(&self) -> u32 {
-        self.count
+        self.count_window & Self::MAX_SAMPLES
+    }
+
+    /// The (leading, trailing) zeros of the XOR window, once set.
+    fn window(&self) -> Option<(u8, u8)> {
+        let w = self.count_window >> Self::COUNT_BITS;
+        (w & Self::WINDOW_SET != 0).then_some((((w >> 6) & 31) as u8, (w & 63) as u8))
+    }
+
+    fn set_window(&mut self, window: Option<(u8, u8)>) {
+        let w = window.map_or(0, |(leading, trailing)| {
+            debug_assert!(leading <= 31 && trailing <= 63);
+            Self::WINDOW_SET | (leading as u32) << 6 | trailing as u32
+        });
+        self.count_window = self.count() | w << Self::COUNT_BITS;
     }
 
     /// The encoded bytes so far (zero-padded to a byte). Decode them with
     /// [`GorillaDecoder::new`] and [`Self::count`].
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        BitWriter::written(&self.bytes, self.bits)
     }
 
     /// Timestamp of the first sample, if any: read back from the bytes (a
     /// varint at the start), so that a head series need not keep it.
     pub fn first_ts(&self) -> Option<i64> {
-        if self.count == 0 {
+        if self.count() == 0 {
             return None;
         }
-        BitReader::new(&self.bytes).read_varint().ok()
+        BitReader::new(self.bytes()).read_varint().ok()
     }
 
     /// Timestamp of the last sample, if any.
     pub fn last_ts(&self) -> Option<i64> {
-        (self.count > 0).then_some(self.t)
+        (self.count() > 0).then_some(self.t)
+    }
+
+    /// Keeps `ts_ms` for the encoder's owner while it has no sample, in the
+    /// word that holds the last sample's timestamp ([`Self::parked_ts`]): a
+    /// head series keeps its newest flushed timestamp there. The first
+    /// sample appended replaces it.
+    pub fn park_ts(&mut self, ts_ms: i64) {
+        debug_assert_eq!(self.count(), 0);
+        if self.count() == 0 {
+            self.t = ts_ms;
+        }
+    }
+
+    /// The timestamp [`Self::park_ts`] kept (0 if none was) while the
+    /// encoder has no sample; `None` once it has one.
+    pub fn parked_ts(&self) -> Option<i64> {
+        (self.count() == 0).then_some(self.t)
     }
 
     /// The last sample, if any, without decoding.
     pub fn last(&self) -> Option<(i64, f64)> {
-        (self.count > 0).then(|| (self.t, f64::from_bits(self.v)))
+        (self.count() > 0).then(|| (self.t, f64::from_bits(self.v)))
     }
 
     /// Appends one sample.
+    ///
+    /// # Panics
+    /// Past [`Self::MAX_SAMPLES`] samples.
     pub fn append(&mut self, ts_ms: i64, value: f64) {
+        let count = self.count();
+        assert!(count < Self::MAX_SAMPLES, "BUG: a chunk past MAX_SAMPLES");
         let vbits = value.to_bits();
-        let w = &mut BitWriter::new(&mut self.bytes, &mut self.free);
-        match self.count {
+        let mut window = self.window();
+        let w = &mut BitWriter::new(&mut self.bytes, &mut self.bits);
+        match count {
             0 => {
                 w.write_varint(ts_ms);
                 w.write_bits(vbits, 64);
@@ -230,7 +280,7 @@ impl GorillaEncoder {
             1 => {
                 let delta = ts_ms.wrapping_sub(self.t);
                 w.write_varint(delta);
-                write_xor(w, &mut self.v, &mut self.window, vbits);
+                write_xor(w, &mut self.v, &mut window, vbits);
                 self.t_delta = delta;
             }
             _ => {
@@ -253,12 +303,13 @@ impl GorillaEncoder {
                     w.write_bits(0b1111, 4);
                     w.write_bits(dod as u64, 64);
                 }
-                write_xor(w, &mut self.v, &mut self.window, vbits);
+                write_xor(w, &mut self.v, &mut window, vbits);
                 self.t_delta = delta;
             }
         }
         self.t = ts_ms;
-        self.count += 1;
+        self.count_window += 1;
+        self.set_window(window);
     }
 }
 
@@ -385,17 +436,17 @@ impl Iterator for GorillaDecoder<'_> {
 /// one XOR block per value. The fallback value encoding of segment columns.
 #[derive(Debug, Clone, Default)]
 pub struct XorEncoder {
-    bytes: Vec<u8>,
+    bytes: Box<[u8]>,
+    /// Bits written ([`BitWriter`]).
+    bits: u32,
     count: u32,
     xor: XorState,
-    /// Bits still free in the last byte of `bytes` ([`BitWriter`]).
-    free: u8,
 }
 
 impl XorEncoder {
     pub fn append(&mut self, value: f64) {
         let vbits = value.to_bits();
-        let w = &mut BitWriter::new(&mut self.bytes, &mut self.free);
+        let w = &mut BitWriter::new(&mut self.bytes, &mut self.bits);
         if self.count == 0 {
             w.write_bits(vbits, 64);
             self.xor.v = vbits;
@@ -406,7 +457,7 @@ impl XorEncoder {
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        BitWriter::written(&self.bytes, self.bits)
     }
 }
 

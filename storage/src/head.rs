@@ -219,31 +219,28 @@ pub struct MemChunk {
 }
 
 /// A series in the head. Kept small: the head holds one per live series
-/// (hundreds of thousands), so rare state is out of line ([`ThinVec`]s that
-/// take one word while empty), flags share a word with the series' flush
-/// period and the open chunk's first timestamp is read from its bytes
+/// (hundreds of thousands), so its sealed chunks are a [`ThinVec`] (one
+/// word while empty), its rare out-of-order samples are out of it
+/// ([`OooBuffers`]), flags share a word with the series' flush period, the
+/// open chunk's first timestamp is read from its bytes and its encoder
+/// packs its buffer and counts ([`GorillaEncoder`]) and keeps the newest
+/// flushed timestamp while it is empty: 72 bytes
 /// (docs/BENCHMARKS.md has the sizes).
 #[derive(Debug)]
 struct HeadSeries {
     key: KeyArc,
     closed: ThinVec<MemChunk>,
+    /// The open chunk; while it is empty, it keeps the series' newest
+    /// flushed timestamp ([`HeadSeries::flushed_max`]).
     open: GorillaEncoder,
-    /// Newest timestamp the series has in segments (or in a flush in
-    /// progress), with [`Flags::HAS_FLUSHED`]; an older sample may
-    /// duplicate a flushed one. With the chunks it also gives the newest
-    /// timestamp taken ([`HeadSeries::last_ts`]), which the series does not
-    /// keep apart (8 bytes a series).
-    flushed_max: i64,
-    /// Out-of-order samples, unsorted, until sealed into a chunk.
-    ooo: ThinVec<(i64, f64)>,
     r: SeriesRef,
     flags: Flags,
 }
 
 /// A [`HeadSeries`]' flags, in the low bits, and above them the flush
 /// period ([`Head::evict_idle`] calls so far) in which the series was
-/// created or last stored a sample: in one word, the series is 96 bytes,
-/// not 104.
+/// created or last stored a sample: in one word, the series took 96 bytes,
+/// not 104 (72 now).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Flags(u32);
 
@@ -255,7 +252,7 @@ impl Flags {
     const OPEN_ROLLED: u32 = 2;
     /// The same of the out-of-order buffer's samples.
     const OOO_ROLLED: u32 = 4;
-    /// `flushed_max` holds a timestamp.
+    /// The series has flushed samples ([`HeadSeries::flushed_max`]).
     const HAS_FLUSHED: u32 = 8;
     /// Bits below the period.
     const PERIOD_SHIFT: u32 = 4;
@@ -408,8 +405,6 @@ impl HeadSeries {
             key,
             closed: ThinVec::new(),
             open: GorillaEncoder::new(),
-            flushed_max: 0,
-            ooo: ThinVec::new(),
             r,
             flags: Flags::new(period),
         }
@@ -429,15 +424,39 @@ impl HeadSeries {
         taken.max(self.flushed_max())
     }
 
+    /// The newest timestamp the series has in segments (or in a flush in
+    /// progress), if it has flushed samples, or a bound at or above it: an
+    /// older sample may duplicate a flushed one. The series does not keep it
+    /// apart (8 bytes a series): an empty open chunk keeps it
+    /// ([`GorillaEncoder::park_ts`]), exactly, as a flush and a new series
+    /// leave it; once the open chunk has samples, those are all newer (taken
+    /// in order), and the timestamp before its first bounds it. A bound
+    /// above it holds only while a chunk newer than the bound is in the
+    /// head, so the newest timestamp taken ([`Self::last_ts`]) stays exact.
     fn flushed_max(&self) -> Option<i64> {
-        self.flags
-            .get(Flags::HAS_FLUSHED)
-            .then_some(self.flushed_max)
+        if !self.flags.get(Flags::HAS_FLUSHED) {
+            return None;
+        }
+        match self.open.parked_ts() {
+            Some(t) => Some(t),
+            None => self.open.first_ts().map(|t| t.saturating_sub(1)),
+        }
     }
 
     /// Raises the newest flushed timestamp to `ts_ms`, if that is newer.
     fn raise_flushed(&mut self, ts_ms: i64) {
-        self.flushed_max = self.flushed_max().map_or(ts_ms, |t| t.max(ts_ms));
+        if let Some(first) = self.open.first_ts() {
+            if ts_ms < first {
+                // Bounded by the open chunk already.
+                self.flags.set(Flags::HAS_FLUSHED, true);
+                return;
+            }
+            // (Not expected: a flushed sample at or after one taken in
+            // order.) Sealed, the open chunk keeps the bound exact.
+            self.seal_open(u32::MAX, None);
+        }
+        let t = self.flushed_max().map_or(ts_ms, |t| t.max(ts_ms));
+        self.open.park_ts(t);
         self.flags.set(Flags::HAS_FLUSHED, true);
     }
 
@@ -477,6 +496,7 @@ impl HeadSeries {
         let Some(c) = self.open_chunk() else {
             return;
         };
+        let flushed = self.flushed_max();
         let full = c.count >= max_samples;
         let room = if full {
             c.bytes.len() + c.bytes.len() / 8
@@ -489,14 +509,17 @@ impl HeadSeries {
         };
         self.closed.push(sealed);
         self.open = GorillaEncoder::with_capacity(room);
+        if let Some(t) = flushed {
+            self.open.park_ts(t);
+        }
     }
 
-    /// The out-of-order buffer as a chunk, sorted by time.
-    fn ooo_chunk(&self) -> Option<MemChunk> {
-        if self.ooo.is_empty() {
+    /// Its out-of-order buffer `ooo` as a chunk, sorted by time.
+    fn ooo_chunk(&self, ooo: &[(i64, f64)]) -> Option<MemChunk> {
+        if ooo.is_empty() {
             return None;
         }
-        let mut sorted = self.ooo.to_vec();
+        let mut sorted = ooo.to_vec();
         sorted.sort_by_key(|s| s.0);
         MemChunk::gorilla(&sorted, self.ooo_rolled())
     }
@@ -514,12 +537,47 @@ impl HeadSeries {
                 && has(self.open.bytes(), self.open.count()))
     }
 
-    fn seal_ooo(&mut self) {
-        if let Some(c) = self.ooo_chunk() {
+    /// Seals its out-of-order buffer, if it has one in `ooo`.
+    fn seal_ooo(&mut self, ooo: &mut OooBuffers) {
+        // (Out-of-order samples are rare: the buffer's room goes too.)
+        if let Some(buf) = ooo.take(self.r)
+            && let Some(c) = self.ooo_chunk(&buf)
+        {
             self.closed.push(c);
         }
-        // (Out-of-order samples are rare: the buffer's room goes too.)
-        self.ooo = ThinVec::new();
+    }
+}
+
+/// The series' out-of-order samples, unsorted, until sealed into a chunk:
+/// by ref, out of the series, since few series have any (a buffer in each
+/// took 8 bytes a series).
+#[derive(Debug, Default)]
+struct OooBuffers(RefMap<Vec<(i64, f64)>>);
+
+impl OooBuffers {
+    /// The buffer of `r`, empty if it has none.
+    fn of(&self, r: SeriesRef) -> &[(i64, f64)] {
+        if self.0.is_empty() {
+            return &[];
+        }
+        self.0.get(&r.0).map_or(&[], |b| b.as_slice())
+    }
+
+    fn push(&mut self, r: SeriesRef, sample: (i64, f64)) -> usize {
+        let buf = self.0.entry(r.0).or_default();
+        buf.push(sample);
+        buf.len()
+    }
+
+    fn take(&mut self, r: SeriesRef) -> Option<Vec<(i64, f64)>> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let buf = self.0.remove(&r.0);
+        if self.0.is_empty() {
+            self.0 = RefMap::default();
+        }
+        buf
     }
 }
 
@@ -551,6 +609,8 @@ pub(crate) struct Head {
     keys: Arc<SharedKeys>,
     /// The column chunks' timestamp blocks, one copy each.
     ts_blocks: TsBlocks,
+    /// The series' out-of-order buffers.
+    ooo: OooBuffers,
     /// The ref the next new series gets; refs are never reused.
     next_ref: u32,
     /// Flush periods so far: [`Self::evict_idle`] ends one.
@@ -588,10 +648,11 @@ impl Head {
             postings: Postings::default(),
             keys,
             ts_blocks: TsBlocks::default(),
+            ooo: OooBuffers::default(),
             next_ref: 0,
             period: 0,
             period_ends: VecDeque::new(),
-            max_chunk_samples: max_chunk_samples.max(1),
+            max_chunk_samples: max_chunk_samples.clamp(1, GorillaEncoder::MAX_SAMPLES),
             max_series,
             ooo_window_ms: ooo_window_ms.max(0),
             samples: 0,
@@ -683,7 +744,12 @@ impl Head {
     /// Whether a sample of `r` at `ts_ms` may duplicate a flushed one, so that
     /// [`Self::append_with`] will ask. Changes only at a freeze.
     pub(crate) fn maybe_flushed(&self, r: SeriesRef, ts_ms: i64) -> bool {
-        self.get(r).flushed_max().is_some_and(|m| ts_ms <= m)
+        let s = self.get(r);
+        // In order (the common case): newer than everything flushed.
+        if s.open.last_ts().is_some_and(|last| ts_ms > last) {
+            return false;
+        }
+        s.flushed_max().is_some_and(|m| ts_ms <= m)
     }
 
     /// Encodes a WAL series record for every series (their refs as WAL refs)
@@ -738,8 +804,9 @@ impl Head {
             self.period_ends.pop_front();
         }
         let before = self.series.len();
+        let ooo = &self.ooo;
         self.series.retain(|s| {
-            let holds = !s.closed.is_empty() || s.open.count() > 0 || !s.ooo.is_empty();
+            let holds = !s.closed.is_empty() || s.open.count() > 0 || !ooo.of(s.r).is_empty();
             s.flags.period() > idle_up_to || holds
         });
         let evicted = before - self.series.len();
@@ -784,7 +851,7 @@ impl Head {
         if let Some(last) = s.last_ts()
             && ts_ms <= last
         {
-            if ts_ms == last || s.ooo.iter().any(|&(t, _)| t == ts_ms) {
+            if ts_ms == last || self.ooo.of(r).iter().any(|&(t, _)| t == ts_ms) {
                 return Appended::Duplicate;
             }
             if last.saturating_sub(ts_ms) > self.ooo_window_ms {
@@ -795,13 +862,12 @@ impl Head {
             {
                 return Appended::Duplicate;
             }
-            if !s.ooo.is_empty() && s.ooo_rolled() == fold {
-                s.seal_ooo();
+            if !self.ooo.of(r).is_empty() && s.ooo_rolled() == fold {
+                s.seal_ooo(&mut self.ooo);
             }
             s.flags.set(Flags::OOO_ROLLED, !fold);
-            s.ooo.push((ts_ms, value));
-            if s.ooo.len() >= max as usize {
-                s.seal_ooo();
+            if self.ooo.push(r, (ts_ms, value)) >= max as usize {
+                s.seal_ooo(&mut self.ooo);
             }
             s.flags.set_period(period);
             self.samples += 1;
@@ -837,7 +903,7 @@ impl Head {
             .flat_map(|s| {
                 let open = s.open_min_ts();
                 let closed = s.closed.iter().map(|c| c.min_ts);
-                let ooo = s.ooo.iter().map(|&(t, _)| t);
+                let ooo = self.ooo.of(s.r).iter().map(|&(t, _)| t);
                 closed.chain(open).chain(ooo)
             })
             .min()
@@ -852,7 +918,7 @@ impl Head {
         let mut out: Vec<FrozenSeries> = Vec::new();
         for s in &mut self.series {
             s.seal_open(self.max_chunk_samples, None);
-            s.seal_ooo();
+            s.seal_ooo(&mut self.ooo);
             if let Some(m) = s.closed.iter().map(|c| c.max_ts).max() {
                 s.raise_flushed(m);
             }
@@ -878,7 +944,11 @@ impl Head {
             } else {
                 s.open.count() as usize
             };
-            n += if s.ooo_rolled() { 0 } else { s.ooo.len() };
+            n += if s.ooo_rolled() {
+                0
+            } else {
+                self.ooo.of(s.r).len()
+            };
         });
         n
     }
@@ -903,7 +973,7 @@ impl Head {
         self.matching(select, |s| {
             let mut chunks = s.closed.to_vec();
             chunks.extend(s.open_chunk());
-            chunks.extend(s.ooo_chunk());
+            chunks.extend(s.ooo_chunk(self.ooo.of(s.r)));
             if !chunks.is_empty() {
                 f(&s.key, chunks);
             }
@@ -953,7 +1023,7 @@ impl Head {
                     }
                     _ => {}
                 }
-                let ooo = s.ooo.iter().copied();
+                let ooo = self.ooo.of(s.r).iter().copied();
                 Newest::offer_newest(&mut best, ooo, (min_ts, max_ts), at_ooo(closed));
                 Newest::search_mem(&mut best, &s.closed, source, (min_ts, max_ts))
             };
@@ -1228,9 +1298,61 @@ mod tests {
     /// The head holds one per live series: a field added here costs every
     /// series its bytes (docs/BENCHMARKS.md, head memory per series).
     #[test]
-    fn a_head_series_takes_at_most_96_bytes() {
-        assert!(std::mem::size_of::<GorillaEncoder>() <= 56);
-        assert!(std::mem::size_of::<HeadSeries>() <= 96);
+    fn a_head_series_takes_at_most_72_bytes() {
+        assert!(std::mem::size_of::<GorillaEncoder>() <= 48);
+        assert!(std::mem::size_of::<HeadSeries>() <= 72);
+    }
+
+    /// The newest flushed timestamp lives in the empty open chunk: exact
+    /// after a flush and after a raise, a bound (the timestamp before the
+    /// open chunk's first) while the open chunk has samples; the newest
+    /// timestamp taken stays exact through seals, flushes and raises.
+    #[test]
+    fn the_newest_flushed_timestamp_is_parked_in_the_open_chunk() {
+        let mut h = Head::new(2, 10, 1_000_000);
+        let r = h.get_or_create(key("0")).unwrap();
+        assert!(!h.maybe_flushed(r, 0));
+        for t in [1000, 2000, 3000] {
+            assert_eq!(h.append(r, t, 1.0), Appended::InOrder);
+        }
+        assert_eq!(h.freeze().len(), 1);
+        // Exact after the flush: 3000, not later.
+        assert!(h.maybe_flushed(r, 3000) && !h.maybe_flushed(r, 3001));
+        assert_eq!(h.append(r, 3000, 1.0), Appended::Duplicate);
+        // A late sample the segments hold is a duplicate; one they do not is kept.
+        let seen = |_: &SeriesKey, t: i64| t == 2000;
+        assert_eq!(h.append_with(r, 2000, 1.0, true, seen), Appended::Duplicate);
+        assert_eq!(
+            h.append_with(r, 2500, 1.0, true, seen),
+            Appended::OutOfOrder
+        );
+        // Samples in order: the bound is the one before the first, 3999.
+        assert_eq!(h.append(r, 4000, 1.0), Appended::InOrder);
+        assert!(h.maybe_flushed(r, 3999) && !h.maybe_flushed(r, 4000));
+        assert!(!h.maybe_flushed(r, 4001));
+        // A full open chunk seals; the newest taken stays 6000.
+        for t in [5000, 6000] {
+            assert_eq!(h.append(r, t, 1.0), Appended::InOrder);
+        }
+        assert_eq!(h.append(r, 6000, 1.0), Appended::Duplicate);
+        assert_eq!(h.append(r, 5500, 1.0), Appended::OutOfOrder);
+        assert_eq!(h.append(r, 7000, 1.0), Appended::InOrder);
+        // A raise past the open chunk's first sample (not expected) seals it:
+        // 8000 is then the newest, and 7500 late.
+        h.raise_flushed(r, 8000);
+        assert_eq!(h.append(r, 8000, 1.0), Appended::Duplicate);
+        assert_eq!(h.append(r, 7500, 1.0), Appended::OutOfOrder);
+        assert!(h.maybe_flushed(r, 8000) && !h.maybe_flushed(r, 8001));
+        // The flush takes every sample and parks their newest, 8000.
+        let frozen = h.freeze();
+        let mut ts = Vec::new();
+        for c in &frozen[0].1 {
+            c.decode_into(&mut ts, &mut Vec::new()).unwrap();
+        }
+        ts.sort_unstable();
+        assert_eq!(ts, [2500, 4000, 5000, 5500, 6000, 7000, 7500]);
+        assert!(h.maybe_flushed(r, 8000) && !h.maybe_flushed(r, 8001));
+        assert_eq!(h.append(r, 8001, 1.0), Appended::InOrder);
     }
 
     #[test]

@@ -5,41 +5,73 @@
 //! [`Eof`] error that the decoder turns into a located corruption error.
 
 /// Appends bits to a byte buffer, most significant bit first. It borrows
-/// the buffer and its count of free bits from their owner, which keeps the
-/// count where its layout has room: a head series holds an encoder, and a
-/// writer owning a `free` byte beside its `Vec` took 32 bytes, not 24.
+/// the buffer and the count of bits written from their owner, which keeps
+/// them where its layout has room: a head series holds an encoder, whose
+/// buffer is a boxed slice (two words, where a `Vec` takes three) and whose
+/// 32-bit count of bits sits beside its other small fields. The bytes past
+/// the bits written are zero, so that writing ORs bits in.
 #[derive(Debug)]
 pub(crate) struct BitWriter<'a> {
-    bytes: &'a mut Vec<u8>,
-    /// Bits still free in the last byte of `bytes` (0 means "start a new byte").
-    free: &'a mut u8,
+    buf: &'a mut Box<[u8]>,
+    bits: &'a mut u32,
 }
 
 impl<'a> BitWriter<'a> {
-    /// A writer that appends to `bytes`, whose last byte has `free` bits
-    /// still free (0 for an empty buffer).
+    /// A writer that appends to the first `bits` bits of `buf`, whose bytes
+    /// after them are zero (an empty buffer and 0 to start).
     #[inline]
-    pub(crate) fn new(bytes: &'a mut Vec<u8>, free: &'a mut u8) -> Self {
-        Self { bytes, free }
+    pub(crate) fn new(buf: &'a mut Box<[u8]>, bits: &'a mut u32) -> Self {
+        debug_assert!(bits.div_ceil(8) as usize <= buf.len());
+        Self { buf, bits }
+    }
+
+    /// The whole bytes that hold the first `bits` bits of `buf`, the last
+    /// one zero-padded.
+    #[inline]
+    pub(crate) fn written(buf: &[u8], bits: u32) -> &[u8] {
+        &buf[..bits.div_ceil(8) as usize]
+    }
+
+    /// A zeroed buffer with room for `bytes` (none allocated for 0).
+    pub(crate) fn buffer(bytes: usize) -> Box<[u8]> {
+        vec![0; bytes].into_boxed_slice()
     }
 
     /// Writes the low `nbits` bits of `value` (`nbits` in 0..=64).
+    ///
+    /// # Panics
+    /// Past 2^32 bits (512 MiB): the encoders hold far fewer
+    /// ([`super::GorillaEncoder::MAX_SAMPLES`]).
     #[inline]
-    pub(crate) fn write_bits(&mut self, value: u64, mut nbits: u8) {
+    pub(crate) fn write_bits(&mut self, value: u64, nbits: u8) {
         debug_assert!(nbits <= 64);
-        while nbits > 0 {
-            if *self.free == 0 {
-                self.bytes.push(0);
-                *self.free = 8;
-            }
-            let take = nbits.min(*self.free);
-            // The `take` bits just below position `nbits` of `value`.
-            let chunk = ((value >> (nbits - take)) & ((1u64 << take) - 1)) as u8;
-            let last = self.bytes.len() - 1;
-            self.bytes[last] |= chunk << (*self.free - take);
-            *self.free -= take;
-            nbits -= take;
+        let end = *self.bits as usize + nbits as usize;
+        if end.div_ceil(8) > self.buf.len() {
+            Self::grow(self.buf, end.div_ceil(8));
         }
+        let (mut pos, mut n) = (*self.bits as usize, nbits);
+        while n > 0 {
+            let free = 8 - (pos % 8) as u8;
+            let take = n.min(free);
+            // The `take` bits just below position `n` of `value`.
+            let chunk = ((value >> (n - take)) & ((1u64 << take) - 1)) as u8;
+            self.buf[pos / 8] |= chunk << (free - take);
+            pos += take as usize;
+            n -= take;
+        }
+        *self.bits = u32::try_from(end).expect("BUG: a bit stream past 2^32 bits");
+    }
+
+    /// Replaces `buf` by a zero-padded copy with room for at least `need`
+    /// bytes: twice as many as before, 16 at least (one sample's 15 bytes
+    /// in glibc's smallest chunk).
+    #[cold]
+    fn grow(buf: &mut Box<[u8]>, need: usize) {
+        let cap = need.max(buf.len() * 2).max(16);
+        let mut grown = Vec::with_capacity(cap);
+        grown.extend_from_slice(buf);
+        grown.resize(cap, 0);
+        *buf = grown.into_boxed_slice();
     }
 
     #[inline]
@@ -67,7 +99,7 @@ impl<'a> BitWriter<'a> {
     /// The bytes written so far; the last byte is zero-padded.
     #[cfg(test)]
     pub(crate) fn bytes(&self) -> &[u8] {
-        self.bytes
+        Self::written(self.buf, *self.bits)
     }
 }
 
@@ -167,8 +199,8 @@ mod tests {
 
     #[test]
     fn bits_round_trip_across_byte_boundaries() {
-        let (mut buf, mut free) = (Vec::new(), 0);
-        let mut w = BitWriter::new(&mut buf, &mut free);
+        let (mut buf, mut bits) = (Box::default(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut bits);
         w.write_bits(0b101, 3);
         w.write_bits(u64::MAX, 64);
         w.write_bit(false);
@@ -187,8 +219,8 @@ mod tests {
 
     #[test]
     fn known_bit_pattern() {
-        let (mut buf, mut free) = (Vec::new(), 0);
-        let mut w = BitWriter::new(&mut buf, &mut free);
+        let (mut buf, mut bits) = (Box::default(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut bits);
         w.write_bits(0b1, 1);
         w.write_bits(0b0000001, 7);
         w.write_bits(0xff, 8);
@@ -198,8 +230,8 @@ mod tests {
     #[test]
     fn varints() {
         for v in [0i64, 1, -1, 63, -64, 1000, i64::MAX, i64::MIN] {
-            let (mut buf, mut free) = (Vec::new(), 0);
-            let mut w = BitWriter::new(&mut buf, &mut free);
+            let (mut buf, mut bits) = (Box::default(), 0);
+            let mut w = BitWriter::new(&mut buf, &mut bits);
             w.write_bit(true); // unaligned on purpose
             w.write_varint(v);
             let mut r = BitReader::new(w.bytes());
@@ -207,8 +239,8 @@ mod tests {
             assert_eq!(r.read_varint(), Ok(v), "{v}");
         }
         // 2000 = 0x7d0 -> LEB128 d0 0f (zigzag(1000) = 2000).
-        let (mut buf, mut free) = (Vec::new(), 0);
-        let mut w = BitWriter::new(&mut buf, &mut free);
+        let (mut buf, mut bits) = (Box::default(), 0);
+        let mut w = BitWriter::new(&mut buf, &mut bits);
         w.write_varint(1000);
         assert_eq!(w.bytes(), &[0xd0, 0x0f]);
     }

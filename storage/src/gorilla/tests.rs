@@ -171,3 +171,31 @@ proptest! {
         assert_bit_exact(&got, &samples);
     }
 }
+
+/// The XOR window shares a word with the count: its widest values (63
+/// trailing zeros from a sign flip, leading zeros capped at 31) survive it,
+/// and a buffer made with room writes the bytes a growing one does.
+#[test]
+fn widest_windows_and_a_preallocated_buffer_round_trip() {
+    let values = [1.0, -1.0, -1.0, 1.0, f64::from_bits(1), f64::from_bits(3)];
+    let samples: Vec<(i64, f64)> = (0..1000)
+        .map(|i| (i * 1000, values[i as usize % values.len()]))
+        .collect();
+    let mut e = GorillaEncoder::new();
+    e.append(0, 1.0);
+    e.append(1000, -1.0);
+    assert_eq!(e.window(), Some((0, 63)));
+    assert_eq!(e.count(), 2);
+    e.append(2000, f64::from_bits(1));
+    // 0xBFF0.. ^ 1: no leading zeros; the window does not fit, a new one is set.
+    assert_eq!(e.window(), Some((0, 0)));
+
+    let grown = encode(&samples);
+    let mut pre = GorillaEncoder::with_capacity(5000);
+    for &(t, v) in &samples {
+        pre.append(t, v);
+    }
+    assert_eq!(pre.bytes(), grown.bytes());
+    assert_eq!((pre.count(), grown.count()), (1000, 1000));
+    assert_bit_exact(&decode(grown.bytes(), grown.count()).unwrap(), &samples);
+}
