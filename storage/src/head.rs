@@ -742,7 +742,9 @@ impl Head {
     }
 
     /// Whether a sample of `r` at `ts_ms` may duplicate a flushed one, so that
-    /// [`Self::append_with`] will ask. Changes only at a freeze.
+    /// [`Self::append_with`] will ask. Changes at a freeze, and when the open
+    /// chunk takes its first sample (whose timestamp then bounds the flushed
+    /// ones): ask under the head lock that the append takes.
     pub(crate) fn maybe_flushed(&self, r: SeriesRef, ts_ms: i64) -> bool {
         let s = self.get(r);
         // In order (the common case): newer than everything flushed.

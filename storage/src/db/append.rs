@@ -201,7 +201,8 @@ impl Storage {
         // Raised only under the exclusive gate, so fixed for this batch.
         let floor = self.raw_floor.load(Relaxed);
         // Taken only for a late sample that may repeat a flushed timestamp. The
-        // gate keeps freezes out, so `maybe_flushed` cannot change meanwhile;
+        // gate keeps freezes out, so what the segments hold cannot change
+        // meanwhile, and the sample is asked about again under the head lock;
         // the head lock is let go first to keep the lock order state -> head.
         let mut flushed: Option<RwLockReadGuard<'_, State>> = None;
         let mut i = 0;
