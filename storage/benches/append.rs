@@ -52,9 +52,16 @@ fn head_memory_per_series() {
                     .sum::<usize>()
         })
         .sum();
+    // The sample's own compressed bytes (a Gorilla chunk of one sample):
+    // the figure is what the head takes beyond them.
+    let mut one = storage::gorilla::GorillaEncoder::new();
+    one.append(1_775_000_000_000, 1.0);
+    let per_series = (after - before) as f64 / n as f64;
     println!(
-        "head memory: {:.0} bytes per active series with one sample ({} series; label strings alone {:.0} bytes)",
-        (after - before) as f64 / n as f64,
+        "head memory: {:.0} bytes per active series with one sample, {:.0} beyond its {} compressed bytes ({} series; label strings alone {:.0} bytes)",
+        per_series,
+        per_series - one.bytes().len() as f64,
+        one.bytes().len(),
         n,
         label_bytes as f64 / n as f64
     );
