@@ -143,11 +143,13 @@ impl AppendObserver for Observer {
             return;
         };
         let n = batch.len();
-        if self.queued.fetch_add(n, Relaxed) + n > QUEUE_SAMPLES {
+        let now = self.queued.fetch_add(n, Relaxed) + n;
+        if now > QUEUE_SAMPLES {
             self.queued.fetch_sub(n, Relaxed);
             self.metrics.batches_dropped.fetch_add(1, Relaxed);
             return;
         }
+        self.metrics.queue_peak.fetch_max(now, Relaxed);
         match self.tx.try_send(batch) {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
@@ -165,6 +167,8 @@ impl AppendObserver for Observer {
 #[derive(Debug, Default)]
 pub(crate) struct HealthMetrics {
     batches_dropped: AtomicU64,
+    /// The most samples the queue has held at once.
+    queue_peak: AtomicUsize,
     polls: AtomicU64,
     late_samples: AtomicU64,
     log_write_errors: AtomicU64,
@@ -214,6 +218,12 @@ impl HealthMetrics {
                 v.load(Relaxed)
             );
         }
+        let name = "gpulse_health_queue_peak_samples";
+        let _ = writeln!(
+            out,
+            "# HELP {name} The most samples the health engine's queue has held at once (it drops batches past {QUEUE_SAMPLES}).\n# TYPE {name} gauge\n{name} {}",
+            self.queue_peak.load(Relaxed)
+        );
         let name = "gpulse_health_events_total";
         let _ = writeln!(
             out,
@@ -932,6 +942,7 @@ mod tests {
         observer.appended(&r[..2], &ts[..2], &v[..2]);
         assert_eq!(queued.load(Relaxed), QUEUE_SAMPLES);
         assert_eq!(metrics.batches_dropped.load(Relaxed), 1);
+        assert_eq!(metrics.queue_peak.load(Relaxed), QUEUE_SAMPLES);
         let lens: Vec<usize> = rx.try_iter().map(|b| b.len()).collect();
         assert_eq!(lens, vec![n, 1]);
         // Once the worker took them in, batches are queued again.

@@ -41,7 +41,7 @@ fn main() -> std::process::ExitCode {
 }
 
 fn run() -> anyhow::Result<()> {
-    storage::malloc::cap_arenas();
+    storage::malloc::tune();
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     agent::cmd::init_logging();
