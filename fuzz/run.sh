@@ -77,7 +77,10 @@ for t in "${targets[@]}"; do
   # -timeout: one input running 30 s is a hang (the targets bound their own
   # work far below that). -rss_limit_mb: 2 GiB, libFuzzer's default, stated.
   # -max_total_time is only the wall-time backstop; the CPU budget below
-  # ends the run with SIGINT, after which libFuzzer prints its final stats.
+  # ends the run with SIGUSR1, libFuzzer's graceful exit (a flag its loop
+  # checks, then its final stats and status 0). Not SIGINT: libFuzzer's
+  # SIGINT handler allocates, and a SIGINT that lands inside malloc
+  # deadlocks the fuzzer for good (seen once, in storage_ops).
   "$bindir/$t" -artifact_prefix="$artifacts/" \
     -max_total_time=$((3 * seconds + 60)) -timeout=30 -rss_limit_mb=2048 -max_len=4096 \
     -print_final_stats=1 "${dict[@]}" "${extra[@]}" \
@@ -88,17 +91,34 @@ for t in "${targets[@]}"; do
   while kill -0 "$pid" 2>/dev/null; do
     cpu=$(cpu_of "$pid")
     if ((cpu >= seconds)); then
-      kill -INT "$pid" 2>/dev/null || true
+      kill -USR1 "$pid" 2>/dev/null || true
       stopped=1
       break
     fi
     sleep 1
   done
+  # Backstop: a fuzzer that has not exited 60 s after the signal is killed,
+  # and its run reported as such.
+  killed=0
+  if ((stopped)); then
+    for _ in $(seq 60); do
+      kill -0 "$pid" 2>/dev/null || break
+      sleep 1
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+      kill -KILL "$pid" 2>/dev/null || true
+      killed=1
+    fi
+  fi
   rc=0
   wait "$pid" || rc=$?
-  # 72: libFuzzer's exit status after an interrupt, here the budget's SIGINT
-  # (its -interrupted_exitcode flag is not honoured by this libFuzzer).
+  # 72: libFuzzer's exit status after an interrupt, should a libFuzzer
+  # treat the signal as one.
   ((stopped && rc == 72)) && rc=0
+  if ((killed)); then
+    echo "fuzz: $t did not exit 60 s after its budget's signal; killed (see $log)" >&2
+    failed=1
+  fi
   after=$(find "$artifacts" -type f | wc -l)
   runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -n 1)
   eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -n 1)
