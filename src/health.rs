@@ -20,7 +20,7 @@
 //! key: `UUID` names the GPU, `Hostname`, `gpu`, `rack`, `row` and `cluster`
 //! place it; series that are not a field a detector reads are skipped, and
 //! from then on left out of the copies ([`Skipped`]). The queue is bounded
-//! in samples, not only in batches: a batch of a backfill holds thousands,
+//! in bytes, not only in batches: a batch of a backfill holds thousands,
 //! and 4,096 of them held 170 MB while a slowed engine (under heaptrack)
 //! caught up.
 
@@ -67,7 +67,7 @@ pub(crate) const STALE_MS: i64 = 60_000;
 /// are kept as runs: a backfill's batch of 2,700 samples holds a few dozen,
 /// and a queued sample takes 12 bytes, not 20 (the queue held 1-1.6 M
 /// samples at the end of a 2 h backfill of 1,000 GPUs on 2 cores).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Batch {
     refs: Vec<SeriesRef>,
     values: Vec<f64>,
