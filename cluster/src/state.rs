@@ -81,6 +81,9 @@ pub struct ClusterState {
     backlog: Mutex<HashMap<String, BTreeMap<String, u64>>>,
     /// By node id.
     peers: Mutex<HashMap<String, PeerView>>,
+    /// Bumped whenever what a read is planned from changes: a peer going
+    /// up or down, or reporting other shards or another cluster file.
+    generation: AtomicU64,
     /// Samples stored through paths other than agent streams (remote write).
     other_samples: AtomicU64,
     /// `--cluster-token-file`: the bearer token this node presents to its
@@ -105,6 +108,7 @@ impl ClusterState {
             local_keys: Mutex::default(),
             backlog: Mutex::default(),
             peers: Mutex::default(),
+            generation: AtomicU64::new(0),
             other_samples: AtomicU64::new(0),
             token: None,
             tls: None,
@@ -158,6 +162,7 @@ impl ClusterState {
             .unwrap_or_else(|e| e.into_inner())
             .retain(|id, _| map.node_index(id).is_some());
         *self.map.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(map);
+        self.generation.fetch_add(1, Relaxed);
         Ok(())
     }
 
@@ -227,10 +232,24 @@ impl ClusterState {
         sum
     }
 
-    /// Records the outcome of a status call to `node_id`.
+    /// Records the outcome of a status call to `node_id`, and bumps
+    /// [`Self::generation`] when it changes what reads are planned from.
     pub fn update_peer(&self, node_id: &str, outcome: Result<NodeStatusReply, String>) {
         let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let view = peers.entry(node_id.to_owned()).or_default();
+        let changed = match (&outcome, &view.status) {
+            (Ok(new), Some(old)) => {
+                !view.up
+                    || new.map_hash != old.map_hash
+                    || new.racks != old.racks
+                    || new.hosts != old.hosts
+            }
+            (Ok(_), None) => true,
+            (Err(_), _) => view.up,
+        };
+        if changed {
+            self.generation.fetch_add(1, Relaxed);
+        }
         match outcome {
             Ok(status) => {
                 view.up = true;
@@ -243,6 +262,14 @@ impl ClusterState {
                 view.last_error = Some(e);
             }
         }
+    }
+
+    /// Changes each time a status call changes what this node knows of a
+    /// peer's state, shards or cluster file. A read planned from this
+    /// node's view while it refreshes the view (`query`'s cluster reader)
+    /// compares it before and after: equal, the plan stands.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
     }
 
     /// What this node knows of `node_id` (the node itself is always up).

@@ -532,4 +532,39 @@ mod state {
         assert!(e.contains("\"a\" is not in the new cluster file"), "{e}");
         assert_eq!(s.map().node_index("d"), Some(2), "the old map stays");
     }
+
+    #[test]
+    fn the_generation_moves_when_what_reads_are_planned_from_changes() {
+        let map = parse(THREE).unwrap();
+        let hash = map.hash().to_owned();
+        let s = ClusterState::new(map, "a");
+        let mut g = s.generation();
+        let mut moved = |s: &ClusterState| {
+            let now = s.generation();
+            std::mem::replace(&mut g, now) != now
+        };
+        s.update_peer("b", Ok(status("b", &hash, &["r2"])));
+        assert!(moved(&s), "first answer");
+        s.update_peer("b", Ok(status("b", &hash, &["r2"])));
+        assert!(!moved(&s), "the same answer");
+        s.update_peer("b", Ok(status("b", &hash, &["r2", "r3"])));
+        assert!(moved(&s), "a shard more");
+        s.update_peer("b", Err("timeout".into()));
+        assert!(moved(&s), "down");
+        s.update_peer("b", Err("timeout".into()));
+        assert!(!moved(&s), "still down");
+        s.update_peer("c", Err("connection refused".into()));
+        assert!(!moved(&s), "never up");
+        s.update_peer("b", Ok(status("b", &hash, &["r2", "r3"])));
+        assert!(moved(&s), "up again");
+        s.update_peer("b", Ok(status("b", "0123456789abcdef", &["r2", "r3"])));
+        assert!(moved(&s), "another cluster file");
+        s.note_key(ShardKey::Rack("r9".into()));
+        assert!(
+            !moved(&s),
+            "this node's own shards are read whether known or not"
+        );
+        s.reload(parse(THREE).unwrap()).unwrap();
+        assert!(moved(&s), "a reload");
+    }
 }

@@ -671,6 +671,9 @@ pub struct ClusterMetrics {
     pub selects_refused: AtomicU64,
     /// Selects answered with at least one shard missing.
     pub selects_partial: AtomicU64,
+    /// Selects planned again because the peers' status, asked alongside
+    /// their first round, changed what they were planned from.
+    pub selects_replanned: AtomicU64,
     /// Flight reads of peers.
     pub peer_reads: AtomicU64,
     /// Peer reads that failed (unreachable, error, timeout, bad answer);
@@ -695,7 +698,7 @@ pub struct ClusterMetrics {
 impl ClusterMetrics {
     /// Appends the counters in the Prometheus text format.
     pub fn render(&self, out: &mut String) {
-        let counters: [(&str, &str, &AtomicU64); 17] = [
+        let counters: [(&str, &str, &AtomicU64); 18] = [
             (
                 "gpulse_flight_requests_total",
                 "Flight DoGet calls received from peers.",
@@ -735,6 +738,11 @@ impl ClusterMetrics {
                 "gpulse_cluster_selects_partial_total",
                 "Cluster selects answered with a shard missing (and a warning).",
                 &self.selects_partial,
+            ),
+            (
+                "gpulse_cluster_selects_replanned_total",
+                "Cluster selects planned again: the peers' status, asked during the read, had changed.",
+                &self.selects_replanned,
             ),
             (
                 "gpulse_cluster_peer_reads_total",

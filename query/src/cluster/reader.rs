@@ -42,11 +42,13 @@ pub struct ReaderConfig {
     /// until the query has them all, so past this the select fails with
     /// [`ClusterError::TooLarge`] instead of filling memory.
     pub max_peer_samples: usize,
-    /// Before planning, ask every peer for its status (each call bounded by
-    /// this), so that the shards live peers hold are known as of now and not
-    /// as of the last poll: a rack written a moment ago to two nodes, one of
-    /// which then fails, is still read from the other. `None` relies on the
-    /// peer poller alone (tests that set the peers' state by hand).
+    /// Ask every peer for its status with each read (each call bounded by
+    /// this), alongside the read's first round, and plan the read again if
+    /// the answers changed what it was planned from, so that the shards live
+    /// peers hold are known as of now and not as of the last poll: a rack
+    /// written a moment ago to two nodes, one of which then fails, is still
+    /// read from the other. `None` relies on the peer poller alone (tests
+    /// that set the peers' state by hand).
     pub refresh_timeout: Option<Duration>,
 }
 
@@ -159,6 +161,16 @@ type PartialsAnswer =
 /// The answer of one node for some shards.
 type NodeAnswer = Result<Vec<(KeyArc, Part)>, FetchError>;
 
+/// Whether a read's plan held ([`ClusterReader::fan_out`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planned {
+    /// Every answer was merged.
+    Held,
+    /// The peers' status, asked alongside the first round, changed the
+    /// view the read was planned from: nothing was merged, plan again.
+    Stale,
+}
+
 /// What one cluster read plans over: the map, this node's index in it, the
 /// shards any node reported, the shards to read, and the time range to plan
 /// for.
@@ -173,6 +185,10 @@ struct Round<'a> {
     keys: &'a BTreeSet<ShardKey>,
     min_ts: i64,
     max_ts: i64,
+    /// The [`ClusterState::generation`] the read was planned at, when its
+    /// first round is to refresh the peers' status alongside the reads and
+    /// check that the view held; `None` once the view is fresh.
+    view: Option<u64>,
 }
 
 impl ClusterReader {
@@ -271,18 +287,32 @@ impl ClusterReader {
         self.run(matchers, min_ts, max_ts, true).await
     }
 
-    /// What every cluster read does first: counts it, asks the peers for
-    /// their status (so that their shards are known as of now), and refuses
-    /// while a reachable peer runs another cluster file. Returns the
-    /// warnings to start the answer with.
-    async fn preflight(&self) -> Result<Vec<String>, ClusterError> {
+    /// What every cluster read does first: counts it and refuses while a
+    /// reachable peer runs another cluster file. Returns the warnings to
+    /// start the answer with, and the view to plan from: the peers' status
+    /// as last heard, whose [`ClusterState::generation`] the read's first
+    /// round checks after asking them again alongside the reads
+    /// ([`Self::fan_out`]). Refreshing first cost every read a round trip
+    /// to the peers (0.2-0.4 ms of a 1.3 ms query on the 2-core VM;
+    /// docs/BENCHMARKS.md). A refusal is decided on a fresh status.
+    async fn begin(&self) -> Result<(Vec<String>, Option<u64>), ClusterError> {
         let inner = &self.inner;
         inner.metrics.selects.fetch_add(1, Relaxed);
-        if let Some(peers) = &inner.peers {
-            cluster::refresh_peers(&inner.state, peers).await;
+        let Some(peers) = &inner.peers else {
+            return Ok((self.checked()?, None));
+        };
+        let view = inner.state.generation();
+        if let Ok(warnings) = inner.state.preflight() {
+            return Ok((warnings, Some(view)));
         }
-        inner.state.preflight().map_err(|e| {
-            inner.metrics.selects_refused.fetch_add(1, Relaxed);
+        cluster::refresh_peers(&inner.state, peers).await;
+        Ok((self.checked()?, None))
+    }
+
+    /// The warnings of the view as it stands, or its refusal (counted).
+    fn checked(&self) -> Result<Vec<String>, ClusterError> {
+        self.inner.state.preflight().map_err(|e| {
+            self.inner.metrics.selects_refused.fetch_add(1, Relaxed);
             ClusterError::Refused(e)
         })
     }
@@ -295,70 +325,88 @@ impl ClusterReader {
         labels_only: bool,
     ) -> Result<Selection, ClusterError> {
         let inner = &self.inner;
-        let mut warnings = self.preflight().await?;
-        let map = inner.state.map();
-        let me = self.self_index(&map)?;
-        let (known, keys) = self.shards_to_read(matchers);
+        let (mut warnings, mut view) = self.begin().await?;
+        loop {
+            let map = inner.state.map();
+            let me = self.self_index(&map)?;
+            let (known, keys) = self.shards_to_read(matchers);
 
-        // Node -> why it was not read (failed reads; peers marked down are
-        // described from the state when a warning needs it).
-        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
-        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        let mut merged: BTreeMap<KeyArc, Vec<Part>> = BTreeMap::new();
-        let received = AtomicUsize::new(0);
-        let round = Round {
-            map: &map,
-            me,
-            prefer: Prefer::Node(me),
-            known: &known,
-            keys: &keys,
-            min_ts,
-            max_ts,
-        };
-        self.fan_out(
-            round,
-            &mut failed,
-            &mut missing,
-            |local_keys, unknown_too| {
-                let storage = inner.storage.clone();
-                let matchers = matchers.to_vec();
-                async move {
-                    tokio::task::spawn_blocking(move || {
-                        read_local(&storage, &matchers, min_ts, max_ts, local_keys, unknown_too)
-                    })
-                    .await
-                    .map_err(|e| {
-                        ClusterError::Internal(format!("reading this node's storage failed: {e}"))
-                    })
-                }
-            },
-            |node, shards| {
-                let addr = map.nodes()[node].flight;
-                let ticket = wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
-                let received = &received;
-                async move { self.fetch(addr, ticket, received).await }
-            },
-            |series| {
-                for (key, part) in series {
-                    merged.entry(key).or_default().push(part);
-                }
-            },
-        )
-        .await?;
+            // Node -> why it was not read (failed reads; peers marked down are
+            // described from the state when a warning needs it).
+            let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+            let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+            let mut merged: BTreeMap<KeyArc, Vec<Part>> = BTreeMap::new();
+            let received = AtomicUsize::new(0);
+            let round = Round {
+                map: &map,
+                me,
+                prefer: Prefer::Node(me),
+                known: &known,
+                keys: &keys,
+                min_ts,
+                max_ts,
+                view,
+            };
+            let planned = self
+                .fan_out(
+                    round,
+                    &mut failed,
+                    &mut missing,
+                    |local_keys, unknown_too| {
+                        let storage = inner.storage.clone();
+                        let matchers = matchers.to_vec();
+                        async move {
+                            tokio::task::spawn_blocking(move || {
+                                read_local(
+                                    &storage,
+                                    &matchers,
+                                    min_ts,
+                                    max_ts,
+                                    local_keys,
+                                    unknown_too,
+                                )
+                            })
+                            .await
+                            .map_err(|e| {
+                                ClusterError::Internal(format!(
+                                    "reading this node's storage failed: {e}"
+                                ))
+                            })
+                        }
+                    },
+                    |node, shards| {
+                        let addr = map.nodes()[node].flight;
+                        let ticket =
+                            wire::encode_ticket(matchers, min_ts, max_ts, shards, labels_only);
+                        let received = &received;
+                        async move { self.fetch(addr, ticket, received).await }
+                    },
+                    |series| {
+                        for (key, part) in series {
+                            merged.entry(key).or_default().push(part);
+                        }
+                    },
+                )
+                .await?;
+            if planned == Planned::Stale {
+                (warnings, view) = (self.checked()?, None);
+                continue;
+            }
 
-        self.missing_warnings(&map, missing, &failed, &mut warnings);
-        debug!(
-            series = merged.len(),
-            warnings = warnings.len(),
-            "cluster select"
-        );
-        Ok(Selection {
-            series: merged
-                .into_iter()
-                .map(|(key, parts)| ClusterSeries { key, parts })
-                .collect(),
-            warnings,
-        })
+            self.missing_warnings(&map, missing, &failed, &mut warnings);
+            debug!(
+                series = merged.len(),
+                warnings = warnings.len(),
+                "cluster select"
+            );
+            return Ok(Selection {
+                series: merged
+                    .into_iter()
+                    .map(|(key, parts)| ClusterSeries { key, parts })
+                    .collect(),
+                warnings,
+            });
+        }
     }
 
     /// A warning per shard in `missing`, naming its owners and why each was
@@ -420,108 +468,116 @@ impl ClusterReader {
         max_ts: i64,
     ) -> Result<RollupSelection, ClusterError> {
         let inner = &self.inner;
-        let mut warnings = self.preflight().await?;
+        let (mut warnings, mut view) = self.begin().await?;
         if min_ts > max_ts {
             return Ok(RollupSelection::default());
         }
-        let map = inner.state.map();
-        let me = self.self_index(&map)?;
-        let known = inner.state.known_keys();
-        let keys: BTreeSet<ShardKey> = known
-            .iter()
-            .filter(|k| match k {
-                ShardKey::Rack(r) => filter.rack.as_ref().is_none_or(|f| f == r),
-                ShardKey::Host(h) => {
-                    filter.rack.as_ref().is_none_or(String::is_empty)
-                        && filter.host.as_ref().is_none_or(|f| f == h)
-                }
-            })
-            .cloned()
-            .collect();
-        let req = wire::RollupRequest {
-            tier,
-            level,
-            filter: filter.clone(),
-        };
-        let first_start = tier.window_start(min_ts);
-        let epochs = map.epochs_overlapping(min_ts, max_ts);
-        let mut merged = wire::RollupMap::new();
-        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
-        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        for (i, &e) in epochs.iter().enumerate() {
-            let epoch_start = map.epochs()[e].start_ms;
-            // Windows starting in [lo, hi] are read from this epoch's owners.
-            let lo = if i == 0 { first_start } else { epoch_start };
-            let hi = match epochs.get(i + 1) {
-                Some(&next) => map.epochs()[next].start_ms - 1,
-                None => max_ts,
+        'plan: loop {
+            let map = inner.state.map();
+            let me = self.self_index(&map)?;
+            let known = inner.state.known_keys();
+            let keys: BTreeSet<ShardKey> = known
+                .iter()
+                .filter(|k| match k {
+                    ShardKey::Rack(r) => filter.rack.as_ref().is_none_or(|f| f == r),
+                    ShardKey::Host(h) => {
+                        filter.rack.as_ref().is_none_or(String::is_empty)
+                            && filter.host.as_ref().is_none_or(|f| f == h)
+                    }
+                })
+                .cloned()
+                .collect();
+            let req = wire::RollupRequest {
+                tier,
+                level,
+                filter: filter.clone(),
             };
-            if i > 0 && epoch_start.rem_euclid(tier.window_ms()) != 0 {
-                warnings.push(format!(
-                    "partial result: the {} window that holds the membership change at {} \
+            let first_start = tier.window_start(min_ts);
+            let epochs = map.epochs_overlapping(min_ts, max_ts);
+            let mut merged = wire::RollupMap::new();
+            let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+            let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+            for (i, &e) in epochs.iter().enumerate() {
+                let epoch_start = map.epochs()[e].start_ms;
+                // Windows starting in [lo, hi] are read from this epoch's owners.
+                let lo = if i == 0 { first_start } else { epoch_start };
+                let hi = match epochs.get(i + 1) {
+                    Some(&next) => map.epochs()[next].start_ms - 1,
+                    None => max_ts,
+                };
+                if i > 0 && epoch_start.rem_euclid(tier.window_ms()) != 0 {
+                    warnings.push(format!(
+                        "partial result: the {} window that holds the membership change at {} \
                      counts only the samples before the change",
-                    tier.label(),
-                    crate::pushdown::format_ms(epoch_start)
-                ));
+                        tier.label(),
+                        crate::pushdown::format_ms(epoch_start)
+                    ));
+                }
+                // Plan within this epoch alone.
+                let round = Round {
+                    map: &map,
+                    me,
+                    prefer: Prefer::Node(me),
+                    known: &known,
+                    keys: &keys,
+                    min_ts: lo.max(epoch_start),
+                    max_ts: hi.max(lo.max(epoch_start)),
+                    view: if i == 0 { view } else { None },
+                };
+                let planned = self
+                    .fan_out(
+                        round,
+                        &mut failed,
+                        &mut missing,
+                        |local_keys, unknown_too| {
+                            let (storage, req) = (inner.storage.clone(), req.clone());
+                            async move {
+                                tokio::task::spawn_blocking(move || {
+                                    crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
+                                        local_keys.as_ref().is_some_and(|a| a.contains(k))
+                                            || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
+                                    })
+                                })
+                                .await
+                                .map_err(|e| {
+                                    ClusterError::Internal(format!(
+                                        "reading this node's rollups failed: {e}"
+                                    ))
+                                })
+                            }
+                        },
+                        |node, shards| {
+                            let addr = map.nodes()[node].flight;
+                            let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
+                            async move {
+                                self.fetch_rollups(addr, ticket)
+                                    .await
+                                    .map_err(FetchError::Failed)
+                            }
+                        },
+                        |part| {
+                            for (g, windows) in &part {
+                                for r in windows.values() {
+                                    wire::merge_record(&mut merged, g, r);
+                                }
+                            }
+                        },
+                    )
+                    .await?;
+                if planned == Planned::Stale {
+                    (warnings, view) = (self.checked()?, None);
+                    continue 'plan;
+                }
             }
-            // Plan within this epoch alone.
-            let round = Round {
-                map: &map,
-                me,
-                prefer: Prefer::Node(me),
-                known: &known,
-                keys: &keys,
-                min_ts: lo.max(epoch_start),
-                max_ts: hi.max(lo.max(epoch_start)),
-            };
-            self.fan_out(
-                round,
-                &mut failed,
-                &mut missing,
-                |local_keys, unknown_too| {
-                    let (storage, req) = (inner.storage.clone(), req.clone());
-                    async move {
-                        tokio::task::spawn_blocking(move || {
-                            crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
-                                local_keys.as_ref().is_some_and(|a| a.contains(k))
-                                    || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
-                            })
-                        })
-                        .await
-                        .map_err(|e| {
-                            ClusterError::Internal(format!(
-                                "reading this node's rollups failed: {e}"
-                            ))
-                        })
-                    }
-                },
-                |node, shards| {
-                    let addr = map.nodes()[node].flight;
-                    let ticket = wire::encode_rollup_ticket(&req, lo, hi, shards);
-                    async move {
-                        self.fetch_rollups(addr, ticket)
-                            .await
-                            .map_err(FetchError::Failed)
-                    }
-                },
-                |part| {
-                    for (g, windows) in &part {
-                        for r in windows.values() {
-                            wire::merge_record(&mut merged, g, r);
-                        }
-                    }
-                },
-            )
-            .await?;
+            self.missing_warnings(&map, missing, &failed, &mut warnings);
+            return Ok(RollupSelection {
+                groups: merged
+                    .into_iter()
+                    .map(|(g, w)| (g, w.into_values().collect()))
+                    .collect(),
+                warnings,
+            });
         }
-        self.missing_warnings(&map, missing, &failed, &mut warnings);
-        Ok(RollupSelection {
-            groups: merged
-                .into_iter()
-                .map(|(g, w)| (g, w.into_values().collect()))
-                .collect(),
-            warnings,
-        })
     }
 
     /// The health events of the whole cluster: those of each shard from
@@ -563,60 +619,68 @@ impl ClusterReader {
         part: wire::HealthPart,
     ) -> Result<(HealthAnswer, Vec<String>), ClusterError> {
         let inner = &self.inner;
-        let mut warnings = self.preflight().await?;
-        let map = inner.state.map();
-        let me = self.self_index(&map)?;
-        let known = inner.state.known_keys();
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
-        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        let mut merged = HealthAnswer::default();
-        let round = Round {
-            map: &map,
-            me,
-            prefer: Prefer::Node(me),
-            known: &known,
-            keys: &known,
-            min_ts: now_ms,
-            max_ts: now_ms,
-        };
-        self.fan_out(
-            round,
-            &mut failed,
-            &mut missing,
-            |local_keys, unknown_too| {
-                let local = local.clone();
-                async move {
-                    let keep = |k: &ShardKey| {
-                        local_keys.as_ref().is_some_and(|a| a.contains(k))
-                            || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
-                    };
-                    Ok((me, local_health(local.as_ref(), part, now_ms, keep)))
-                }
-            },
-            |node, shards| {
-                let addr = map.nodes()[node].flight;
-                let ticket = wire::encode_health_ticket(part, now_ms, shards);
-                async move {
-                    self.fetch_health(addr, ticket, part)
-                        .await
-                        .map(|a| (node, a))
-                        .map_err(FetchError::Failed)
-                }
-            },
-            |(node, answer): (usize, HealthAnswer)| {
-                merged.events.extend(answer.events.into_iter().map(|mut e| {
-                    e.id = cluster_event_id(node, e.id);
-                    e
-                }));
-                merged.states.extend(answer.states);
-            },
-        )
-        .await?;
-        self.missing_warnings(&map, missing, &failed, &mut warnings);
-        Ok((merged, warnings))
+        let (mut warnings, mut view) = self.begin().await?;
+        loop {
+            let map = inner.state.map();
+            let me = self.self_index(&map)?;
+            let known = inner.state.known_keys();
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+            let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+            let mut merged = HealthAnswer::default();
+            let round = Round {
+                map: &map,
+                me,
+                prefer: Prefer::Node(me),
+                known: &known,
+                keys: &known,
+                min_ts: now_ms,
+                max_ts: now_ms,
+                view,
+            };
+            let planned = self
+                .fan_out(
+                    round,
+                    &mut failed,
+                    &mut missing,
+                    |local_keys, unknown_too| {
+                        let local = local.clone();
+                        async move {
+                            let keep = |k: &ShardKey| {
+                                local_keys.as_ref().is_some_and(|a| a.contains(k))
+                                    || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
+                            };
+                            Ok((me, local_health(local.as_ref(), part, now_ms, keep)))
+                        }
+                    },
+                    |node, shards| {
+                        let addr = map.nodes()[node].flight;
+                        let ticket = wire::encode_health_ticket(part, now_ms, shards);
+                        async move {
+                            self.fetch_health(addr, ticket, part)
+                                .await
+                                .map(|a| (node, a))
+                                .map_err(FetchError::Failed)
+                        }
+                    },
+                    |(node, answer): (usize, HealthAnswer)| {
+                        merged.events.extend(answer.events.into_iter().map(|mut e| {
+                            e.id = cluster_event_id(node, e.id);
+                            e
+                        }));
+                        merged.states.extend(answer.states);
+                    },
+                )
+                .await?;
+            if planned == Planned::Stale {
+                (warnings, view) = (self.checked()?, None);
+                continue;
+            }
+            self.missing_warnings(&map, missing, &failed, &mut warnings);
+            return Ok((merged, warnings));
+        }
     }
 
     /// The fan-out/failover loop of every cluster read. Plans `keys` over
@@ -628,6 +692,11 @@ impl ClusterReader {
     /// failed are planned again onto their other replicas until every shard
     /// is read or has no replica left; those are added to `missing`, and
     /// every failed peer to `failed`.
+    ///
+    /// With a `view` in `round`, the first round also asks the peers for
+    /// their status; if that changed the view the read was planned from
+    /// (a peer up or down, other shards), nothing is merged and the read
+    /// returns [`Planned::Stale`], for its caller to plan it again.
     async fn fan_out<A, L, LFut, R, RFut>(
         &self,
         round: Round<'_>,
@@ -636,7 +705,7 @@ impl ClusterReader {
         mut local: L,
         remote: R,
         mut merge: impl FnMut(A),
-    ) -> Result<(), ClusterError>
+    ) -> Result<Planned, ClusterError>
     where
         L: FnMut(Option<BTreeSet<ShardKey>>, Option<BTreeSet<ShardKey>>) -> LFut,
         LFut: Future<Output = Result<A, ClusterError>>,
@@ -651,13 +720,12 @@ impl ClusterReader {
             keys,
             min_ts,
             max_ts,
+            view,
         } = round;
         let mut plan = self.plan(map, keys, (min_ts, max_ts), (me, prefer), failed);
         let mut first_round = true;
         loop {
-            for m in std::mem::take(&mut plan.missing) {
-                missing.entry(m.key).or_default().extend(m.owners);
-            }
+            let plan_missing = std::mem::take(&mut plan.missing);
             let local_keys = plan.assignments.remove(&me);
             let unknown_too = first_round.then(|| known.clone());
             let local_read = (local_keys.is_some() || unknown_too.is_some())
@@ -673,7 +741,23 @@ impl ClusterReader {
                     let read = remote(node, shards);
                     async move { (node, read.await) }
                 }));
-            let (local_answer, remote_answers) = futures::join!(local_read, remote_reads);
+            let refresh = async {
+                if let (true, Some(_), Some(peers)) = (first_round, view, &self.inner.peers) {
+                    cluster::refresh_peers(&self.inner.state, peers).await;
+                }
+            };
+            let (local_answer, remote_answers, ()) =
+                futures::join!(local_read, remote_reads, refresh);
+            if let Some(v) = view.filter(|_| first_round)
+                && self.inner.state.generation() != v
+            {
+                self.inner.metrics.selects_replanned.fetch_add(1, Relaxed);
+                debug!("the peers' status changed during the read; planning it again");
+                return Ok(Planned::Stale);
+            }
+            for m in plan_missing {
+                missing.entry(m.key).or_default().extend(m.owners);
+            }
             if let Some(answer) = local_answer? {
                 merge(answer);
             }
@@ -696,7 +780,7 @@ impl ClusterReader {
                 }
             }
             if replan.is_empty() {
-                return Ok(());
+                return Ok(Planned::Held);
             }
             plan = self.plan(map, &replan, (min_ts, max_ts), (me, prefer), failed);
             first_round = false;
@@ -987,9 +1071,9 @@ impl ClusterReader {
         matchers: &[Matcher],
         data_min: i64,
         data_max: i64,
-        local: L,
+        mut local: L,
         remote: R,
-        merge: impl FnMut(A),
+        mut merge: impl FnMut(A),
     ) -> Result<Option<Vec<String>>, ClusterError>
     where
         L: FnMut(Option<BTreeSet<ShardKey>>, Option<BTreeSet<ShardKey>>) -> LFut,
@@ -1001,31 +1085,39 @@ impl ClusterReader {
         if map.epochs_overlapping(data_min, data_max).len() > 1 {
             return Ok(None);
         }
-        let mut warnings = self.preflight().await?;
+        let (mut warnings, mut view) = self.begin().await?;
         let me = self.self_index(&map)?;
-        let (known, keys) = self.shards_to_read(matchers);
-        let mut failed: BTreeMap<usize, String> = BTreeMap::new();
-        let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
-        let round = Round {
-            map: &map,
-            me,
-            prefer: Prefer::Balance,
-            known: &known,
-            keys: &keys,
-            min_ts: data_min,
-            max_ts: data_max,
-        };
-        self.fan_out(
-            round,
-            &mut failed,
-            &mut missing,
-            local,
-            |node, shards| remote(map.nodes()[node].flight, shards),
-            merge,
-        )
-        .await?;
-        self.missing_warnings(&map, missing, &failed, &mut warnings);
-        Ok(Some(warnings))
+        loop {
+            let (known, keys) = self.shards_to_read(matchers);
+            let mut failed: BTreeMap<usize, String> = BTreeMap::new();
+            let mut missing: BTreeMap<ShardKey, BTreeSet<usize>> = BTreeMap::new();
+            let round = Round {
+                map: &map,
+                me,
+                prefer: Prefer::Balance,
+                known: &known,
+                keys: &keys,
+                min_ts: data_min,
+                max_ts: data_max,
+                view,
+            };
+            let planned = self
+                .fan_out(
+                    round,
+                    &mut failed,
+                    &mut missing,
+                    &mut local,
+                    |node, shards| remote(map.nodes()[node].flight, shards),
+                    &mut merge,
+                )
+                .await?;
+            if planned == Planned::Stale {
+                (warnings, view) = (self.checked()?, None);
+                continue;
+            }
+            self.missing_warnings(&map, missing, &failed, &mut warnings);
+            return Ok(Some(warnings));
+        }
     }
 
     /// Reads one peer's PromQL answer to a ticket of `queries` queries, all

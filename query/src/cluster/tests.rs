@@ -173,11 +173,19 @@ struct Fixture {
 }
 
 fn map_text(flight: &[SocketAddr], epochs: &str) -> String {
+    let grpc: Vec<SocketAddr> = (0..NODES.len())
+        .map(|i| SocketAddr::from(([127, 0, 0, 1], 17_400 + i as u16)))
+        .collect();
+    map_text_grpc(flight, &grpc, epochs)
+}
+
+/// [`map_text`] with the nodes' gRPC (status) addresses given.
+fn map_text_grpc(flight: &[SocketAddr], grpc: &[SocketAddr], epochs: &str) -> String {
     let mut text = String::from("replication_factor = 2\n");
     for (i, id) in NODES.iter().enumerate() {
         text += &format!(
-            "[[node]]\nid = \"{id}\"\ngrpc = \"127.0.0.1:{}\"\nhttp = \"127.0.0.1:{}\"\nflight = \"{}\"\n",
-            17_400 + i,
+            "[[node]]\nid = \"{id}\"\ngrpc = \"{}\"\nhttp = \"127.0.0.1:{}\"\nflight = \"{}\"\n",
+            grpc[i],
             17_500 + i,
             flight[i]
         );
@@ -2076,4 +2084,111 @@ fn a_shard_filter_admits_series_by_their_shard() {
     assert_eq!(admitted(&first_round), [true, false, true, false, true]);
     let unknown_only = ShardFilter::new(None, Some(BTreeSet::new()));
     assert_eq!(admitted(&unknown_only), [true; 5]);
+}
+
+/// A node's gRPC service with `NodeStatus` alone, answering what the test
+/// set; the other calls are refused.
+struct StatusOnly(Arc<std::sync::Mutex<NodeStatusReply>>);
+
+#[tonic::async_trait]
+impl gpulse_proto::v1::ingest_server::Ingest for StatusOnly {
+    type StreamStream =
+        futures::stream::Empty<Result<gpulse_proto::v1::IngestReply, tonic::Status>>;
+
+    async fn stream(
+        &self,
+        _: tonic::Request<tonic::Streaming<gpulse_proto::v1::AgentMessage>>,
+    ) -> Result<tonic::Response<Self::StreamStream>, tonic::Status> {
+        Err(tonic::Status::unimplemented("status only"))
+    }
+
+    async fn owners(
+        &self,
+        _: tonic::Request<gpulse_proto::v1::OwnersRequest>,
+    ) -> Result<tonic::Response<gpulse_proto::v1::OwnersReply>, tonic::Status> {
+        Err(tonic::Status::unimplemented("status only"))
+    }
+
+    async fn node_status(
+        &self,
+        _: tonic::Request<gpulse_proto::v1::NodeStatusRequest>,
+    ) -> Result<tonic::Response<NodeStatusReply>, tonic::Status> {
+        Ok(tonic::Response::new(self.0.lock().unwrap().clone()))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_planned_from_a_stale_view_is_planned_again_from_the_peers_status() {
+    let f = Fixture::three().await;
+    let held: Vec<BTreeSet<ShardKey>> = f
+        .nodes
+        .iter()
+        .map(|n| local_shard_keys(&n.storage).into_iter().collect())
+        .collect();
+    let mut listeners = Vec::new();
+    for _ in NODES {
+        listeners.push(TcpListener::bind("127.0.0.1:0").await.unwrap());
+    }
+    let grpc: Vec<SocketAddr> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+    let flight: Vec<SocketAddr> = f.nodes.iter().map(|n| n.flight).collect();
+    let map = ShardMap::parse(
+        &map_text_grpc(&flight, &grpc, ""),
+        Path::new("cluster.toml"),
+    )
+    .unwrap();
+    // b and c answer status calls with what they hold.
+    for (i, listener) in listeners.into_iter().enumerate().skip(1) {
+        let reply = Arc::new(std::sync::Mutex::new(status(
+            NODES[i],
+            &held[i],
+            map.hash(),
+        )));
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(gpulse_proto::v1::ingest_server::IngestServer::new(
+                    StatusOnly(reply),
+                ))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+    }
+    // Node a's view, as the poller left it: b had reported nothing yet, and
+    // c had not answered.
+    let state = Arc::new(ClusterState::new(map.clone(), "a"));
+    for k in &held[0] {
+        state.note_key(k.clone());
+    }
+    state.update_peer("b", Ok(status("b", &BTreeSet::new(), map.hash())));
+    state.update_peer("c", Err("transport error: connection refused".into()));
+    let metrics = f.nodes[0].metrics.clone();
+    let reader = ClusterReader::new(
+        state.clone(),
+        f.nodes[0].storage.clone(),
+        metrics.clone(),
+        ReaderConfig::default(),
+    );
+    let (sql, prom) = (
+        QueryEngine::with_cluster(
+            f.nodes[0].storage.clone(),
+            ResultLimits::default(),
+            reader.clone(),
+        ),
+        PromEngine::with_cluster(reader, PromLimits::default()),
+    );
+
+    // Planned from that view, the read lacks b's and c's shards; their
+    // status, asked alongside it, says so, and it is planned again.
+    let generation = state.generation();
+    let r = sql.sql(ROWS_SQL).await.unwrap();
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(rows_of(&r), f.expected(|_| true));
+    assert_eq!(metrics.selects_replanned.load(Relaxed), 1);
+    assert!(state.generation() > generation);
+
+    // The view holds now: one round, the same answer.
+    let r = sql.sql(ROWS_SQL).await.unwrap();
+    assert_eq!(rows_of(&r), f.expected(|_| true));
+    let a = prom_range(&prom, "temp").await;
+    assert!(a.warnings.is_empty(), "{:?}", a.warnings);
+    assert_eq!(rows_of_matrix(&a.value), f.expected(|s| s.metric == "temp"));
+    assert_eq!(metrics.selects_replanned.load(Relaxed), 1);
 }
