@@ -355,24 +355,9 @@ impl ClusterReader {
                     |local_keys, unknown_too| {
                         let storage = inner.storage.clone();
                         let matchers = matchers.to_vec();
-                        async move {
-                            tokio::task::spawn_blocking(move || {
-                                read_local(
-                                    &storage,
-                                    &matchers,
-                                    min_ts,
-                                    max_ts,
-                                    local_keys,
-                                    unknown_too,
-                                )
-                            })
-                            .await
-                            .map_err(|e| {
-                                ClusterError::Internal(format!(
-                                    "reading this node's storage failed: {e}"
-                                ))
-                            })
-                        }
+                        on_blocking_pool("reading this node's storage", move || {
+                            read_local(&storage, &matchers, min_ts, max_ts, local_keys, unknown_too)
+                        })
                     },
                     |node, shards| {
                         let addr = map.nodes()[node].flight;
@@ -531,20 +516,12 @@ impl ClusterReader {
                         &mut missing,
                         |local_keys, unknown_too| {
                             let (storage, req) = (inner.storage.clone(), req.clone());
-                            async move {
-                                tokio::task::spawn_blocking(move || {
-                                    crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
-                                        local_keys.as_ref().is_some_and(|a| a.contains(k))
-                                            || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
-                                    })
+                            on_blocking_pool("reading this node's rollups", move || {
+                                crate::cluster::shard_rollups(&storage, &req, lo, hi, |k| {
+                                    local_keys.as_ref().is_some_and(|a| a.contains(k))
+                                        || unknown_too.as_ref().is_some_and(|u| !u.contains(k))
                                 })
-                                .await
-                                .map_err(|e| {
-                                    ClusterError::Internal(format!(
-                                        "reading this node's rollups failed: {e}"
-                                    ))
-                                })
-                            }
+                            })
                         },
                         |node, shards| {
                             let addr = map.nodes()[node].flight;
@@ -1028,16 +1005,10 @@ impl ClusterReader {
                 |local_keys, unknown_too| {
                     let storage = inner.storage.clone();
                     let request = request.clone();
-                    async move {
-                        let filter = super::ShardFilter::new(local_keys, unknown_too);
-                        tokio::task::spawn_blocking(move || {
-                            crate::promql::pushdown_partials(&storage, filter, &request, deadline)
-                        })
-                        .await
-                        .map_err(|e| {
-                            ClusterError::Internal(format!("evaluating on this node failed: {e}"))
-                        })
-                    }
+                    let filter = super::ShardFilter::new(local_keys, unknown_too);
+                    on_blocking_pool("evaluating on this node", move || {
+                        crate::promql::pushdown_partials(&storage, filter, &request, deadline)
+                    })
                 },
                 |addr, shards| {
                     let ticket = wire::encode_promql_ticket(&request, shards);
@@ -1236,6 +1207,17 @@ impl ClusterReader {
             .fetch_add(rows as u64, Relaxed);
         Ok(batches)
     }
+}
+
+/// Runs `f`, this node's part of a read, on the blocking pool; `what` names
+/// it in the error if the task fails.
+async fn on_blocking_pool<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ClusterError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ClusterError::Internal(format!("{what} failed: {e}")))
 }
 
 /// This node's health answer for the shards `keep` accepts.
