@@ -293,7 +293,7 @@ impl ClusterReader {
     /// as last heard, whose [`ClusterState::generation`] the read's first
     /// round checks after asking them again alongside the reads
     /// ([`Self::fan_out`]). Refreshing first cost every read a round trip
-    /// to the peers (0.2-0.4 ms of a 1.3 ms query on the 2-core VM;
+    /// to the peers (0.1-0.45 ms of a 1.1-3.5 ms query on the 2-core VM;
     /// docs/BENCHMARKS.md). A refusal is decided on a fresh status.
     async fn begin(&self) -> Result<(Vec<String>, Option<u64>), ClusterError> {
         let inner = &self.inner;

@@ -2123,7 +2123,7 @@ async fn a_read_planned_from_a_stale_view_is_planned_again_from_the_peers_status
     let held: Vec<BTreeSet<ShardKey>> = f
         .nodes
         .iter()
-        .map(|n| local_shard_keys(&n.storage).into_iter().collect())
+        .map(|n| local_shard_keys(&n.storage))
         .collect();
     let mut listeners = Vec::new();
     for _ in NODES {
